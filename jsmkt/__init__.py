@@ -1,0 +1,40 @@
+"""jsmkt: differentiable mean-field solver and finite-N simulator for supermarket (JSQ(d)) models."""
+
+import importlib.metadata
+
+from . import _config  # noqa: F401  (float64 everywhere)
+from ._choice import AbstractChoice as AbstractChoice
+from ._choice import FixedChoice as FixedChoice
+from ._choice import InterpolatedChoice as InterpolatedChoice
+from ._choice import MixedChoice as MixedChoice
+from ._distributions.fit import fit_ph2_three_moments as fit_ph2_three_moments
+from ._distributions.ph import PH as PH
+from ._distributions.ph import coxian as coxian
+from ._distributions.ph import coxian2 as coxian2
+from ._distributions.ph import erlang as erlang
+from ._distributions.ph import exponential as exponential
+from ._distributions.ph import hyperexponential as hyperexponential
+from ._distributions.ph import hyperexponential2 as hyperexponential2
+from ._fixed_point import solve_fixed_point as solve_fixed_point
+from ._integrate import integrate as integrate
+from ._metrics import mean_queue_length as mean_queue_length
+from ._metrics import mean_sojourn_time as mean_sojourn_time
+from ._metrics import mean_waiting_time as mean_waiting_time
+from ._metrics import phase_tails as phase_tails
+from ._metrics import prob_wait as prob_wait
+from ._metrics import queue_length_distribution as queue_length_distribution
+from ._metrics import tail_mass_at_K as tail_mass_at_K
+from ._metrics import tails as tails
+from ._metrics import throughput as throughput
+from ._metrics import utilisation as utilisation
+from ._models.base import AbstractSupermarketModel as AbstractSupermarketModel
+from ._models.base import TransitionClass as TransitionClass
+from ._models.jsqd import JSQd as JSQd
+from ._models.jsqd_ph import JSQdPH as JSQdPH
+from ._simulate import simulate as simulate
+from ._solution import RESULTS as RESULTS
+from ._solution import FixedPoint as FixedPoint
+from ._solution import Trajectory as Trajectory
+
+
+__version__ = importlib.metadata.version("jsmkt")

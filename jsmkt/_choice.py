@@ -1,0 +1,204 @@
+r"""Choice numbers: how many servers an arrival samples.
+
+A choice rule is described by the law of the number $D$ of servers an arrival samples (with replacement), through
+its probability generating function $g(s) = E[s^D]$. With tails $s_k$ (fraction of servers with at least $k$
+jobs), an arrival joins a server with exactly $k$ jobs with probability $g(s_k) - g(s_{k+1})$. The mean-field
+rates only ever need the divided difference
+
+$$h(a, b) = \frac{g(a) - g(b)}{a - b} = E\Big[\sum_{j<D} a^j b^{D-1-j}\Big],$$
+
+which stays finite where $a = b$ (deep in the tail), so nothing divides by a vanishing difference.
+
+Three rules are provided:
+
+- `FixedChoice(d)`: $D = d$ always (integer, static);
+- `MixedChoice(weights)`: $P(D = j) = $ `weights[j-1]`, $j = 1..D_{\max}$ (differentiable weights);
+- `InterpolatedChoice(d)`: a real $d \ge 1$ read as the randomised rule $D = \lfloor d\rfloor + 1$ with probability
+  $d - \lfloor d\rfloor$ and $D = \lfloor d\rfloor$ otherwise, so $E[D] = d$. This is a physical system (each
+  arrival flips a coin for its choice number), so simulation can check it, and the mean field is piecewise linear
+  in $d$: `jax.grad` with respect to `d` gives the right derivative at integers.
+"""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from ._errors import as_float_array, concrete_array
+
+
+def _divided_differences(a: Array, b: Array, n: int) -> Array:
+    """`h_j(a, b) = sum_{i<j} a^i b^(j-1-i)` for j = 1..n, stacked on a new leading axis."""
+    hs = [jnp.ones_like(a + b)]
+    bp = jnp.ones_like(b)
+    for _ in range(1, n):
+        bp = bp * b
+        hs.append(a * hs[-1] + bp)
+    return jnp.stack(hs)
+
+
+class AbstractChoice(eqx.Module):
+    """Law of the number of servers sampled by an arrival."""
+
+    @property
+    @abc.abstractmethod
+    def max_d(self) -> int:
+        """Largest choice number with possibly positive probability (static)."""
+
+    @abc.abstractmethod
+    def weights(self) -> Float[Array, " max_d"]:
+        """`P(D = j)` for `j = 1..max_d`."""
+
+    def pgf(self, s: ArrayLike) -> Array:
+        r"""$g(s) = E[s^D]$."""
+        s = jnp.asarray(s)
+        powers = jnp.stack([s ** (j + 1) for j in range(self.max_d)])
+        return jnp.tensordot(self.weights(), powers, axes=1)
+
+    def join_factor(self, a: ArrayLike, b: ArrayLike) -> Array:
+        r"""Divided difference $h(a, b) = (g(a) - g(b))/(a - b)$, computed without division."""
+        a, b = jnp.asarray(a), jnp.asarray(b)
+        return jnp.tensordot(self.weights(), _divided_differences(a, b, self.max_d), axes=1)
+
+    @property
+    def mean(self) -> Array:
+        """Mean choice number `E[D]`."""
+        return jnp.arange(1, self.max_d + 1) @ self.weights()
+
+    def value_errors(self) -> list[tuple[Array, str]]:
+        """Value checks for the entry points: list of `(bad, message)`."""
+        return []
+
+
+class FixedChoice(AbstractChoice):
+    """Every arrival samples exactly `d` servers."""
+
+    d: int = eqx.field(static=True)
+
+    def __check_init__(self):
+        if not isinstance(self.d, int) or isinstance(self.d, bool) or self.d < 1:
+            raise ValueError(f"d={self.d!r} must be an integer >= 1 (the number of servers sampled)")
+
+    @property
+    def max_d(self) -> int:
+        return self.d
+
+    def weights(self) -> Array:
+        return jnp.zeros(self.d).at[self.d - 1].set(1.0)
+
+    def pgf(self, s: ArrayLike) -> Array:
+        return jnp.asarray(s) ** self.d
+
+    def join_factor(self, a: ArrayLike, b: ArrayLike) -> Array:
+        a, b = jnp.asarray(a), jnp.asarray(b)
+        return _divided_differences(a, b, self.d)[-1]
+
+    @property
+    def mean(self) -> Array:
+        return jnp.asarray(float(self.d))
+
+
+class MixedChoice(AbstractChoice):
+    """An arrival samples `j` servers with probability `weights[j-1]`, `j = 1..len(weights)`."""
+
+    probs: Float[Array, " max_d"]
+
+    def __init__(self, weights: ArrayLike):
+        self.probs = as_float_array("d", weights, ndim=1)
+
+    def __check_init__(self):
+        if self.probs.shape[0] < 1:
+            raise ValueError("d=[] is empty; give probabilities of sampling 1, 2, ... servers")
+        w = concrete_array(self.probs)
+        if w is not None:
+            for j, p in enumerate(w):
+                if p < -1e-12:
+                    raise ValueError(f"d[{j}]={float(p)!r} (probability of sampling {j + 1} servers) is negative")
+            if abs(w.sum() - 1.0) > 1e-8:
+                raise ValueError(f"d={w.tolist()!r} sums to {float(w.sum())!r}; choice-number probabilities must sum to 1")
+
+    @property
+    def max_d(self) -> int:
+        return self.probs.shape[0]
+
+    def weights(self) -> Array:
+        return self.probs
+
+    def value_errors(self):
+        w = self.probs
+        return [
+            (jnp.any(w < -1e-12) | (jnp.abs(jnp.sum(w) - 1.0) > 1e-8), "choice-number probabilities `d` must be >= 0 and sum to 1"),
+        ]
+
+
+class InterpolatedChoice(AbstractChoice):
+    r"""A real choice number $d \ge 1$: sample $\lfloor d\rfloor + 1$ servers with probability
+    $d - \lfloor d\rfloor$, else $\lfloor d\rfloor$ (so $E[D] = d$).
+
+    `d_max` bounds the support (static); it defaults to $\lfloor d\rfloor + 1$ when `d` is concrete.
+    """
+
+    d: Float[Array, ""]
+    d_max: int = eqx.field(static=True)
+
+    def __init__(self, d: ArrayLike, d_max: int | None = None):
+        self.d = as_float_array("d", d, ndim=0)
+        dc = concrete_array(self.d)
+        if d_max is None:
+            if dc is None:
+                raise ValueError(
+                    "d is traced (inside jit/grad) and no d_max was given; pass d_max, the largest choice "
+                    "number the optimisation may reach, e.g. JSQd(lam, d=d, d_max=8)"
+                )
+            d_max = int(np.floor(dc)) + 1
+        self.d_max = int(d_max)
+
+    def __check_init__(self):
+        if self.d_max < 1:
+            raise ValueError(f"d_max={self.d_max!r} must be >= 1")
+        dc = concrete_array(self.d)
+        if dc is not None:
+            if not dc >= 1:
+                raise ValueError(f"d={float(dc)!r} must be >= 1 (the mean number of servers sampled)")
+            if dc > self.d_max:
+                raise ValueError(f"d={float(dc)!r} exceeds d_max={self.d_max}; raise d_max")
+
+    @property
+    def max_d(self) -> int:
+        return self.d_max
+
+    def weights(self) -> Array:
+        d = jnp.clip(self.d, 1.0, float(self.d_max))
+        lo = jnp.floor(d)
+        frac = d - lo
+        j = jnp.arange(1, self.d_max + 1)
+        return jnp.where(j == lo, 1.0 - frac, 0.0) + jnp.where(j == lo + 1, frac, 0.0)
+
+    def value_errors(self):
+        return [(~(self.d >= 1.0) | (self.d > self.d_max), f"choice number `d` must lie in [1, d_max={self.d_max}]")]
+
+
+def as_choice(d, d_max: int | None = None) -> AbstractChoice:
+    """Convert a user's `d` into a choice rule.
+
+    - a Python/NumPy integer → `FixedChoice(d)`;
+    - a real scalar (Python float, 0-d array) → `InterpolatedChoice(d)`;
+    - a 1-d array → `MixedChoice(d)` (probabilities of sampling 1, 2, ... servers);
+    - an `AbstractChoice` is returned unchanged.
+    """
+    if isinstance(d, AbstractChoice):
+        return d
+    if isinstance(d, bool):
+        raise ValueError(f"d={d!r} is not a choice number")
+    if isinstance(d, (int, np.integer)):
+        if d < 1:
+            raise ValueError(f"d={int(d)!r} must be >= 1 (the number of servers sampled)")
+        return FixedChoice(int(d))
+    arr = jnp.asarray(d) if not hasattr(d, "ndim") else d
+    if arr.ndim == 0:
+        return InterpolatedChoice(arr, d_max=d_max)
+    if arr.ndim == 1:
+        return MixedChoice(arr)
+    raise ValueError(f"d has shape {arr.shape}; give an integer, a real number or a 1-d probability vector")

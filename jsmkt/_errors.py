@@ -1,0 +1,42 @@
+"""Helpers for validating inputs.
+
+Static facts (shapes, integer structure) raise `ValueError` in Python at construction. Values are checked in Python
+when they are concrete, and at the public entry points with `eqx.error_if` when they are traced (inside `jit`,
+`grad`, `vmap`), so a model built from traced parameters inside a loss never fails at construction.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_concrete(*xs: Any) -> bool:
+    """True when none of `xs` (pytrees) holds a tracer, so values may be inspected in Python."""
+    leaves = jax.tree_util.tree_leaves(xs)
+    return not any(isinstance(x, jax.core.Tracer) for x in leaves)
+
+
+def concrete_array(x: Any) -> np.ndarray | None:
+    """`x` as a NumPy array when it is concrete, else `None`."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
+def as_float_array(name: str, x: Any, ndim: int | None = None) -> jax.Array:
+    """Convert to a float64 JAX array, refusing wrong ranks and, when concrete, non-finite values."""
+    if isinstance(x, jax.core.Tracer):
+        arr = x.astype(jnp.result_type(float)) if not jnp.issubdtype(x.dtype, jnp.inexact) else x
+    else:
+        try:
+            arr = jnp.asarray(x, dtype=float)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{name}={x!r} is not a real number or array of real numbers") from e
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s); got shape {arr.shape} ({name}={x!r})")
+    c = concrete_array(arr)
+    if c is not None and not np.all(np.isfinite(c)):
+        raise ValueError(f"{name}={c.tolist()!r} has non-finite entries; give finite numbers")
+    return arr

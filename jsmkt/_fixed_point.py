@@ -1,0 +1,120 @@
+r"""Fixed points of mean-field models: Newton's method with Optimistix, differentiated implicitly.
+
+`solve_fixed_point` finds the root of `model.vector_field(0, y, None)` in the reduced coordinates (tails
+$S_1..S_K$, where conservation of mass is already eliminated, so the Jacobian is nonsingular at a stable fixed
+point), passing the model as `args` so that `optx.ImplicitAdjoint` differentiates every array leaf of the model:
+a gradient costs one extra linear solve with the Jacobian at the root.
+"""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import optimistix as optx
+from jaxtyping import Array, PyTree
+
+from ._errors import is_concrete
+from ._models.base import AbstractSupermarketModel
+from ._solution import RESULTS, FixedPoint
+
+
+def _residual_fn(y, model):
+    return model.vector_field(0.0, y, None)
+
+
+def _max_abs(tree) -> Array:
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(x)) for x in jax.tree_util.tree_leaves(tree)]))
+
+
+def check_values(model: AbstractSupermarketModel, token, throw: bool):
+    """Run the model's value checks. Returns `(token, result)`; with `throw`, raises the first failing check's
+    own message (under jit too, via `eqx.error_if`)."""
+    result = RESULTS.successful
+    for bad, msg in reversed(model.value_errors()):
+        code = RESULTS.unstable if msg.startswith("unstable") else RESULTS.invalid_parameters
+        result = RESULTS.where(bad, code, result)
+    if throw:
+        for bad, msg in model.value_errors():
+            token = eqx.error_if(token, bad, msg)
+    return token, result
+
+
+@eqx.filter_jit
+def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
+    y0, result = check_values(model, y0, throw)
+    solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=lx.LU())
+    sol = optx.root_find(_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint, throw=False)
+    y = sol.value
+    residual = _max_abs(_residual_fn(y, model))
+    tail_mass = model.tails(y)[-1]
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(y)]))
+    newton = RESULTS.promote(sol.result)
+    out = RESULTS.where(result == RESULTS.successful, newton, result)
+    out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
+    out = RESULTS.where((out == RESULTS.successful) & (tail_mass > tail_tol), RESULTS.truncation_too_small, out)
+    if throw:
+        y = out.error_if(y, out != RESULTS.successful)
+    return FixedPoint(value=y, result=out, tail_mass=tail_mass, residual=residual, model=model,
+                      stats={"num_steps": sol.stats["num_steps"]})
+
+
+def solve_fixed_point(
+    model: AbstractSupermarketModel,
+    x0: PyTree[Array] | None = None,
+    *,
+    rtol: float = 1e-11,
+    atol: float = 1e-14,
+    max_steps: int = 64,
+    tail_tol: float = 1e-10,
+    throw: bool = True,
+    auto_K: bool = False,
+    max_K: int = 4096,
+    adjoint: optx.AbstractAdjoint = optx.ImplicitAdjoint(),
+) -> FixedPoint:
+    r"""Fixed point of the mean-field ODE of `model`.
+
+    **Main arguments:**
+
+    - `model`: any `AbstractSupermarketModel` (`JSQd`, `JSQdPH`, ...).
+    - `x0`: starting point in reduced coordinates; defaults to `model.initial_guess()` (the exponential closed
+      form spread over phases), from which Newton converges in a few steps.
+
+    **Other arguments:**
+
+    - `rtol`, `atol`: Newton's termination tolerances (max-norm).
+    - `tail_tol`: the largest acceptable fraction of servers at the truncation level `K`.
+    - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead.
+    - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol` (up to `max_K`).
+    - `adjoint`: how to differentiate; `optx.ImplicitAdjoint()` (one linear solve) by default.
+
+    **Returns:** a `jsmkt.FixedPoint` (`value`, `result`, `tail_mass`, `residual`, `model`, `stats`).
+
+    **Raises:** an error naming the problem (unstable load, invalid parameters, truncation too small, no
+    convergence) when `throw=True`.
+
+    `jax.grad` of any metric of `value` with respect to any array leaf of `model` works through this function.
+    """
+    if not isinstance(model, AbstractSupermarketModel):
+        raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
+    if auto_K:
+        if not is_concrete(model):
+            raise ValueError("auto_K=True works outside jit/grad only: its loop inspects the tail mass")
+        while True:
+            y0 = jax.lax.stop_gradient(model.initial_guess()) if x0 is None else x0
+            fp = _solve(model, y0, rtol, atol, max_steps, tail_tol, False, adjoint)
+            if fp.result != RESULTS.truncation_too_small or model.K >= max_K:
+                break
+            model, x0 = model.with_K(min(2 * model.K, max_K)), None
+        if throw:
+            fp = eqx.filter_jit(lambda f: eqx.tree_at(lambda g: g.value, f, f.result.error_if(f.value, f.result != RESULTS.successful)))(fp)
+        return fp
+    y0 = model.initial_guess() if x0 is None else x0
+    y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, y0)
+    return _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint)
+
+
+def fixed_point_value(model: AbstractSupermarketModel, **kwargs: Any) -> PyTree[Array]:
+    """Shorthand for `solve_fixed_point(model, **kwargs).value`."""
+    return solve_fixed_point(model, **kwargs).value

@@ -1,0 +1,129 @@
+r"""The model contract shared by every supermarket model.
+
+A supermarket model is a population of $N$ exchangeable servers, each in a *local state*, moved by a few
+*transition classes* whose per-server rates depend on the empirical distribution $x$ of local states (the
+occupancy vector, summing to 1). As $N \to \infty$, $x$ follows the mean-field ODE
+$\dot x = \sum_c \sum_{s} r_c(s; x)\, x_s\, (e_{\mathrm{to}_c(s)} - e_s)$.
+
+Each model provides
+
+- `state_space()`: labels of the local states (truncated at `K` jobs);
+- `transitions(x)`: the transition classes, each a source index array, a target index array and the per-server
+  rate out of each source state at occupancy `x`;
+- `drift(x)`: the mean-field vector field, derived here from `transitions`;
+- a *reduced state* `y` (for the queueing models: the tails $S_k$, fraction of servers with at least $k$ jobs, per
+  phase where relevant, $k = 1..K$), in which conservation of mass is already eliminated so that the fixed-point
+  Jacobian is nonsingular; `occupancy(y)` and `reduce(x)` convert, and `vector_field(t, y, args)` is the drift in
+  reduced coordinates (hand-written for speed, tested equal to `reduce(drift(occupancy(y)))`);
+- `initial_state()` (the empty system) and `initial_guess()` (a cheap approximation of the fixed point);
+- `value_errors()`: value checks (stability, valid parameters) run under `jit` at the public entry points.
+"""
+
+import abc
+import copy
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PyTree
+
+
+class TransitionClass(NamedTuple):
+    """One class of transitions: servers in local state `source[i]` move to `target[i]` at per-server rate
+    `rate[i]` (so the flow is `rate[i] * x[source[i]]`)."""
+
+    name: str
+    source: Int[np.ndarray, " n"]
+    target: Int[np.ndarray, " n"]
+    rate: Float[Array, " n"]
+
+
+class AbstractSupermarketModel(eqx.Module):
+    """Base class of every mean-field supermarket model (see the module docstring for the contract)."""
+
+    K: eqx.AbstractVar[int]
+
+    # --- structure -------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def state_space(self) -> list[tuple]:
+        """Labels of the local states, in the order of the occupancy vector."""
+
+    @abc.abstractmethod
+    def transitions(self, x: Float[Array, " n"]) -> list[TransitionClass]:
+        """Transition classes at occupancy `x`."""
+
+    def drift(self, x: Float[Array, " n"]) -> Float[Array, " n"]:
+        """Mean-field drift of the occupancy vector, derived from `transitions`."""
+        dx = jnp.zeros_like(x)
+        for tc in self.transitions(x):
+            flow = tc.rate * x[tc.source]
+            dx = dx.at[tc.target].add(flow).at[tc.source].add(-flow)
+        return dx
+
+    # --- reduced coordinates ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def occupancy(self, y: PyTree[Array]) -> Float[Array, " n"]:
+        """Occupancy vector (fraction of servers in each local state) of the reduced state `y`."""
+
+    @abc.abstractmethod
+    def reduce(self, x: Float[Array, " n"]) -> PyTree[Array]:
+        """Reduced state of the occupancy vector `x` (linear in `x`)."""
+
+    def vector_field(self, t: Any, y: PyTree[Array], args: Any = None) -> PyTree[Array]:
+        """Mean-field ODE in reduced coordinates: `dy/dt`. Pure; `args` is unused (kept for diffrax)."""
+        del t, args
+        return self.reduce(self.drift(self.occupancy(y)))
+
+    @abc.abstractmethod
+    def initial_state(self) -> PyTree[Array]:
+        """Reduced state of the empty system."""
+
+    def initial_guess(self) -> PyTree[Array]:
+        """Cheap approximation of the fixed point (Newton's starting point)."""
+        return self.initial_state()
+
+    # --- queueing quantities ---------------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def arrival_rate(self) -> Float[Array, ""]:
+        """Arrival rate per server, λ."""
+
+    @abc.abstractmethod
+    def load(self) -> Float[Array, ""]:
+        """Offered load ρ = λ / (service capacity per server); the mean field is stable iff ρ < 1."""
+
+    @abc.abstractmethod
+    def tails(self, y: PyTree[Array]) -> Float[Array, " K+1"]:
+        """`s_k`, fraction of servers with at least `k` jobs, for `k = 0..K` (`s_0 = 1`)."""
+
+    def value_errors(self) -> list[tuple[Array, str]]:
+        """Value checks run at the public entry points: a list of `(bad, message)` pairs."""
+        return []
+
+    def with_K(self, K: int) -> "AbstractSupermarketModel":
+        """The same model truncated at `K` jobs per server."""
+        K = check_K(K)
+        new = copy.copy(self)
+        object.__setattr__(new, "K", K)
+        return new
+
+
+def check_K(K: Any) -> int:
+    """Validate a truncation level."""
+    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 2:
+        raise ValueError(f"K={K!r} must be an integer >= 2 (the largest queue length kept)")
+    return int(K)
+
+
+def default_K(rho: float, weights: np.ndarray, scv: float = 1.0, tol: float = 1e-14) -> int:
+    """Heuristic truncation level for concrete parameters: iterate the exponential tail recursion
+    `s_k = rho * g(s_{k-1})` until `s_k < tol`, then widen for service variability (SCV). The solvers check the
+    actual tail mass at `K` and say when `K` must grow."""
+    g = np.polynomial.Polynomial(np.concatenate([[0.0], weights]))
+    rho = min(max(float(rho), 0.0), 0.999)
+    s, k = 1.0, 0
+    while s > tol and k < 100_000:
+        s = rho * g(s)
+        k += 1
+    return max(8, int(np.ceil(k * max(1.0, (1.0 + float(scv)) / 2.0) * 1.25)) + 4)

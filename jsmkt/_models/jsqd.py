@@ -1,0 +1,137 @@
+r"""JSQ(d) with Poisson arrivals and exponential service."""
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from .._choice import AbstractChoice, as_choice
+from .._errors import as_float_array, concrete_array
+from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K
+
+
+def _positive(name: str, x: Array) -> None:
+    c = concrete_array(x)
+    if c is not None and not c > 0:
+        raise ValueError(f"{name}={float(c)!r} must be positive")
+
+
+class JSQd(AbstractSupermarketModel):
+    r"""The supermarket model: $N$ exponential servers, Poisson arrivals of rate $N\lambda$, each arrival samples
+    $d$ servers with replacement and joins the shortest queue (ties uniformly).
+
+    With $s_k$ the fraction of servers with at least $k$ jobs ($s_0 = 1$), the mean-field limit is
+
+    $$\dot s_k = \lambda\,(g(s_{k-1}) - g(s_k)) - \mu\,(s_k - s_{k+1}), \qquad k \ge 1,$$
+
+    with $g(s) = s^d$ (or $E[s^D]$ for a randomised choice number), whose fixed point for integer $d$ is
+    $s_k = \rho^{(d^k-1)/(d-1)}$, $\rho = \lambda/\mu$.
+
+    **Arguments:**
+
+    - `lam`: arrival rate per server λ.
+    - `d`: choice number: an integer, a real number (randomised between ⌊d⌋ and ⌊d⌋+1 with mean `d`), a
+      probability vector over 1, 2, ... servers, or an `AbstractChoice`.
+    - `mu`: service rate per server.
+    - `K`: truncation level (largest queue length kept); chosen from the parameters when omitted.
+    - `d_max`: bound on a real `d` that is traced (inside `jax.grad`), see `InterpolatedChoice`.
+
+    The reduced state is `s_1..s_K`, shape `(K,)`.
+
+    ??? cite "References"
+
+        ```bibtex
+        @article{mitzenmacher2001power,
+          title={The power of two choices in randomized load balancing},
+          author={Mitzenmacher, Michael}, journal={IEEE Trans. Parallel Distrib. Syst.},
+          volume={12}, number={10}, pages={1094--1104}, year={2001}}
+        @article{vvedenskaya1996queueing,
+          title={Queueing system with selection of the shortest of two queues: an asymptotic approach},
+          author={Vvedenskaya, N. D. and Dobrushin, R. L. and Karpelevich, F. I.},
+          journal={Problems Inform. Transmission}, volume={32}, number={1}, pages={15--27}, year={1996}}
+        ```
+    """
+
+    lam: Float[Array, ""]
+    mu: Float[Array, ""]
+    choice: AbstractChoice
+    K: int = eqx.field(static=True)
+
+    def __init__(self, lam: ArrayLike, d=2, mu: ArrayLike = 1.0, K: int | None = None, *, d_max: int | None = None):
+        self.lam = as_float_array("lam", lam, ndim=0)
+        self.mu = as_float_array("mu", mu, ndim=0)
+        _positive("lam", self.lam)
+        _positive("mu", self.mu)
+        self.choice = as_choice(d, d_max)
+        if K is None:
+            lc, mc, wc = concrete_array(self.lam), concrete_array(self.mu), concrete_array(self.choice.weights())
+            if lc is None or mc is None or wc is None:
+                raise ValueError("K must be given when lam, mu or d are traced (inside jit/grad/vmap)")
+            K = default_K(lc / mc, wc)
+        self.K = check_K(K)
+
+    @property
+    def d(self):
+        """Mean choice number E[D] (the integer d for a fixed choice)."""
+        return self.choice.d if hasattr(self.choice, "d") and isinstance(self.choice.d, int) else self.choice.mean
+
+    @property
+    def arrival_rate(self) -> Array:
+        return self.lam
+
+    def load(self) -> Array:
+        return self.lam / self.mu
+
+    def state_space(self) -> list[tuple]:
+        return [(k,) for k in range(self.K + 1)]
+
+    def transitions(self, x):
+        s = jnp.cumsum(x[::-1])[::-1]  # s_0..s_K
+        k = np.arange(self.K)
+        return [
+            TransitionClass("arrival", k, k + 1, self.lam * self.choice.join_factor(s[:-1], s[1:])),
+            TransitionClass("departure", k + 1, k, jnp.broadcast_to(self.mu, (self.K,))),
+        ]
+
+    def occupancy(self, y):
+        s = jnp.concatenate([jnp.ones(1), y, jnp.zeros(1)])
+        return s[:-1] - s[1:]
+
+    def reduce(self, x):
+        return jnp.cumsum(x[::-1])[::-1][1:]
+
+    def vector_field(self, t, y, args=None):
+        del t, args
+        s = jnp.concatenate([jnp.ones(1), y, jnp.zeros(1)])
+        up = self.lam * self.choice.join_factor(s[:-2], s[1:-1]) * (s[:-2] - s[1:-1])
+        down = self.mu * (s[1:-1] - s[2:])
+        return up - down
+
+    def initial_state(self):
+        return jnp.zeros(self.K)
+
+    def initial_guess(self):
+        return exponential_tails(self.load(), self.choice, self.K)
+
+    def tails(self, y):
+        return jnp.concatenate([jnp.ones(1), y])
+
+    def value_errors(self):
+        rho = self.load()
+        return [
+            (~jnp.isfinite(self.lam) | ~jnp.isfinite(self.mu) | ~(self.lam > 0) | ~(self.mu > 0),
+             "invalid parameters: `lam` and `mu` must be finite and positive"),
+            *self.choice.value_errors(),
+            (~(rho < 1.0), "unstable: the load lam/mu >= 1 (capacity per server); lower lam or raise mu"),
+        ]
+
+
+def exponential_tails(rho: Array, choice: AbstractChoice, K: int) -> Array:
+    r"""Tails `s_1..s_K` of the exponential-service fixed point, from the exact recursion
+    $s_k = \rho\, g(s_{k-1})$ (balance of the flow across level $k$), $s_0 = 1$."""
+    out = []
+    s = jnp.ones_like(rho)
+    for _ in range(K):
+        s = rho * choice.pgf(s)
+        out.append(s)
+    return jnp.stack(out)

@@ -1,0 +1,166 @@
+r"""JSQ(d) with Poisson arrivals and phase-type service: the exact mean-field limit."""
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from .._choice import AbstractChoice, as_choice
+from .._distributions.ph import PH
+from .._errors import as_float_array, concrete_array
+from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K
+from .jsqd import exponential_tails
+
+
+class JSQdPH(AbstractSupermarketModel):
+    r"""Supermarket model with PH service: $N$ FCFS servers, Poisson arrivals of rate $N\lambda$, each arrival
+    samples $d$ servers with replacement and joins the shortest queue (ties uniformly); service times are
+    $\mathrm{PH}(\alpha, T)$ of order $m$.
+
+    Let $S_k \in \mathbb{R}^m$ hold the fraction of servers with at least $k$ jobs whose job in service is in
+    phase $i$, $s_k = S_k\mathbf{1}$ ($s_0 = 1$), and $X_k = S_k - S_{k+1}$ the servers with exactly $k$ jobs.
+    An arrival joins a server with exactly $k$ jobs with probability $g(s_k) - g(s_{k+1})$ ($g(s) = s^d$), and
+    that server's phase is distributed as the phase mix $X_k / (s_k - s_{k+1})$ of such servers (α for an empty
+    server). The exact mean-field limit is therefore
+
+    $$\dot S_1 = \lambda\,(1 - g(s_1))\,\alpha + S_1 T + S_2 T^0\alpha,$$
+    $$\dot S_k = \lambda\, h(s_{k-1}, s_k)\, X_{k-1} + S_k T + S_{k+1} T^0 \alpha, \qquad k \ge 2,$$
+
+    with $h(a, b) = (g(a) - g(b))/(a - b)$. The published system (Li & Lui, eq. (1)–(3)) writes
+    $\lambda(S_{k-1}^{\odot d} - S_k^{\odot d})$ instead, which is not this probability unless $m = 1$ or
+    $d = 1$; it is kept as `jsmkt.published.JSQdPHAsPublished`.
+
+    **Arguments:**
+
+    - `lam`: arrival rate per server λ.
+    - `service`: the service-time distribution, a `jsmkt.PH`.
+    - `d`: choice number (integer, real, probability vector or `AbstractChoice`; see `JSQd`).
+    - `K`: truncation level; chosen from the parameters when omitted.
+
+    The reduced state is the array of phase tails $S_1..S_K$, shape `(K, m)`.
+    """
+
+    lam: Float[Array, ""]
+    service: PH
+    choice: AbstractChoice
+    K: int = eqx.field(static=True)
+
+    def __init__(self, lam: ArrayLike, service: PH, d=2, K: int | None = None, *, d_max: int | None = None):
+        if not isinstance(service, PH):
+            raise ValueError(f"service={service!r} must be a jsmkt.PH distribution")
+        self.lam = as_float_array("lam", lam, ndim=0)
+        lc = concrete_array(self.lam)
+        if lc is not None and not lc > 0:
+            raise ValueError(f"lam={float(lc)!r} must be positive")
+        self.service = service
+        self.choice = as_choice(d, d_max)
+        if K is None:
+            wc = concrete_array(self.choice.weights())
+            if lc is None or wc is None or concrete_array(service.T) is None:
+                raise ValueError("K must be given when lam, service or d are traced (inside jit/grad/vmap)")
+            K = default_K(lc * float(service.mean), wc, float(service.scv))
+        self.K = check_K(K)
+
+    @property
+    def m(self) -> int:
+        return self.service.order
+
+    @property
+    def d(self):
+        """Mean choice number E[D] (the integer d for a fixed choice)."""
+        return self.choice.d if hasattr(self.choice, "d") and isinstance(self.choice.d, int) else self.choice.mean
+
+    @property
+    def arrival_rate(self) -> Array:
+        return self.lam
+
+    def load(self) -> Array:
+        return self.lam * self.service.mean
+
+    def state_space(self) -> list[tuple]:
+        return [(0,)] + [(k, i) for k in range(1, self.K + 1) for i in range(self.m)]
+
+    def _index(self, k, i):
+        return 1 + (np.asarray(k) - 1) * self.m + np.asarray(i)
+
+    def transitions(self, x):
+        K, m = self.K, self.m
+        alpha, T = self.service.alpha, self.service.T
+        T0 = self.service.exit_vector
+        X = x[1:].reshape(K, m)
+        s = jnp.concatenate([jnp.ones(1), jnp.cumsum(X.sum(1)[::-1])[::-1]])  # s_0..s_K
+        h = self.choice.join_factor(s[:-1], s[1:])  # h(s_k, s_{k+1}), k = 0..K-1
+        ks, is_ = np.meshgrid(np.arange(1, K + 1), np.arange(m), indexing="ij")
+        ks, is_ = ks.ravel(), is_.ravel()
+        out = []
+        # Arrival to an empty server: phase drawn from alpha.
+        out.append(TransitionClass("arrival_empty", np.zeros(m, int), self._index(1, np.arange(m)),
+                                   self.lam * h[0] * alpha))
+        # Arrival to a server with k jobs (1 <= k < K): its phase is unchanged.
+        low = ks < K
+        out.append(TransitionClass("arrival", self._index(ks[low], is_[low]), self._index(ks[low] + 1, is_[low]),
+                                   self.lam * h[ks[low]]))
+        # Phase changes i -> j within a level.
+        ii, jj = np.nonzero(~np.eye(m, dtype=bool))
+        kk = np.repeat(np.arange(1, K + 1), len(ii))
+        src = self._index(kk, np.tile(ii, K))
+        dst = self._index(kk, np.tile(jj, K))
+        out.append(TransitionClass("phase", src, dst, jnp.tile(T[ii, jj], K)))
+        # Completions: level k -> k-1, next job starts in phase j ~ alpha (server empties at k = 1).
+        out.append(TransitionClass("completion_last", self._index(1, np.arange(m)), np.zeros(m, int), T0))
+        if K >= 2:
+            ii, jj = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
+            ii, jj = ii.ravel(), jj.ravel()
+            kk = np.repeat(np.arange(2, K + 1), m * m)
+            out.append(TransitionClass("completion", self._index(kk, np.tile(ii, K - 1)),
+                                       self._index(kk - 1, np.tile(jj, K - 1)),
+                                       jnp.tile(T0[ii] * alpha[jj], K - 1)))
+        return out
+
+    def occupancy(self, y):
+        X = y - jnp.concatenate([y[1:], jnp.zeros((1, self.m))])
+        return jnp.concatenate([1.0 - jnp.sum(y[0])[None], X.ravel()])
+
+    def reduce(self, x):
+        X = x[1:].reshape(self.K, self.m)
+        return jnp.cumsum(X[::-1], axis=0)[::-1]
+
+    def vector_field(self, t, y, args=None):
+        del t, args
+        alpha, T = self.service.alpha, self.service.T
+        T0 = self.service.exit_vector
+        s = jnp.concatenate([jnp.ones(1), jnp.sum(y, axis=1)])  # s_0..s_K
+        h = self.choice.join_factor(s[:-1], s[1:])  # h(s_{k-1}, s_k), k = 1..K
+        X_prev = jnp.concatenate([((1.0 - s[1]) * alpha)[None], y[:-1] - y[1:]])  # X_{k-1}, k = 1..K
+        arrivals = self.lam * h[:, None] * X_prev
+        completions = jnp.concatenate([y[1:] @ T0, jnp.zeros(1)])[:, None] * alpha[None, :]
+        return arrivals + y @ T + completions
+
+    def initial_state(self):
+        return jnp.zeros((self.K, self.m))
+
+    def initial_guess(self):
+        s = exponential_tails(self.load(), self.choice, self.K)
+        return s[:, None] * self.service.stationary_vector[None, :]
+
+    def tails(self, y):
+        return jnp.concatenate([jnp.ones(1), jnp.sum(y, axis=1)])
+
+    def phase_tails(self, y):
+        """`S_k` per phase, `k = 1..K`, shape `(K, m)`."""
+        return y
+
+    def value_errors(self):
+        alpha, T = self.service.alpha, self.service.T
+        off = T - jnp.diag(jnp.diagonal(T))
+        bad_ph = (
+            jnp.any(alpha < -1e-10) | (jnp.abs(jnp.sum(alpha) - 1.0) > 1e-8) | jnp.any(jnp.diagonal(T) >= 0)
+            | jnp.any(off < -1e-10) | jnp.any(jnp.sum(T, axis=1) > 1e-10)
+        )
+        bad_num = ~jnp.isfinite(self.lam) | ~jnp.all(jnp.isfinite(alpha)) | ~jnp.all(jnp.isfinite(T))
+        return [
+            (bad_num | ~(self.lam > 0), "invalid parameters: `lam` must be finite and positive and the PH entries finite"),
+            (bad_ph, "invalid PH service: alpha must be a probability vector and T a sub-generator"),
+            *self.choice.value_errors(),
+            (~(self.load() < 1.0), "unstable: the load lam*E[S] >= 1 (capacity per server); lower lam or speed up service"),
+        ]
