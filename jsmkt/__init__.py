@@ -3,6 +3,7 @@
 import importlib.metadata
 
 from . import _config  # noqa: F401  (float64 everywhere)
+from . import _published as published
 from ._choice import AbstractChoice as AbstractChoice
 from ._choice import FixedChoice as FixedChoice
 from ._choice import InterpolatedChoice as InterpolatedChoice

@@ -1,0 +1,200 @@
+r"""The papers' equations and closed forms, *as published*, for reproduction and comparison.
+
+These are not jsmkt's defaults: the defaults (`jsmkt.JSQdPH`, ...) are the exact mean-field limits of the stated
+finite-$N$ systems, checked against simulation. Each function here names the equations it reproduces.
+
+Li & Lui, "A Matrix-Analytic Solution for Randomized Load Balancing Models with Phase-Type Service Times":
+
+- `JSQdPHAsPublished`: the ODE system (1)–(3), arrival terms $\lambda(S_{k-1}^{\odot d} - S_k^{\odot d})$
+  (Hadamard powers of phase vectors);
+- `ph_fixed_point`: the "doubly exponential" closed form (Theorem 1, eq. (11)),
+  $\pi_k = \theta^{(d^{k-1}-1)/(d-1)}\rho^{(d^k-1)/(d-1)}\,\omega$, $\theta = \omega^{\odot d}\mathbf{1}$;
+- `ph_sojourn_time`: the expected sojourn time $E[T_d]$ of Section 3.
+
+The closed form satisfies eq. (4) and the *sum over phases* of eq. (5)–(6), but eq. (5)–(6) themselves only when
+$\omega^{\odot d}$ is proportional to $\alpha$ (since $\omega T = -\mu\alpha$): for exponential service, not for
+Erlang or hyperexponential service, not even with $d = 1$ (M/PH/1 tails are not $\rho^k\omega$).
+`ph_fixed_point_residuals` reports its residual in the published and in the exact equations.
+
+Classic exponential JSQ(d) (Vvedenskaya et al. 1996; Mitzenmacher 2001):
+
+- `exponential_tails`: $s_k = \rho^{(d^k-1)/(d-1)}$ ($\rho^k$ for $d = 1$);
+- `exponential_sojourn_time`: $E[T] = \frac1\mu\sum_{k\ge0}\rho^{(d^{k+1}-d)/(d-1)}$ (Mitzenmacher, Cor. 3.8).
+"""
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from .._choice import FixedChoice
+from .._distributions.ph import PH
+from .._errors import as_float_array
+from .._models.base import AbstractSupermarketModel
+from .._models.jsqd_ph import JSQdPH
+
+
+def _integer_d(d) -> int:
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d={d!r}: the published formulas need an integer choice number d >= 1")
+    return d
+
+
+def _geometric_exponent(d: int, k: Array) -> Array:
+    """(d^k - 1)/(d - 1) = 1 + d + ... + d^(k-1) (= k for d = 1)."""
+    if d == 1:
+        return k.astype(float)
+    return (jnp.asarray(d, dtype=float) ** k - 1.0) / (d - 1.0)
+
+
+def exponential_tails(lam: ArrayLike, d: int, mu: ArrayLike = 1.0, K: int = 20) -> Float[Array, " K+1"]:
+    r"""Classic closed form $s_k = \rho^{(d^k-1)/(d-1)}$, $k = 0..K$, $\rho = \lambda/\mu$."""
+    d = _integer_d(d)
+    rho = as_float_array("lam", lam, ndim=0) / as_float_array("mu", mu, ndim=0)
+    k = jnp.arange(K + 1)
+    return rho ** _geometric_exponent(d, k)
+
+
+def exponential_sojourn_time(lam: ArrayLike, d: int, mu: ArrayLike = 1.0, terms: int = 64) -> Float[Array, ""]:
+    r"""Mitzenmacher's mean time in system $E[T] = \frac1\mu\sum_{k\ge0}\rho^{(d^{k+1}-d)/(d-1)}$
+    ($= \sum_{i\ge1}\lambda^{(d^i-d)/(d-1)}$ for $\mu = 1$; $1/(\mu-\lambda)$ for $d = 1$)."""
+    d = _integer_d(d)
+    lam = as_float_array("lam", lam, ndim=0)
+    mu = as_float_array("mu", mu, ndim=0)
+    rho = lam / mu
+    if d == 1:
+        return 1.0 / (mu - lam)
+    k = jnp.arange(terms)
+    expo = (jnp.asarray(d, dtype=float) ** (k + 1) - d) / (d - 1.0)
+    expo = jnp.minimum(expo, 1e300)
+    return jnp.sum(rho**expo) / mu
+
+
+def _theta(service: PH, d: int) -> Array:
+    return jnp.sum(service.stationary_vector**d)
+
+
+def ph_fixed_point(lam: ArrayLike, service: PH, d: int, K: int) -> Float[Array, "K m"]:
+    r"""Li & Lui's closed form (Theorem 1, eq. (11)): $\pi_k = \theta^{(d^{k-1}-1)/(d-1)}\rho^{(d^k-1)/(d-1)}\omega$,
+    $k = 1..K$, with $\omega$ the stationary vector of $T + T^0\alpha$ and $\theta = \sum_i \omega_i^d$."""
+    d = _integer_d(d)
+    lam = as_float_array("lam", lam, ndim=0)
+    rho = lam * service.mean
+    k = jnp.arange(1, K + 1)
+    scal = _theta(service, d) ** _geometric_exponent(d, k - 1) * rho ** _geometric_exponent(d, k)
+    return scal[:, None] * service.stationary_vector[None, :]
+
+
+def ph_sojourn_time(lam: ArrayLike, service: PH, d: int, terms: int = 64) -> Float[Array, ""]:
+    r"""Li & Lui's expected sojourn time (Section 3):
+    $E[T_d] = \rho^d\theta(\omega-\alpha)(-T)^{-1}\mathbf1
+    + \alpha(-T)^{-1}\mathbf1\,\big(1 + \sum_{k\ge1}\theta^{(d^k-1)/(d-1)}\rho^{(d^{k+1}-d)/(d-1)}\big)$."""
+    d = _integer_d(d)
+    lam = as_float_array("lam", lam, ndim=0)
+    rho = lam * service.mean
+    theta = _theta(service, d)
+    omega, alpha = service.stationary_vector, service.alpha
+    resid = service.mean_remaining
+    k = jnp.arange(1, terms + 1)
+    if d == 1:
+        series = jnp.sum(theta**k * rho**k)
+    else:
+        e_theta = jnp.minimum(_geometric_exponent(d, k), 1e300)
+        e_rho = jnp.minimum((jnp.asarray(d, dtype=float) ** (k + 1) - d) / (d - 1.0), 1e300)
+        series = jnp.sum(theta**e_theta * rho**e_rho)
+    return rho**d * theta * (omega - alpha) @ resid + service.mean * (1.0 + series)
+
+
+class JSQdPHAsPublished(AbstractSupermarketModel):
+    r"""Li & Lui's ODE system (1)–(3) for JSQ(d) with PH service, as published:
+
+    $$\dot S_1 = \lambda\alpha - \lambda S_1^{\odot d} + S_1T + S_2T^0\alpha,\qquad
+      \dot S_k = \lambda S_{k-1}^{\odot d} - \lambda S_k^{\odot d} + S_kT + S_{k+1}T^0\alpha\ (k\ge2).$$
+
+    $S_k^{\odot d}$ (entrywise power of a phase vector) is not the probability that an arrival joins a server
+    with at least $k$ jobs in a given phase unless $m = 1$ or $d = 1$, so for other cases this is not the
+    mean-field limit of the stated system; the exact one is `jsmkt.JSQdPH`. Same arguments as `JSQdPH`
+    (integer `d` only). It has no `transitions` (the system is stated as an ODE on tails).
+    """
+
+    exact: JSQdPH
+    K: int = eqx.field(static=True)
+
+    def __init__(self, lam: ArrayLike, service: PH, d: int = 2, K: int | None = None):
+        d = _integer_d(d)
+        self.exact = JSQdPH(lam, service, d=d, K=K)
+        self.K = self.exact.K
+
+    def with_K(self, K):
+        return JSQdPHAsPublished(self.lam, self.service, self.choice.d, K)
+
+    @property
+    def lam(self):
+        return self.exact.lam
+
+    @property
+    def service(self):
+        return self.exact.service
+
+    @property
+    def choice(self) -> FixedChoice:
+        return self.exact.choice
+
+    @property
+    def arrival_rate(self):
+        return self.exact.lam
+
+    def load(self):
+        return self.exact.load()
+
+    def state_space(self):
+        return self.exact.state_space()
+
+    def transitions(self, x):
+        raise NotImplementedError(
+            "JSQdPHAsPublished is the published ODE on tails; it is not derived from transitions "
+            "(use jsmkt.JSQdPH for the exact population model)"
+        )
+
+    def occupancy(self, y):
+        return self.exact.occupancy(y)
+
+    def reduce(self, x):
+        return self.exact.reduce(x)
+
+    def vector_field(self, t, y, args=None):
+        del t, args
+        d = self.choice.d
+        alpha, T = self.service.alpha, self.service.T
+        T0 = self.service.exit_vector
+        Sd = y**d
+        prev = jnp.concatenate([alpha[None, :], Sd[:-1]])
+        completions = jnp.concatenate([y[1:] @ T0, jnp.zeros(1)])[:, None] * alpha[None, :]
+        return self.lam * (prev - Sd) + y @ T + completions
+
+    def initial_state(self):
+        return self.exact.initial_state()
+
+    def initial_guess(self):
+        return ph_fixed_point(self.lam, self.service, self.choice.d, self.K)
+
+    def tails(self, y):
+        return self.exact.tails(y)
+
+    def phase_tails(self, y):
+        return y
+
+    def value_errors(self):
+        return self.exact.value_errors()
+
+
+def ph_fixed_point_residuals(lam: ArrayLike, service: PH, d: int, K: int) -> dict[str, Array]:
+    """Max-norm residual of Li & Lui's closed form `ph_fixed_point` in the published equations (1)–(3) and in
+    the exact mean-field equations of `jsmkt.JSQdPH` (both truncated at `K`, with the closed form's own tail
+    beyond `K` ignored)."""
+    pi = ph_fixed_point(lam, service, d, K)
+    pub = JSQdPHAsPublished(lam, service, d, K)
+    exact = JSQdPH(lam, service, d=d, K=K)
+    # Drop the truncation boundary row, where both systems see S_{K+1} = 0 instead of pi_{K+1}.
+    r_pub = jnp.max(jnp.abs(pub.vector_field(0.0, pi)[:-1]))
+    r_exact = jnp.max(jnp.abs(exact.vector_field(0.0, pi)[:-1]))
+    return {"published": r_pub, "exact": r_exact}

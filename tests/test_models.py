@@ -1,0 +1,268 @@
+"""Mean-field models: closed forms, independent queueing formulas, and the model contract."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jsmkt
+
+
+# --- exponential JSQ(d): classic closed forms ------------------------------------------------------------------
+
+@pytest.mark.parametrize("d", [2, 3, 5])
+@pytest.mark.parametrize("lam", [0.5, 0.9, 0.99])
+def test_jsqd_closed_form_tails_and_mitzenmacher(d, lam):
+    K = 40 if lam < 0.99 else 60
+    model = jsmkt.JSQd(lam, d=d, K=K)
+    fp = jsmkt.solve_fixed_point(model)
+    s = np.asarray(jsmkt.tails(model, fp))
+    expected = np.array([lam ** ((d**k - 1) / (d - 1)) for k in range(K + 1)])
+    # s_k = rho^n_k with n_k = (d^k - 1)/(d - 1): a relative rounding error at level 1 is amplified n_k times by
+    # level k (the condition number of rho^n), which matters only for tails far below 1e-100; allow for it.
+    n_k = np.array([(d**k - 1) / (d - 1) for k in range(K + 1)])
+    nz = expected > 1e-300  # XLA flushes subnormals to zero
+    rel = np.abs(s[nz] - expected[nz]) / expected[nz]
+    assert np.all(rel <= 1e-12 + 4 * np.finfo(float).eps * n_k[nz]), rel.max()
+    assert np.all(s[~nz] < 1e-300)
+    # Mitzenmacher: E[T] = sum_{i>=1} lam^{(d^i - d)/(d - 1)}
+    ET = sum(lam ** ((d**i - d) / (d - 1)) for i in range(1, 40))
+    assert abs(float(jsmkt.mean_sojourn_time(model, fp)) - ET) < 1e-12 * ET
+
+
+def test_jsqd_d1_is_mm1():
+    lam = 0.8
+    model = jsmkt.JSQd(lam, d=1, mu=1.0)
+    fp = jsmkt.solve_fixed_point(model)
+    assert abs(float(jsmkt.mean_queue_length(model, fp)) - lam / (1 - lam)) < 1e-10
+    assert abs(float(jsmkt.mean_sojourn_time(model, fp)) - 1 / (1 - lam)) < 1e-10
+
+
+def test_jsqd_mu_scaling():
+    # Time rescaling: (lam, mu) = (1.8, 2) has the same tails as (0.9, 1) and half the sojourn time.
+    a = jsmkt.JSQd(0.9, d=2, mu=1.0, K=30)
+    b = jsmkt.JSQd(1.8, d=2, mu=2.0, K=30)
+    fa, fb = jsmkt.solve_fixed_point(a), jsmkt.solve_fixed_point(b)
+    np.testing.assert_allclose(fa.value, fb.value, rtol=1e-12, atol=1e-300)
+    assert abs(float(jsmkt.mean_sojourn_time(b, fb)) - 0.5 * float(jsmkt.mean_sojourn_time(a, fa))) < 1e-12
+
+
+# --- PH service: independent formulas ---------------------------------------------------------------------------
+
+def _erlang_m2(k, mean):
+    r = k / mean
+    return k * (k + 1) / r**2
+
+
+def _h2_m2(mean, scv):
+    p1 = 0.5 * (1 + math.sqrt((scv - 1) / (scv + 1)))
+    p = [p1, 1 - p1]
+    rates = [2 * pi / mean for pi in p]
+    return sum(2 * pi / ri**2 for pi, ri in zip(p, rates))
+
+
+def _coxian2_m2(mu1, mu2, p):
+    return 2 / mu1**2 + p * (2 / mu2**2 + 2 / (mu1 * mu2))
+
+
+SERVICES = {
+    "erlang2": (lambda: jsmkt.erlang(2, mean=1.0), 1.0, _erlang_m2(2, 1.0)),
+    "erlang4": (lambda: jsmkt.erlang(4, mean=0.5), 0.5, _erlang_m2(4, 0.5)),
+    "h2_scv4": (lambda: jsmkt.hyperexponential2(1.0, 4.0), 1.0, _h2_m2(1.0, 4.0)),
+    "coxian": (lambda: jsmkt.coxian([3.0, 0.7], [0.4]), 1 / 3 + 0.4 / 0.7, _coxian2_m2(3.0, 0.7, 0.4)),
+}
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+@pytest.mark.parametrize("rho", [0.5, 0.85])
+def test_d1_matches_pollaczek_khinchine(name, rho):
+    make, ES, ES2 = SERVICES[name]
+    service = make()
+    lam = rho / ES
+    model = jsmkt.JSQdPH(lam, service, d=1)
+    fp = jsmkt.solve_fixed_point(model)
+    L_pk = rho + lam**2 * ES2 / (2 * (1 - rho))
+    L = float(jsmkt.mean_queue_length(model, fp))
+    assert abs(L - L_pk) < 1e-9 * L_pk
+    T_pk = ES + lam * ES2 / (2 * (1 - rho))
+    assert abs(float(jsmkt.mean_sojourn_time(model, fp)) - T_pk) < 1e-9 * T_pk
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("lam", [0.3, 0.9])
+def test_exponential_ph_equals_jsqd(d, lam):
+    K = 200 if d == 1 else 30
+    a = jsmkt.JSQd(lam, d=d, mu=2.0, K=K)
+    b = jsmkt.JSQdPH(lam, jsmkt.exponential(2.0), d=d, K=K)
+    fa, fb = jsmkt.solve_fixed_point(a), jsmkt.solve_fixed_point(b)
+    np.testing.assert_allclose(jsmkt.tails(a, fa), jsmkt.tails(b, fb), rtol=1e-11, atol=1e-300)
+    assert abs(float(jsmkt.mean_sojourn_time(a, fa)) - float(jsmkt.mean_sojourn_time(b, fb))) < 1e-11
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+@pytest.mark.parametrize("d", [2, 3, 2.5, (0.2, 0.5, 0.3)])
+def test_utilisation_equals_load(name, d):
+    make, ES, _ = SERVICES[name]
+    lam = 0.9 / ES
+    d = jnp.asarray(d) if isinstance(d, tuple) else d
+    model = jsmkt.JSQdPH(lam, make(), d=d)
+    fp = jsmkt.solve_fixed_point(model)
+    assert abs(float(jsmkt.utilisation(model, fp)) - 0.9) < 1e-11
+    s = np.asarray(jsmkt.tails(model, fp))
+    assert np.all(np.diff(s) <= 1e-15) and np.all(s >= -1e-15)
+
+
+def _direct_sojourn_time(model, y):
+    """E[T] summed over where an arrival lands (independent of Little's law): it joins a server with exactly k
+    jobs and phase i with probability h(s_k, s_{k+1}) X_{k,i}; it then waits for the residual service of phase i
+    and k - 1 full services, and is served."""
+    y = np.asarray(y)
+    alpha, T = np.asarray(model.service.alpha), np.asarray(model.service.T)
+    resid = np.linalg.solve(-T, np.ones(len(alpha)))
+    ES = alpha @ resid
+    s = np.concatenate([[1.0], y.sum(1), [0.0]])
+    X = np.concatenate([[(1 - s[1]) * alpha], y - np.concatenate([y[1:], np.zeros((1, y.shape[1]))])])
+    w = np.asarray(model.choice.weights())
+    D = len(w)
+
+    def g(x):
+        return sum(w[j] * x ** (j + 1) for j in range(D))
+
+    total, prob = 0.0, 0.0
+    for k in range(model.K):
+        pk = g(s[k]) - g(s[k + 1])
+        if pk <= 0:
+            continue
+        mix = X[k] / X[k].sum()
+        t_k = ES if k == 0 else mix @ resid + (k - 1) * ES + ES
+        total += pk * t_k
+        prob += pk
+    return total / prob
+
+
+@pytest.mark.parametrize("name", ["erlang2", "h2_scv4", "coxian"])
+@pytest.mark.parametrize("d", [2, 3])
+def test_little_law_equals_direct_sojourn(name, d):
+    make, ES, _ = SERVICES[name]
+    model = jsmkt.JSQdPH(0.8 / ES, make(), d=d)
+    fp = jsmkt.solve_fixed_point(model)
+    direct = _direct_sojourn_time(model, fp.value)
+    assert abs(float(jsmkt.mean_sojourn_time(model, fp)) - direct) < 1e-10 * direct
+
+
+def test_randomised_choice_recursion():
+    # Exponential service with P(D=1)=0.3, P(D=2)=0.7: flow balance across level k gives s_k = rho * g(s_{k-1}).
+    lam = 0.9
+    w = np.array([0.3, 0.7])
+    model = jsmkt.JSQd(lam, d=jnp.asarray(w), K=60)
+    fp = jsmkt.solve_fixed_point(model)
+    s, expected = 1.0, [1.0]
+    for _ in range(60):
+        s = lam * (w[0] * s + w[1] * s**2)
+        expected.append(s)
+    # The truncated model blocks arrivals at K; its tails differ from the infinite recursion by about
+    # lam * g(s_K) ~ 1e-33 in absolute terms.
+    np.testing.assert_allclose(jsmkt.tails(model, fp), expected, rtol=1e-11, atol=1e-30)
+
+
+def test_real_d_is_randomised_between_neighbours():
+    svc = jsmkt.hyperexponential2(1.0, 4.0)
+    a = jsmkt.JSQdPH(0.9, svc, d=2.25, K=60)
+    b = jsmkt.JSQdPH(0.9, svc, d=jnp.array([0.0, 0.75, 0.25]), K=60)
+    np.testing.assert_allclose(jsmkt.solve_fixed_point(a).value, jsmkt.solve_fixed_point(b).value, rtol=1e-12, atol=1e-300)
+    assert abs(float(a.choice.mean) - 2.25) < 1e-15
+    # At an integer, the real d equals the fixed choice number.
+    c, e = jsmkt.JSQdPH(0.9, svc, d=3.0, K=40), jsmkt.JSQdPH(0.9, svc, d=3, K=40)
+    np.testing.assert_allclose(jsmkt.solve_fixed_point(c).value, jsmkt.solve_fixed_point(e).value, rtol=1e-12, atol=1e-300)
+
+
+# --- the model contract -----------------------------------------------------------------------------------------
+
+def _random_occupancy(key, n):
+    x = jr.dirichlet(key, jnp.ones(n))
+    return x
+
+
+ZOO = {
+    "jsqd": lambda: jsmkt.JSQd(0.7, d=2, K=6),
+    "jsqd_mixed": lambda: jsmkt.JSQd(0.7, d=jnp.array([0.2, 0.3, 0.5]), K=6),
+    "jsqdph_erlang": lambda: jsmkt.JSQdPH(0.7, jsmkt.erlang(3), d=2, K=5),
+    "jsqdph_h2_real_d": lambda: jsmkt.JSQdPH(0.7, jsmkt.hyperexponential2(1.0, 3.0), d=2.6, K=5),
+    "jsqdph_coxian_d1": lambda: jsmkt.JSQdPH(0.4, jsmkt.coxian([2.0, 1.0, 3.0], [0.5, 0.2]), d=1, K=5),
+}
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_vector_field_equals_drift_from_transitions(name, getkey):
+    model = ZOO[name]()
+    n = len(model.state_space())
+    for _ in range(3):
+        x = _random_occupancy(getkey(), n)
+        y = model.reduce(x)
+        np.testing.assert_allclose(model.occupancy(y), x, rtol=1e-12, atol=1e-14)
+        derived = model.reduce(model.drift(x))
+        np.testing.assert_allclose(model.vector_field(0.0, y), derived, rtol=1e-11, atol=1e-13)
+        assert abs(float(jnp.sum(model.drift(x)))) < 1e-13  # mass is conserved
+        for tc in model.transitions(x):
+            assert np.all(np.asarray(tc.rate) >= 0), tc.name
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_transitions_physical_structure(name):
+    # Every transition moves one server by at most one job: queue lengths change by -1, 0 or +1.
+    model = ZOO[name]()
+    labels = model.state_space()
+    x = jnp.ones(len(labels)) / len(labels)
+    for tc in model.transitions(x):
+        for a, b in zip(tc.source, tc.target):
+            assert abs(labels[a][0] - labels[b][0]) <= 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    rates=st.lists(st.floats(0.3, 5.0), min_size=2, max_size=3),
+    cont=st.floats(0.0, 1.0),
+    rho=st.floats(0.1, 0.92),
+    d=st.sampled_from([1, 2, 3]),
+)
+def test_property_random_coxian(rates, cont, rho, d):
+    probs = [cont] * (len(rates) - 1)
+    svc = jsmkt.coxian(rates, probs)
+    lam = rho / float(svc.mean)
+    model = jsmkt.JSQdPH(lam, svc, d=d)
+    fp = jsmkt.solve_fixed_point(model)
+    assert abs(float(jsmkt.utilisation(model, fp)) - rho) < 1e-10
+    assert float(fp.residual) < 1e-12
+    y = np.asarray(fp.value)
+    assert np.all(y >= -1e-15)
+    assert np.all(np.diff(y.sum(1)) <= 1e-15)
+    # JSQ(d) never does worse than random routing (d = 1) for the same service.
+    if d > 1:
+        m1 = jsmkt.JSQdPH(lam, svc, d=1)
+        assert float(jsmkt.mean_sojourn_time(model, fp)) <= float(jsmkt.mean_sojourn_time(m1, jsmkt.solve_fixed_point(m1))) + 1e-12
+
+
+def test_integrate_converges_to_fixed_point():
+    model = jsmkt.JSQdPH(0.8, jsmkt.erlang(2), d=2, K=20)
+    traj = jsmkt.integrate(model, 200.0, ts=jnp.array([1.0, 10.0, 200.0]))
+    fp = jsmkt.solve_fixed_point(model)
+    np.testing.assert_allclose(traj.ys[-1], fp.value, atol=1e-8)
+    s1 = traj.ys[:, 0].sum(-1)
+    assert float(s1[0]) < float(s1[1])  # the empty system fills up
+
+
+def test_integrate_mm1_transient_mean():
+    # d = 1, exponential: d/dt E[Q] = lam - mu * P(busy); check against the ODE's own tails by conservation of work:
+    # E[Q](t) = lam t - mu * int_0^t s_1. Compare with a fine quadrature of s_1.
+    model = jsmkt.JSQd(0.5, d=1, K=60)
+    ts = jnp.linspace(0.0, 5.0, 501)
+    traj = jsmkt.integrate(model, 5.0, ts=ts, rtol=1e-10, atol=1e-12)
+    q = traj.ys.sum(-1)
+    s1 = traj.ys[:, 0]
+    integral = np.trapezoid(np.asarray(s1), np.asarray(ts))
+    assert abs(float(q[-1]) - (0.5 * 5.0 - integral)) < 1e-4
