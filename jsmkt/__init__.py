@@ -32,6 +32,10 @@ from ._models.base import AbstractSupermarketModel as AbstractSupermarketModel
 from ._models.base import TransitionClass as TransitionClass
 from ._models.jsqd import JSQd as JSQd
 from ._models.jsqd_ph import JSQdPH as JSQdPH
+from ._simulate import GeneralService as GeneralService
+from ._simulate import SimulationResult as SimulationResult
+from ._simulate import deterministic as deterministic
+from ._simulate import lognormal as lognormal
 from ._simulate import simulate as simulate
 from ._solution import RESULTS as RESULTS
 from ._solution import FixedPoint as FixedPoint

@@ -98,21 +98,58 @@ def solve_fixed_point(
     """
     if not isinstance(model, AbstractSupermarketModel):
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
-    if auto_K:
-        if not is_concrete(model):
-            raise ValueError("auto_K=True works outside jit/grad only: its loop inspects the tail mass")
-        while True:
-            y0 = jax.lax.stop_gradient(model.initial_guess()) if x0 is None else x0
-            fp = _solve(model, y0, rtol, atol, max_steps, tail_tol, False, adjoint)
-            if fp.result != RESULTS.truncation_too_small or model.K >= max_K:
-                break
-            model, x0 = model.with_K(min(2 * model.K, max_K)), None
-        if throw:
-            fp = eqx.filter_jit(lambda f: eqx.tree_at(lambda g: g.value, f, f.result.error_if(f.value, f.result != RESULTS.successful)))(fp)
-        return fp
-    y0 = model.initial_guess() if x0 is None else x0
-    y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, y0)
-    return _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint)
+    concrete = is_concrete(model, x0)
+    if auto_K and not concrete:
+        raise ValueError("auto_K=True works outside jit/grad only: its loop inspects the tail mass")
+    if not concrete:
+        # Inside jit/grad/vmap: value checks and failures surface through `eqx.error_if` / `result`.
+        y0 = model.initial_guess() if x0 is None else x0
+        y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, y0)
+        return _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint)
+
+    # Concrete inputs: plain Python errors with the offending values.
+    if throw:
+        model.check_values()
+    while True:
+        fp = _solve(model, model.initial_guess() if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint)
+        if fp.result in (RESULTS.nonlinear_max_steps_reached, RESULTS.nonlinear_divergence, RESULTS.nonfinite_solution,
+                         RESULTS.singular) and x0 is None:
+            # Newton did not converge from the closed-form guess: start it from a long ODE integration instead.
+            from ._integrate import integrate
+
+            t1 = 50.0 / max(1e-3, 1.0 - float(model.load())) * float(model.load() / model.arrival_rate)
+            traj = integrate(model, t1, throw=False)
+            fp = _solve(model, jax.tree_util.tree_map(lambda v: v[-1], traj.ys), rtol, atol, max_steps, tail_tol,
+                        False, adjoint)
+        if not (auto_K and fp.result == RESULTS.truncation_too_small and model.K < max_K):
+            break
+        model, x0 = model.with_K(min(2 * model.K, max_K)), None
+    if throw and fp.result != RESULTS.successful:
+        _raise_for(fp, tail_tol, max_steps)
+    return fp
+
+
+def _raise_for(fp: FixedPoint, tail_tol: float, max_steps: int):
+    K = fp.model.K
+    if fp.result == RESULTS.truncation_too_small:
+        raise ValueError(
+            f"K={K} is too small: the fraction of servers with K jobs is {float(fp.tail_mass):.3g} > "
+            f"tail_tol={tail_tol:.3g}; raise K (e.g. K={2 * K}) or call solve_fixed_point(..., auto_K=True)"
+        )
+    if fp.result in (RESULTS.unstable, RESULTS.invalid_parameters):
+        raise ValueError(_message(fp.result))
+    raise RuntimeError(
+        f"the fixed-point solve did not converge ({_message(fp.result)}); residual {float(fp.residual):.3g} after "
+        f"{int(fp.stats['num_steps'])} Newton steps (max_steps={max_steps}). Try a larger max_steps, a starting "
+        "point x0 from jsmkt.integrate(model, t1).ys[-1], or a larger K"
+    )
+
+
+def _message(result) -> str:
+    try:
+        return RESULTS[result]
+    except Exception:
+        return str(result)
 
 
 def fixed_point_value(model: AbstractSupermarketModel, **kwargs: Any) -> PyTree[Array]:

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, PyTree
 
+from ._errors import is_concrete
 from ._fixed_point import check_values
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, Trajectory
@@ -69,6 +70,8 @@ def integrate(
     t1f = float(t1) if not isinstance(t1, jax.core.Tracer) else t1
     if not isinstance(t1f, jax.core.Tracer) and not (t1f > 0 and jnp.isfinite(t1f)):
         raise ValueError(f"t1={t1!r} must be a positive finite time")
+    if is_concrete(model):
+        model.check_values()
     y0 = model.initial_state() if x0 is None else x0
     if ts is not None:
         ts = jnp.asarray(ts, dtype=float)

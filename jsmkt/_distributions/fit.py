@@ -1,5 +1,208 @@
-"""Fitting PH distributions (stub, being written)."""
+r"""Fitting PH distributions to moments."""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from .ph import PH
 
 
-def fit_ph2_three_moments(m1, m2, m3, *, clip=False):
-    raise NotImplementedError
+# Relative tolerance under which moments outside the feasible region are treated as rounding error: they are
+# projected onto the boundary silently (also when `clip=False`), and moments this close to an exponential's are
+# fitted by the exponential itself.
+_RTOL = 1e-12
+# Case (a.4): the bound m3 = (3/2) m1^3 (1 + c^2)^2 for c^2 > 1 is not attained by any PH, so clipping raises m3
+# to (1 + _A4_GAP) times the bound. The fitted fast phase then has mean of order _A4_GAP * m1.
+_A4_GAP = 1e-6
+_EPS = float(np.finfo(float).eps)
+
+
+def _moment(name: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}={value!r} is not a real number") from e
+    if not math.isfinite(v) or not v > 0:
+        raise ValueError(f"{name}={value!r} must be a finite positive number (a raw moment of a service time)")
+    return v
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.12g}"
+
+
+def fit_ph2_three_moments(
+    m1: float, m2: float, m3: float, *, clip: bool = False
+) -> PH | tuple[PH, tuple[float, float, float]]:
+    r"""Fit an order-2 acyclic PH distribution to three raw moments (Telek and Heindl).
+
+    The fit is the canonical form $\alpha = (\eta, 1 - \eta)$,
+    $T = \begin{pmatrix} -\xi_1 & \xi_1 \\ 0 & -\xi_2 \end{pmatrix}$ with $0 < \xi_1 \le \xi_2$, whose moments are
+    exactly $m_1, m_2, m_3$. With $c^2 = m_2/m_1^2 - 1$, a PH(2) exists if and only if
+
+    - $1/2 \le c^2 \le 1$ and $3m_1^3\bigl(3c^2 - 1 + \sqrt2\,(1 - c^2)^{3/2}\bigr) \le m_3 \le 6m_1^3c^2$, or
+    - $c^2 > 1$ and $m_3 > \tfrac32 m_1^3(1 + c^2)^2$.
+
+    With $b = 3m_1m_2 - m_3$, $c = 3m_2^2 - 2m_1m_3$, $d = 2m_1^2 - m_2$ and $a = b^2 - 6cd$, the rates
+    $\xi_1 \le \xi_2$ are the roots $(b \pm \sqrt a)/c$ of $c\xi^2 - 2b\xi + 6d = 0$ and
+    $\eta = (m_1 - 1/\xi_2)\xi_1$ (the paper's cases $c > 0$ and $c < 0$); they are evaluated in a cancellation-free
+    form (see the code). Boundary cases:
+
+    - the upper bound $m_3 = 6m_1^3c^2$ gives $\eta = 1$ (two phases in series); the lower bound for $c^2 \le 1$
+      gives $\xi_1 = \xi_2$; $c^2 = 1/2$ is the Erlang-2.
+    - $c = 0$ inside the region happens only at the exponential ($m_2 = 2m_1^2$, $m_3 = 6m_1^3$), which is returned
+      as the order-1 PH with rate $1/m_1$ (the paper's case $c = 0$ leaves $\xi_1$ free). Moments within rounding
+      of it (relative $10^{-12}$) are fitted by it too.
+    - for $c^2 > 1$ the bound $m_3 = \tfrac32 m_1^3(1+c^2)^2$ is not attained by any PH (it is the limit of a mixture
+      of an atom at zero and an exponential), so it is infeasible; `clip=True` raises $m_3$ to $(1 + 10^{-6})$ times
+      the bound. The fit is then stiff: its second phase is fast, with mean of order $10^{-6}m_1$ when $c^2$ is not
+      close to 1.
+    - moments outside the region by at most relative $10^{-12}$ (rounding) are projected onto it silently.
+
+    **Arguments:**
+
+    - `m1`, `m2`, `m3`: the raw moments $E[S]$, $E[S^2]$, $E[S^3]$, finite and positive.
+    - `clip`: if `True`, project moments no PH(2) matches onto the feasible region as Telek and Heindl do, and
+      return the moments actually matched: (a.1) $c^2 < 1/2$ is raised to $c^2 = 1/2$ (and then $m_3 = 3m_1^3$,
+      the Erlang-2); (a.2)/(a.3) for $c^2 \le 1$, $m_3$ is moved to the nearer bound; (a.4) as above.
+
+    **Returns:**
+
+    A [`jsmkt.PH`][] of order 2 (order 1 for the exponential). If `clip=True`, the tuple
+    `(ph, (m1, m2_clipped, m3_clipped))` instead, where the clipped moments are those of `ph` (equal to the input
+    moments when they were feasible).
+
+    **Raises:**
+
+    `ValueError` if a moment is not a finite positive number, or, when `clip=False`, if no PH(2) has these moments;
+    the message gives the feasible range.
+
+    !!! example
+
+        ```python
+        S = jsmkt.fit_ph2_three_moments(1.0, 3.0, 15.0)  # c^2 = 2
+        S.moments(3)  # [1.0, 3.0, 15.0]
+        S, (m1, m2, m3) = jsmkt.fit_ph2_three_moments(1.0, 1.2, 2.0, clip=True)  # Erlang-2
+        ```
+
+    ??? cite "References"
+
+        ```bibtex
+        @article{telek2002matching,
+            title={Matching Moments for Acyclic Discrete and Continuous Phase-Type Distributions of Second Order},
+            author={Telek, Mikl{\'o}s and Heindl, Armin},
+            journal={International Journal of Simulation: Systems, Science \& Technology},
+            volume={3},
+            number={3--4},
+            pages={47--57},
+            year={2002}
+        }
+        ```
+    """
+    m1 = _moment("m1", m1)
+    m2 = _moment("m2", m2)
+    m3 = _moment("m3", m3)
+    # Work in units of m1: n2 = m2/m1^2 = 1 + c^2, n3 = m3/m1^3.
+    n2 = m2 / (m1 * m1)
+    n3 = m3 / (m1 * m1 * m1)
+    scv = n2 - 1.0
+    changed = False
+
+    def result(ph, n2_fit, n3_fit):
+        if not clip:
+            return ph
+        if changed:
+            return ph, (m1, n2_fit * m1 * m1, n3_fit * m1 * m1 * m1)
+        return ph, (m1, m2, m3)
+
+    def exponential():
+        ph = PH(jnp.ones(1), jnp.full((1, 1), -1.0 / m1))
+        return ph
+
+    # c = 0 inside the region: the exponential.
+    if abs(n2 - 2.0) <= 2.0 * _RTOL and abs(n3 - 6.0) <= 6.0 * _RTOL:
+        changed = (n2, n3) != (2.0, 6.0)
+        return result(exponential(), 2.0, 6.0)
+
+    # (a.1): c^2 >= 1/2 (a few ulps above 1/2 is taken as 1/2, so that the Erlang-2 comes out exactly).
+    if n2 < 1.5 * (1.0 + 64 * _EPS):
+        if not (n2 >= 1.5 * (1.0 - _RTOL) or clip):
+            raise ValueError(
+                f"m2={m2!r} gives c^2 = m2/m1^2 - 1 = {_fmt(scv)} < 1/2, but every PH(2) has c^2 >= 1/2 (the "
+                f"Erlang-2 attains 1/2); need m2 >= 1.5*m1^2 = {_fmt(1.5 * m1 * m1)}; pass clip=True to project onto it"
+            )
+        n2, scv, changed = 1.5, 0.5, changed or n2 != 1.5
+
+    # Moment bounds, in units of m1^3.
+    if n2 <= 2.0:
+        lower = 3.0 * (3.0 * scv - 1.0 + math.sqrt(2.0) * (1.0 - scv) ** 1.5)
+        upper = 6.0 * scv
+        lower = min(lower, upper)  # equal (to rounding) at c^2 = 1/2 and c^2 = 1
+        rng = f"feasible m3 range is [{_fmt(lower * m1**3)}, {_fmt(upper * m1**3)}]"
+        if n3 < lower:
+            if not (n3 >= lower * (1.0 - _RTOL) or clip):
+                raise ValueError(
+                    f"m3={m3!r} is below the PH(2) bound 3*m1^3*(3c^2 - 1 + sqrt(2)*(1 - c^2)^(3/2)) = "
+                    f"{_fmt(lower * m1**3)} for c^2={_fmt(scv)}; {rng}; pass clip=True to project onto it"
+                )
+            n3, changed = lower, True  # (a.2)
+        elif n3 > upper:
+            if not (n3 <= upper * (1.0 + _RTOL) or clip):
+                raise ValueError(
+                    f"m3={m3!r} is above the PH(2) bound 6*m1^3*c^2 = {_fmt(upper * m1**3)} for "
+                    f"c^2={_fmt(scv)}; {rng}; pass clip=True to project onto it"
+                )
+            n3, changed = upper, True  # (a.3)
+        if abs(n2 - 2.0) <= 2.0 * _RTOL:  # c^2 = 1 (to rounding): only the exponential
+            changed = changed or (n2, n3) != (2.0, 6.0)
+            return result(exponential(), 2.0, 6.0)
+    else:
+        bound = 1.5 * n2 * n2
+        if n3 <= bound:
+            if not clip:
+                raise ValueError(
+                    f"m3={m3!r} is not above the PH(2) bound (3/2)*m1^3*(1 + c^2)^2 = {_fmt(bound * m1**3)} for "
+                    f"c^2={_fmt(scv)}; feasible m3 range is ({_fmt(bound * m1**3)}, inf) (the bound itself is "
+                    "attained only with an atom at zero); pass clip=True to project onto it"
+                )
+            n3, changed = bound * (1.0 + _A4_GAP), True  # (a.4)
+
+    # Closed form in units of m1. The reduced moments r_n = E[S^n]/n! of the canonical form with phase means
+    # u1 = 1/xi1 >= u2 = 1/xi2 satisfy r_{n+1} = e1 r_n - e2 r_{n-1} (r_0 = r_1 = 1), e1 = u1 + u2, e2 = u1 u2, so
+    # e1 = (r3 - r2)/y with y = r2 - 1 = (c^2 - 1)/2, and e2 = e1 - r2 = (r3 - r2^2)/y. The shifted means
+    # v_i = u_i - 1 solve v^2 - h v - y = 0 with h = e1 - 2 (discriminant h^2 + 4y); the larger-magnitude root is
+    # taken directly and the other from v1 v2 = -y, so nothing cancels; then eta = (1 - u2)/u1 = -v2/u1. This is
+    # xi_{1,2} = (b -+ sqrt(a))/c of Telek and Heindl, with c = -12 e2 y m1^4, in a stable form.
+    y = 0.5 * n2 - 1.0
+    if y < 0.0:
+        # Feasible region: -1 <= h <= -2 sqrt(-y) (upper m3 bound: h = -1, eta = 1; lower: zero discriminant).
+        # Clamping only absorbs rounding of n3, which moves h by O(eps/|y|) but m3 by O(eps).
+        h = (n3 / 6.0 - 0.5 * n2) / y - 2.0
+        h_lower = -2.0 * math.sqrt(-y)
+        if h >= h_lower:  # on the lower bound: a double root
+            h, disc = h_lower, 0.0
+        else:
+            h = max(h, -1.0)
+            disc = math.sqrt(max(h * h + 4.0 * y, 0.0))
+        v2 = 0.5 * (h - disc)
+        v1 = -y / v2
+        u1, u2 = 1.0 + v1, 1.0 + v2
+    else:
+        # e2 = (n3 - bound)/(6y) > 0 exactly when n3 > bound, so u2 > 0 even next to the (a.4) bound.
+        e2 = (n3 - bound) / (6.0 * y)
+        h = e2 - 1.0 + y
+        disc = math.sqrt(h * h + 4.0 * y)
+        if h >= 0.0:
+            v1 = 0.5 * (h + disc)
+            v2 = -y / v1
+        else:
+            v2 = 0.5 * (h - disc)
+            v1 = -y / v2
+        u1 = 1.0 + v1
+        u2 = 2.0 * e2 / (2.0 + h + disc)  # = 1 + v2 without cancellation as u2 -> 0
+    eta = min(max(-v2 / u1, 0.0), 1.0)
+    xi1, xi2 = 1.0 / (m1 * u1), 1.0 / (m1 * u2)
+    alpha = jnp.array([eta, 1.0 - eta])
+    T = jnp.array([[-xi1, xi1], [0.0, -xi2]])
+    return result(PH(alpha, T), n2, n3)

@@ -5,6 +5,7 @@ $m$ transient phases started in phase $i$ with probability $\alpha_i$ and moved 
 exit-rate vector is $T^0 = -T\mathbf{1}$.
 """
 
+import functools
 import math
 
 import equinox as eqx
@@ -32,21 +33,24 @@ def _check_ph_values(alpha: np.ndarray, T: np.ndarray) -> None:
         raise ValueError(
             f"alpha sums to {total!r}, not 1; alpha must be a probability vector (no mass at zero)"
         )
+    # Rates carry the time unit, so tolerances on T are relative to the row's total rate |T[i,i]|.
     for i in range(m):
         if not T[i, i] < 0:
             raise ValueError(f"T[{i},{i}]={T[i, i]!r} must be negative (diagonal of a sub-generator)")
+        scale = abs(T[i, i])
         for j in range(m):
-            if i != j and T[i, j] < -_ATOL:
+            if i != j and T[i, j] < -_ATOL * scale:
                 raise ValueError(f"T[{i},{j}]={T[i, j]!r} is negative; off-diagonal rates must be >= 0")
         row = float(T[i].sum())
-        if row > _ATOL * max(1.0, abs(T[i, i])):
+        if row > _ATOL * scale:
             raise ValueError(
                 f"row {i} of T sums to {row!r} > 0; each row of a sub-generator sums to <= 0 "
                 f"(its exit rate is -sum(T[{i}]))"
             )
     # Absorption must be reachable from every phase: -T must be invertible with a non-negative inverse.
-    reach = (T > _ATOL).astype(int) + np.eye(m, dtype=int)
-    exits = -T.sum(axis=1) > _ATOL
+    scales = np.abs(np.diagonal(T))
+    reach = (T > _ATOL * scales[:, None]).astype(int) + np.eye(m, dtype=int)
+    exits = -T.sum(axis=1) > _ATOL * scales
     can_exit = exits.copy()
     for _ in range(m):
         can_exit = can_exit | ((reach @ can_exit.astype(int)) > 0)
@@ -191,6 +195,8 @@ def _sample_one(alpha, T, key):
     return t
 
 
+# Jitted at module level so that repeated calls reuse the compiled while-loop (shape is static).
+@functools.partial(jax.jit, static_argnums=3)
 def _sample_ph(alpha, T, key, shape):
     n = int(np.prod(shape)) if shape else 1
     keys = jr.split(key, n)

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
+from .._errors import concrete_array
+
 
 class TransitionClass(NamedTuple):
     """One class of transitions: servers in local state `source[i]` move to `target[i]` at per-server rate
@@ -101,12 +103,30 @@ class AbstractSupermarketModel(eqx.Module):
         """Value checks run at the public entry points: a list of `(bad, message)` pairs."""
         return []
 
+    def check_values(self) -> None:
+        """Raise `ValueError` with the first failing value check (concrete models only)."""
+        for bad, msg in self.value_errors():
+            if bool(bad):
+                raise ValueError(msg)
+
     def with_K(self, K: int) -> "AbstractSupermarketModel":
         """The same model truncated at `K` jobs per server."""
         K = check_K(K)
         new = copy.copy(self)
         object.__setattr__(new, "K", K)
         return new
+
+
+def fmt(template: str, *, default: str, **values: Any) -> str:
+    """Fill `template` with the values (6 significant digits) when all are concrete; else return `default`
+    (inside jit the values are unknown when the message is built)."""
+    out = {}
+    for name, x in values.items():
+        c = concrete_array(x)
+        if c is None:
+            return default
+        out[name] = f"{float(c):.6g}" if c.ndim == 0 else repr(c.tolist())
+    return template.format(**out)
 
 
 def check_K(K: Any) -> int:

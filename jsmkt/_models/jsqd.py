@@ -7,7 +7,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
 from .._errors import as_float_array, concrete_array
-from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K
+from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt
 
 
 def _positive(name: str, x: Array) -> None:
@@ -120,9 +120,13 @@ class JSQd(AbstractSupermarketModel):
         rho = self.load()
         return [
             (~jnp.isfinite(self.lam) | ~jnp.isfinite(self.mu) | ~(self.lam > 0) | ~(self.mu > 0),
-             "invalid parameters: `lam` and `mu` must be finite and positive"),
+             "invalid parameters: " + fmt("lam={lam} and mu={mu}", lam=self.lam, mu=self.mu, default="lam and mu")
+             + " must be finite and positive"),
             *self.choice.value_errors(),
-            (~(rho < 1.0), "unstable: the load lam/mu >= 1 (capacity per server); lower lam or raise mu"),
+            (~(rho < 1.0), "unstable: " + fmt("lam={lam} >= capacity mu={mu} per server (load rho={rho})",
+                                              lam=self.lam, mu=self.mu, rho=rho,
+                                              default="lam >= capacity mu per server (load rho = lam/mu >= 1)")
+             + "; no fixed point exists: lower lam or raise mu"),
         ]
 
 

@@ -8,7 +8,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, as_choice
 from .._distributions.ph import PH
 from .._errors import as_float_array, concrete_array
-from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K
+from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt
 from .jsqd import exponential_tails
 
 
@@ -159,8 +159,15 @@ class JSQdPH(AbstractSupermarketModel):
         )
         bad_num = ~jnp.isfinite(self.lam) | ~jnp.all(jnp.isfinite(alpha)) | ~jnp.all(jnp.isfinite(T))
         return [
-            (bad_num | ~(self.lam > 0), "invalid parameters: `lam` must be finite and positive and the PH entries finite"),
-            (bad_ph, "invalid PH service: alpha must be a probability vector and T a sub-generator"),
+            (bad_num | ~(self.lam > 0),
+             "invalid parameters: " + fmt("lam={lam}", lam=self.lam, default="lam")
+             + " must be finite and positive and the PH entries finite"),
+            (bad_ph, "invalid PH service: alpha must be a probability vector (entries >= 0, sum 1) and T a "
+                     "sub-generator (negative diagonal, non-negative off-diagonal entries, row sums <= 0)"),
             *self.choice.value_errors(),
-            (~(self.load() < 1.0), "unstable: the load lam*E[S] >= 1 (capacity per server); lower lam or speed up service"),
+            (~(self.load() < 1.0),
+             "unstable: " + fmt("lam={lam} >= capacity 1/E[S]={cap} per server (load rho=lam*E[S]={rho})",
+                                lam=self.lam, cap=1.0 / self.service.mean, rho=self.load(),
+                                default="lam >= capacity 1/E[S] per server (load rho = lam*E[S] >= 1)")
+             + "; no fixed point exists: lower lam or speed up service"),
         ]

@@ -111,8 +111,11 @@ class JSQdPHAsPublished(AbstractSupermarketModel):
       \dot S_k = \lambda S_{k-1}^{\odot d} - \lambda S_k^{\odot d} + S_kT + S_{k+1}T^0\alpha\ (k\ge2).$$
 
     $S_k^{\odot d}$ (entrywise power of a phase vector) is not the probability that an arrival joins a server
-    with at least $k$ jobs in a given phase unless $m = 1$ or $d = 1$, so for other cases this is not the
-    mean-field limit of the stated system; the exact one is `jsmkt.JSQdPH`. Same arguments as `JSQdPH`
+    with at least $k$ jobs in a given phase unless $m = 1$, and eq. (2) puts the arrivals to busy servers in the
+    wrong phases ($\lambda(\alpha - S_1)$ where the exact flow into level 1 is $\lambda(1 - s_1)\alpha$), so
+    except for exponential service this is not the mean-field limit of the stated system, not even for $d = 1$
+    (its fixed point then has the M/M/1 mean queue length whatever the service). The exact one is
+    `jsmkt.JSQdPH`. Same arguments as `JSQdPH`
     (integer `d` only). It has no `transitions` (the system is stated as an ODE on tails).
     """
 

@@ -1,5 +1,7 @@
-"""Finite-N simulation of the physical systems (stub, being written)."""
+"""Finite-N simulation of the physical supermarket system (independent of the mean-field code)."""
 
-
-def simulate(*args, **kwargs):
-    raise NotImplementedError("jsmkt.simulate is not implemented yet")
+from .result import SimulationResult as SimulationResult
+from .service import GeneralService as GeneralService
+from .service import deterministic as deterministic
+from .service import lognormal as lognormal
+from .driver import simulate as simulate

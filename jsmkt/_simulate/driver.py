@@ -1,0 +1,372 @@
+"""`simulate`: input checks, the chunked run and the statistics."""
+
+import functools
+import math
+import numbers
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+
+from .._distributions.ph import PH
+from . import core
+from .result import SimulationResult
+from .service import GeneralService
+
+
+_SAMPLING = ("with_replacement", "without_replacement")
+_N_BINS = 8192  # sojourn-time histogram: log-spaced over 12 decades around E[S] (0.34 % relative bin width)
+_HIST_DECADES_BELOW = 6.0
+_HIST_DECADES = 12.0
+_BLOCK = 64
+_UNROLL = 4
+
+
+# --- Student-t quantiles without SciPy --------------------------------------------------------------------------
+
+
+def _t_two_sided(t: float, nu: int) -> float:
+    """P(|T| <= t) for Student's t with `nu` degrees of freedom (exact finite series, Abramowitz & Stegun 26.7)."""
+    theta = math.atan(t / math.sqrt(nu))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if nu % 2 == 1:
+        total, term = 0.0, 1.0
+        if nu > 1:
+            total = term
+            for j in range(1, (nu - 3) // 2 + 1):
+                term *= c2 * (2 * j) / (2 * j + 1)
+                total += term
+        return 2.0 / math.pi * (theta + s * math.cos(theta) * total)
+    total, term = 1.0, 1.0
+    for j in range(1, (nu - 2) // 2 + 1):
+        term *= c2 * (2 * j - 1) / (2 * j)
+        total += term
+    return s * total
+
+
+@functools.lru_cache(maxsize=None)
+def t_quantile_975(nu: int) -> float:
+    """The 97.5 % quantile of Student's t with `nu >= 1` degrees of freedom (bisection on the exact CDF)."""
+    lo, hi = 0.0, 100.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _t_two_sided(mid, nu) < 0.95:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _half_width(samples: np.ndarray) -> np.ndarray:
+    """95 % Student-t half-width of the mean of `samples` along axis 0."""
+    n = samples.shape[0]
+    if n < 2:
+        return np.full(samples.shape[1:], np.nan)
+    return t_quantile_975(n - 1) * samples.std(axis=0, ddof=1) / math.sqrt(n)
+
+
+# --- input checks -----------------------------------------------------------------------------------------------
+
+
+def _int_arg(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+    if value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+    return int(value)
+
+
+def _real_arg(name: str, value) -> float:
+    try:
+        x = float(np.asarray(value))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}={value!r} must be a real number") from e
+    if not math.isfinite(x):
+        raise ValueError(f"{name}={value!r} must be finite")
+    return x
+
+
+def _concrete(name: str, x) -> np.ndarray:
+    if isinstance(x, jax.core.Tracer):
+        raise ValueError(f"{name} is traced (inside jit/grad/vmap); simulate needs concrete parameter values")
+    return np.asarray(x, dtype=float)
+
+
+def _ph_mean_scv(alpha: np.ndarray, T: np.ndarray) -> tuple[float, float]:
+    v1 = np.linalg.solve(-T, np.ones(len(alpha)))
+    v2 = np.linalg.solve(-T, v1)
+    m1 = float(alpha @ v1)
+    return m1, 2.0 * float(alpha @ v2) / m1**2 - 1.0
+
+
+def _service_of(model, service):
+    """(kind, PH arrays or GeneralService, mean, scv)."""
+    if service is None:
+        if hasattr(model, "service"):
+            service = model.service
+        elif hasattr(model, "mu"):
+            mu = float(_concrete("model.mu", model.mu))
+            return "ph", (np.ones(1), np.array([[-mu]])), 1.0 / mu, 1.0
+        else:
+            raise ValueError(f"model={model!r} has no service rate `mu` or service distribution `service`")
+    if isinstance(service, PH):
+        alpha, T = _concrete("service.alpha", service.alpha), _concrete("service.T", service.T)
+        mean, scv = _ph_mean_scv(alpha, T)
+        return "ph", (alpha, T), mean, scv
+    if isinstance(service, GeneralService):
+        return "general", service, service.mean, service.scv
+    raise ValueError(
+        f"service={service!r} must be a jsmkt.PH, a jsmkt.GeneralService (e.g. jsmkt.deterministic(1.0), "
+        "jsmkt.lognormal(1.0, 2.0)) or None (the model's own service)"
+    )
+
+
+def _default_max_queue(rho: float, scv: float, d_min: int) -> int:
+    # Heavy-traffic mean queue length of a single M/G/1 queue sets the scale; JSQ(d >= 2) has much lighter tails.
+    scale = rho * (1.0 + scv) / (2.0 * (1.0 - rho))
+    return 64 + math.ceil(40.0 * scale) if d_min == 1 else 32 + math.ceil(2.0 * scale)
+
+
+# --- compiled pieces --------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(cfg: core.Config):
+    init = jax.jit(jax.vmap(functools.partial(core.init_state, cfg), in_axes=(None, 0)))
+    run = jax.jit(functools.partial(core.run_chunk, cfg), donate_argnums=1)
+    return init, run
+
+
+def _progress(frac: float, t: float, t1: float, events: int, start: float) -> None:
+    width = 30
+    filled = int(round(width * frac))
+    elapsed = time.perf_counter() - start
+    rate = events / elapsed if elapsed > 0 else 0.0
+    sys.stderr.write(
+        f"\rsimulate [{'#' * filled}{'.' * (width - filled)}] {100 * frac:5.1f}%  t={t:.4g}/{t1:.4g}  "
+        f"{events:.3e} events  {elapsed:.1f}s  ({rate:.3g} events/s)"
+    )
+    sys.stderr.flush()
+
+
+# --- simulate ---------------------------------------------------------------------------------------------------
+
+
+def simulate(
+    model,
+    n_servers: int,
+    t1: float,
+    *,
+    key,
+    n_replications: int = 1,
+    warmup: float | None = None,
+    service: PH | GeneralService | None = None,
+    sampling: str = "with_replacement",
+    max_queue: int | None = None,
+    n_batches: int = 30,
+    progress: bool = False,
+) -> SimulationResult:
+    r"""Simulate the physical supermarket system with `n_servers` servers, exactly and event by event.
+
+    Jobs arrive in a Poisson process of rate $N\lambda$; each arrival samples $D$ servers ($D$ drawn from the
+    model's choice rule, `model.choice.weights()`), with replacement by default, and joins the one with the fewest
+    jobs (ties uniformly at random). Each server serves its queue first-come first-served. Service is the model's
+    (exponential with rate `mu` for `JSQd`, PH for `JSQdPH`, the phase of the job in service tracked per server)
+    or `service`, which may also be a general distribution (`jsmkt.deterministic`, `jsmkt.lognormal`,
+    `jsmkt.GeneralService`). The system starts empty; statistics are time averages over `[warmup, t1]`.
+
+    This code path is independent of the mean-field solvers: it only reads `lam`, `mu`/`service` and the choice
+    rule's weights from `model`. It runs as a `lax.while_loop` in time chunks, `vmap`ped over replications (CPU or
+    GPU), with memory independent of `t1`.
+
+    **Arguments:**
+
+    - `model`: a `jsmkt.JSQd` or `jsmkt.JSQdPH` (concrete parameters).
+    - `n_servers`: number of servers $N \ge 1$.
+    - `t1`: simulated time horizon.
+    - `key`: a JAX PRNG key; replications use `jax.random.split(key, n_replications)`.
+    - `n_replications`: independent replications (confidence intervals come from them when $\ge 2$).
+    - `warmup`: initial period discarded from the statistics; defaults to `0.1 * t1`.
+    - `service`: overrides the model's service distribution (`jsmkt.PH` or `jsmkt.GeneralService`).
+    - `sampling`: `"with_replacement"` (the mean-field model) or `"without_replacement"` ($D$ distinct servers).
+    - `max_queue`: largest queue length a server may hold (ring-buffer size). Chosen from the load when omitted;
+      a `ValueError` is raised after the run if an arrival found a full queue.
+    - `n_batches`: number of batch means (of equal length, $\ge 30$ recommended) for confidence intervals of a
+      single replication.
+    - `progress`: print a progress bar on stderr (the results do not depend on it).
+
+    **Returns:** a `jsmkt.SimulationResult`.
+
+    !!! example
+
+        ```python
+        model = jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, 4.0), d=2)
+        res = jsmkt.simulate(model, 1000, 2e3, key=jax.random.key(0), n_replications=4)
+        res.mean_sojourn_time, res.mean_sojourn_time_ci
+        ```
+    """
+    # -- arguments
+    n = _int_arg("n_servers", n_servers, 1)
+    t1 = _real_arg("t1", t1)
+    if not t1 > 0:
+        raise ValueError(f"t1={t1!r} must be positive (the simulated time horizon)")
+    warmup = 0.1 * t1 if warmup is None else _real_arg("warmup", warmup)
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup!r} must be >= 0")
+    if not t1 > warmup:
+        raise ValueError(f"t1={t1!r} must exceed warmup={warmup!r} (statistics are taken over [warmup, t1])")
+    n_rep = _int_arg("n_replications", n_replications, 1)
+    n_batches = _int_arg("n_batches", n_batches, 2)
+    if sampling not in _SAMPLING:
+        raise ValueError(f"sampling={sampling!r} is not one of {_SAMPLING}")
+    replace = sampling == "with_replacement"
+    if max_queue is not None:
+        max_queue = _int_arg("max_queue", max_queue, 1)
+    if not isinstance(progress, bool):
+        raise ValueError(f"progress={progress!r} must be True or False")
+    try:
+        keys = jr.split(key, n_rep)
+    except Exception as e:  # noqa: BLE001  (any malformed key)
+        raise ValueError(f"key={key!r} is not a JAX PRNG key (use jax.random.key(seed))") from e
+
+    # -- model
+    if not hasattr(model, "lam") or not hasattr(model, "choice"):
+        raise ValueError(f"model={model!r} must be a jsmkt.JSQd or jsmkt.JSQdPH")
+    lam = float(_concrete("model.lam", model.lam))
+    if not lam > 0:
+        raise ValueError(f"lam={lam!r} must be positive")
+    kind, serv, mean_s, scv = _service_of(model, service)
+    rho = lam * mean_s
+    if not rho < 1:
+        raise ValueError(f"lam={lam!r} gives load {rho:.6g} ≥ 1: the system is unstable (lower lam or E[S])")
+    weights = _concrete("model.choice.weights()", model.choice.weights())
+    support = np.nonzero(weights > 0)[0]
+    if support.size == 0:
+        raise ValueError(f"the choice rule has weights {weights.tolist()!r}: no choice number has positive probability")
+    max_d, d_min = int(support[-1]) + 1, int(support[0]) + 1
+    weights = weights[:max_d] / weights[:max_d].sum()
+    fixed_d = bool(weights[-1] == 1.0)
+    if not replace and max_d > n:
+        raise ValueError(
+            f"d={max_d} exceeds n_servers={n}: cannot sample {max_d} distinct servers without replacement"
+        )
+    if max_queue is None:
+        max_queue = _default_max_queue(rho, scv, d_min)
+
+    if kind == "ph":
+        alpha, T = serv
+        m, sampler = len(alpha), None
+    else:
+        alpha, T = np.ones(1), -np.ones((1, 1))
+        m, sampler = 1, serv.sampler
+    cfg = core.Config(
+        n=n, max_queue=max_queue, m=m, max_d=max_d, fixed_d=fixed_d, replace=replace, block=_BLOCK,
+        unroll=_UNROLL, n_bins=_N_BINS, sampler=sampler,
+    )
+    log_lo = math.log(mean_s) - _HIST_DECADES_BELOW * math.log(10.0)
+    bin_scale = _N_BINS / (_HIST_DECADES * math.log(10.0))
+    params = core.Params(
+        lam=jnp.asarray(lam), alpha=jnp.asarray(alpha), T=jnp.asarray(T), weights=jnp.asarray(weights),
+        log_lo=jnp.asarray(log_lo), bin_scale=jnp.asarray(bin_scale),
+    )
+
+    # -- run, chunk by chunk: warm-up, then n_batches batches of equal length
+    init, run = _compiled(cfg)
+    states = init(params, keys)
+    ends = [warmup + (t1 - warmup) * (i + 1) / n_batches for i in range(n_batches)]
+    ends[-1] = t1
+    schedule = ([warmup] if warmup > 0 else []) + ends
+    start = time.perf_counter()
+    events = 0
+    per_batch = []
+    for i, t_end in enumerate(schedule):
+        states, stats = run(params, states, jnp.asarray(t_end, jnp.float64))
+        stats = jax.tree_util.tree_map(np.asarray, stats)
+        events += int(stats.events.sum())
+        if t_end > warmup or warmup == 0:
+            per_batch.append(stats)
+        if progress:
+            _progress((i + 1) / len(schedule), t_end, t1, events, start)
+    if progress:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+    overflow = int(per_batch[-1].overflow.sum())
+    if overflow:
+        raise ValueError(
+            f"max_queue={max_queue} is too small: {overflow} arrival(s) found a queue of {max_queue} jobs and "
+            f"were dropped; raise max_queue (e.g. max_queue={2 * max_queue})"
+        )
+
+    # -- statistics: per replication r and batch b
+    batch_len = np.diff(np.asarray([warmup] + ends))  # (B,)
+    area = np.stack([s.area for s in per_batch], axis=1)  # (R, B, C)
+    p = (area / (n * batch_len[None, :, None])).reshape(n_rep, n_batches, max_queue + 1, m)
+    levels = p.sum(axis=3)  # (R, B, K+1): fraction with exactly k jobs
+    tails_rb = np.cumsum(levels[..., ::-1], axis=2)[..., ::-1]
+    phase_rb = np.cumsum(p[..., ::-1, :], axis=2)[..., ::-1, :][:, :, 1:, :]  # (R, B, K, m)
+    queue_rb = tails_rb[..., 1:].sum(axis=2)
+    soj_sum = np.stack([s.soj_sum for s in per_batch], axis=1)  # (R, B)
+    n_jobs = np.stack([s.n_jobs for s in per_batch], axis=1)
+    w = (batch_len / batch_len.sum())[None, :]
+
+    def rep(x):  # time average over the batches of each replication
+        return np.tensordot(w[0], x, axes=([0], [1])) if x.ndim > 2 else (w * x).sum(axis=1)
+
+    tails_r, phase_r, queue_r = rep(tails_rb), rep(phase_rb), rep(queue_rb)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        soj_r = soj_sum.sum(axis=1) / n_jobs.sum(axis=1)
+        soj_rb = soj_sum / n_jobs
+    if n_rep >= 2:
+        ci_method = "replications"
+        tails_ci, phase_ci = _half_width(tails_r), _half_width(phase_r)
+        queue_ci, soj_ci = float(_half_width(queue_r)), float(_half_width(soj_r))
+    else:
+        ci_method = "batch_means"
+        tails_ci, phase_ci = _half_width(tails_rb[0]), _half_width(phase_rb[0])
+        queue_ci, soj_ci = float(_half_width(queue_rb[0])), float(_half_width(soj_rb[0]))
+
+    hist = sum(s.hist for s in per_batch).sum(axis=0)
+    percentiles = {q: _percentile(hist, q, log_lo, bin_scale) for q in (50, 90, 99)}
+    return SimulationResult(
+        tails=tails_r.mean(axis=0),
+        tails_ci=tails_ci,
+        phase_tails=phase_r.mean(axis=0) if kind == "ph" else None,
+        phase_tails_ci=phase_ci if kind == "ph" else None,
+        mean_queue_length=float(queue_r.mean()),
+        mean_queue_length_ci=queue_ci,
+        mean_sojourn_time=float(np.mean(soj_r)),
+        mean_sojourn_time_ci=soj_ci,
+        sojourn_time_percentiles=percentiles,
+        events=events,
+        n_jobs=int(n_jobs.sum()),
+        overflow=overflow,
+        n_servers=n,
+        t1=t1,
+        warmup=warmup,
+        n_replications=n_rep,
+        n_batches=n_batches,
+        max_queue=max_queue,
+        sampling=sampling,
+        ci_method=ci_method,
+    )
+
+
+def _percentile(hist: np.ndarray, q: float, log_lo: float, bin_scale: float) -> float:
+    """q-th percentile from the log-spaced histogram (bin 0: below the range, last bin: above), interpolated
+    geometrically inside its bin."""
+    total = hist.sum()
+    if total == 0:
+        return math.nan
+    cum = np.cumsum(hist)
+    target = q / 100.0 * total
+    b = int(np.searchsorted(cum, target))
+    n_bins = len(hist) - 2
+    if b == 0:
+        return math.exp(log_lo)
+    if b == n_bins + 1:
+        return math.exp(log_lo + n_bins / bin_scale)
+    frac = (target - cum[b - 1]) / hist[b]
+    return math.exp(log_lo + (b - 1 + frac) / bin_scale)

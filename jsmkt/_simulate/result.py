@@ -1,0 +1,93 @@
+"""The result of a simulation."""
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SimulationResult:
+    r"""Statistics of a finite-N simulation (time averages over `[warmup, t1]`).
+
+    Confidence half-widths (`*_ci`) are 95 % Student-t half-widths, from the independent replications when
+    `n_replications >= 2` and from `n_batches` batch means of the single run otherwise (`ci_method` says which).
+
+    **Attributes:**
+
+    - `tails`: $s_k$, the time-averaged fraction of servers with at least $k$ jobs, $k = 0..$`max_queue`.
+    - `tails_ci`: their half-widths.
+    - `phase_tails`: $S_k^{(i)}$, the fraction of servers with at least $k$ jobs whose job in service is in phase
+      $i$, shape `(max_queue, m)` for $k = 1..$`max_queue`; `None` for general (non-PH) service.
+    - `phase_tails_ci`: their half-widths (or `None`).
+    - `mean_queue_length`, `mean_queue_length_ci`: mean number of jobs per server, $\sum_{k\ge1} s_k$.
+    - `mean_sojourn_time`, `mean_sojourn_time_ci`: mean time from arrival to departure, averaged directly over the
+      jobs that left during `[warmup, t1]`.
+    - `sojourn_time_percentiles`: `{50: ..., 90: ..., 99: ...}`, from a log-spaced histogram of all those jobs
+      (about 0.34 % relative resolution).
+    - `events`: events processed, summed over replications (warm-up and, for PH service, the self-loops of
+      uniformisation included).
+    - `n_jobs`: jobs whose sojourn times were recorded, summed over replications.
+    - `overflow`: arrivals that found a queue of `max_queue` jobs (always 0: `simulate` raises otherwise).
+    - `n_servers`, `t1`, `warmup`, `n_replications`, `n_batches`, `max_queue`, `sampling`, `ci_method`: the run.
+    """
+
+    tails: np.ndarray
+    tails_ci: np.ndarray
+    phase_tails: np.ndarray | None
+    phase_tails_ci: np.ndarray | None
+    mean_queue_length: float
+    mean_queue_length_ci: float
+    mean_sojourn_time: float
+    mean_sojourn_time_ci: float
+    sojourn_time_percentiles: dict[int, float]
+    events: int
+    n_jobs: int
+    overflow: int
+    n_servers: int
+    t1: float
+    warmup: float
+    n_replications: int
+    n_batches: int
+    max_queue: int
+    sampling: str
+    ci_method: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (Python floats, ints and lists). `tail` and `tail_ci` list $s_k$ from $k = 0$ up to
+        the last $k$ with $s_k > 0$."""
+        nz = np.nonzero(self.tails > 0)[0]
+        last = int(nz[-1]) + 1 if nz.size else 1
+
+        def f(x):
+            x = float(x)
+            return x if math.isfinite(x) else None
+
+        return {
+            "mean_queue_length": f(self.mean_queue_length),
+            "mean_queue_length_ci": f(self.mean_queue_length_ci),
+            "mean_sojourn_time": f(self.mean_sojourn_time),
+            "mean_sojourn_time_ci": f(self.mean_sojourn_time_ci),
+            "tail": [f(x) for x in self.tails[:last]],
+            "tail_ci": [f(x) for x in self.tails_ci[:last]],
+            "sojourn_time_percentiles": {f"p{p}": f(v) for p, v in self.sojourn_time_percentiles.items()},
+            "events": int(self.events),
+            "n_jobs": int(self.n_jobs),
+            "n_servers": int(self.n_servers),
+            "t1": float(self.t1),
+            "warmup": float(self.warmup),
+            "n_replications": int(self.n_replications),
+            "n_batches": int(self.n_batches),
+            "max_queue": int(self.max_queue),
+            "sampling": self.sampling,
+            "ci_method": self.ci_method,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"SimulationResult(n_servers={self.n_servers}, t1={self.t1}, n_replications={self.n_replications}, "
+            f"mean_queue_length={self.mean_queue_length:.6g} ± {self.mean_queue_length_ci:.2g}, "
+            f"mean_sojourn_time={self.mean_sojourn_time:.6g} ± {self.mean_sojourn_time_ci:.2g}, "
+            f"events={self.events})"
+        )

@@ -1,0 +1,104 @@
+r"""General (non-phase-type) service-time distributions for the simulator.
+
+The mean-field models need phase-type service; the simulator also accepts any distribution that can be sampled,
+so that a PH fit can be judged against the physical system it approximates.
+"""
+
+import functools
+import math
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import jax.random as jr
+from jaxtyping import Array, Float, PRNGKeyArray
+
+
+class GeneralService:
+    r"""A service-time distribution given by a sampler.
+
+    **Arguments:**
+
+    - `sampler`: a JAX-traceable function `sampler(key) -> float` returning one non-negative service time per key
+      (it is `vmap`ped over keys inside the simulator, so it must not call Python-side randomness).
+    - `mean`: its mean $E[S] > 0$ (used for the load check $\lambda E[S] < 1$ and to size the sojourn-time
+      histogram).
+    - `scv`: its squared coefficient of variation, if known; only used to choose a default `max_queue`.
+
+    The sampler is part of the compiled program: pass the same function object again to reuse the compilation.
+
+    !!! example
+
+        ```python
+        S = jsmkt.GeneralService(lambda key: 0.5 + jax.random.exponential(key) * 0.5, mean=1.0, scv=0.25)
+        jsmkt.simulate(jsmkt.JSQd(0.9, d=2), 100, 1e3, key=jax.random.key(0), service=S)
+        ```
+    """
+
+    def __init__(self, sampler: Callable[[PRNGKeyArray], Float[Array, ""]], mean: float, *, scv: float = 1.0):
+        if not callable(sampler):
+            raise ValueError(f"sampler={sampler!r} must be a function key -> service time")
+        try:
+            mean = float(mean)
+            scv = float(scv)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"mean={mean!r} and scv={scv!r} must be real numbers") from e
+        if not (math.isfinite(mean) and mean > 0):
+            raise ValueError(f"mean={mean!r} must be a positive, finite mean service time")
+        if not (math.isfinite(scv) and scv >= 0):
+            raise ValueError(f"scv={scv!r} must be a non-negative, finite squared coefficient of variation")
+        self.sampler = sampler
+        self.mean = mean
+        self.scv = scv
+
+    def sample(self, key: PRNGKeyArray) -> Float[Array, ""]:
+        """One service time."""
+        return jnp.asarray(self.sampler(key), dtype=float)
+
+    def __repr__(self) -> str:
+        return f"GeneralService(sampler={self.sampler!r}, mean={self.mean!r}, scv={self.scv!r})"
+
+
+def _deterministic_sample(value: float, key: PRNGKeyArray) -> Float[Array, ""]:
+    del key
+    return jnp.asarray(value, dtype=float)
+
+
+def _lognormal_sample(mu: float, sigma: float, key: PRNGKeyArray) -> Float[Array, ""]:
+    return jnp.exp(mu + sigma * jr.normal(key, dtype=float))
+
+
+@functools.lru_cache(maxsize=256)
+def _deterministic_sampler(value: float) -> Callable:
+    return functools.partial(_deterministic_sample, value)
+
+
+@functools.lru_cache(maxsize=256)
+def _lognormal_sampler(mu: float, sigma: float) -> Callable:
+    return functools.partial(_lognormal_sample, mu, sigma)
+
+
+def deterministic(mean: float = 1.0) -> GeneralService:
+    """Constant service time `mean` (SCV 0)."""
+    try:
+        mean = float(mean)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"mean={mean!r} must be a positive real number") from e
+    if not (math.isfinite(mean) and mean > 0):
+        raise ValueError(f"mean={mean!r} must be a positive, finite service time")
+    return GeneralService(_deterministic_sampler(mean), mean, scv=0.0)
+
+
+def lognormal(mean: float = 1.0, scv: float = 1.0) -> GeneralService:
+    r"""Lognormal service time with mean `mean` and squared coefficient of variation `scv`:
+    $S = e^{\mu + \sigma Z}$ with $\sigma^2 = \log(1 + c^2)$ and $\mu = \log m - \sigma^2/2$."""
+    try:
+        mean, scv = float(mean), float(scv)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"mean={mean!r} and scv={scv!r} must be real numbers") from e
+    if not (math.isfinite(mean) and mean > 0):
+        raise ValueError(f"mean={mean!r} must be a positive, finite mean service time")
+    if not (math.isfinite(scv) and scv > 0):
+        raise ValueError(f"scv={scv!r} must be positive and finite (use deterministic() for scv=0)")
+    sigma2 = math.log1p(scv)
+    mu = math.log(mean) - 0.5 * sigma2
+    return GeneralService(_lognormal_sampler(mu, math.sqrt(sigma2)), mean, scv=scv)

@@ -1,0 +1,106 @@
+"""Bad input gets a clear error naming the argument and value; never a silent NaN."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jsmkt
+
+
+def test_unstable_load_python():
+    with pytest.raises(ValueError, match=r"unstable: lam=1.2 >= capacity mu=1 .*load rho=1.2"):
+        jsmkt.solve_fixed_point(jsmkt.JSQd(1.2, d=2, K=20))
+    with pytest.raises(ValueError, match=r"unstable: lam=0.6 >= capacity 1/E\[S\]=0.5 .*rho=lam\*E\[S\]=1.2"):
+        jsmkt.solve_fixed_point(jsmkt.JSQdPH(0.6, jsmkt.erlang(2, mean=2.0), d=2, K=20))
+    with pytest.raises(ValueError, match="unstable"):
+        jsmkt.integrate(jsmkt.JSQd(1.0, d=2, K=20), 10.0)
+
+
+def test_unstable_under_jit_and_result_code():
+    f = eqx.filter_jit(lambda lam: jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=2, K=20)).value)
+    with pytest.raises((ValueError, RuntimeError), match="unstable"):
+        jax.block_until_ready(f(jnp.asarray(1.5)))
+    ok, unstable = jax.vmap(
+        lambda lam: (lambda r: (r == jsmkt.RESULTS.successful, r == jsmkt.RESULTS.unstable))(
+            jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=2, K=20), throw=False).result)
+    )(jnp.array([0.5, 1.2, 0.9]))
+    assert ok.tolist() == [True, False, True] and unstable.tolist() == [False, True, False]
+
+
+def test_invalid_ph_traced_is_caught_at_entry_point():
+    def solve(scale):
+        T = jnp.array([[-1.0, 2.0], [0.0, -1.0]]) * scale  # row 0 sums to +1: not a sub-generator
+        svc = jsmkt.PH(jnp.array([1.0, 0.0]), T)  # traced: no construction-time check
+        return jsmkt.solve_fixed_point(jsmkt.JSQdPH(0.3, svc, d=2, K=10)).value
+
+    with pytest.raises((ValueError, RuntimeError), match="invalid PH service"):
+        jax.block_until_ready(eqx.filter_jit(solve)(jnp.asarray(1.0)))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: jsmkt.JSQd(0.5, d=0), r"d=0 must be an integer >= 1|d=0 must be >= 1"),
+    (lambda: jsmkt.JSQd(0.5, d=0.5), r"d=0.5 must be >= 1"),
+    (lambda: jsmkt.JSQd(0.5, d=jnp.array([0.5, 0.6])), r"sums to 1.1"),
+    (lambda: jsmkt.JSQd(0.5, d=jnp.array([1.2, -0.2])), r"d\[1\]=-0.2"),
+    (lambda: jsmkt.JSQd(float("nan")), r"lam=nan has non-finite"),
+    (lambda: jsmkt.JSQd(float("inf")), r"lam=inf has non-finite"),
+    (lambda: jsmkt.JSQd(-0.5), r"lam=-0.5 must be positive"),
+    (lambda: jsmkt.JSQd(0.5, mu=0.0), r"mu=0.0 must be positive"),
+    (lambda: jsmkt.JSQd(0.5, K=1), r"K=1 must be an integer >= 2"),
+    (lambda: jsmkt.JSQd(0.5, K=2.5), r"K=2.5 must be an integer"),
+    (lambda: jsmkt.JSQdPH(0.5, "erlang"), r"service='erlang' must be a jsmkt.PH"),
+    (lambda: jsmkt.JSQdPH(0.5, jsmkt.erlang(2), d=[1, 2, 3], K=5), r"d=\[1.0, 2.0, 3.0\] sums to 6.0"),
+    (lambda: jsmkt.PH([0.5, 0.5], [[-1.0]]), r"T must be \(2, 2\)"),
+    (lambda: jsmkt.PH([1.0, 0.0], [[-1.0, 2.0], [0.0, -1.0]]), r"row 0 of T sums to 1.0"),
+    (lambda: jsmkt.PH([1.0, 0.0], [[-1.0, 1.0], [1.0, -1.0]]), r"phase 0 of T never reaches the absorbing"),
+])
+def test_construction_errors_name_argument_and_value(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_truncation_too_small_and_auto_K():
+    model = jsmkt.JSQdPH(0.95, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=8)
+    with pytest.raises(ValueError, match=r"K=8 is too small: .* raise K \(e.g. K=16\) or .*auto_K=True"):
+        jsmkt.solve_fixed_point(model)
+    fp = jsmkt.solve_fixed_point(model, throw=False)
+    assert fp.result == jsmkt.RESULTS.truncation_too_small
+    fp = jsmkt.solve_fixed_point(model, auto_K=True)
+    assert fp.result == jsmkt.RESULTS.successful and fp.model.K > 8 and float(fp.tail_mass) < 1e-10
+    # The grown K agrees with a generous explicit K.
+    big = jsmkt.JSQdPH(0.95, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=120)
+    np.testing.assert_allclose(jsmkt.mean_sojourn_time(fp.model, fp),
+                               jsmkt.mean_sojourn_time(big, jsmkt.solve_fixed_point(big)), rtol=1e-10)
+
+
+def test_truncation_under_jit():
+    f = eqx.filter_jit(lambda lam: jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=1, K=10)).value)
+    with pytest.raises((ValueError, RuntimeError), match="truncation level K is too small"):
+        jax.block_until_ready(f(jnp.asarray(0.9)))
+
+
+def test_non_convergence_is_reported():
+    model = jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=40)
+    fp = jsmkt.solve_fixed_point(model, x0=jnp.full((40, 2), 0.3), max_steps=1, throw=False)
+    assert fp.result != jsmkt.RESULTS.successful
+    with pytest.raises(RuntimeError, match=r"did not converge .*max_steps=1"):
+        jsmkt.solve_fixed_point(model, x0=jnp.full((40, 2), 0.3), max_steps=1)
+
+
+def test_auto_K_refused_under_jit():
+    with pytest.raises(ValueError, match="auto_K=True works outside jit"):
+        jax.jit(lambda lam: jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=2, K=20), auto_K=True).value)(0.5)
+
+
+def test_traced_d_needs_d_max():
+    with pytest.raises(ValueError, match="pass d_max"):
+        jax.grad(lambda d: jsmkt.mean_queue_length(m := jsmkt.JSQd(0.9, d=d, K=30), jsmkt.solve_fixed_point(m)))(2.5)
+    g = jax.grad(lambda d: jsmkt.mean_queue_length(m := jsmkt.JSQd(0.9, d=d, K=30, d_max=4), jsmkt.solve_fixed_point(m)))(2.5)
+    assert np.isfinite(float(g)) and float(g) < 0  # more choices, shorter queues
+
+
+def test_integrate_bad_time():
+    with pytest.raises(ValueError, match=r"t1=-1.0 must be a positive finite time"):
+        jsmkt.integrate(jsmkt.JSQd(0.5, K=10), -1.0)

@@ -1,0 +1,279 @@
+r"""`fit_ph2_three_moments`: the Telek–Heindl PH(2) fit from three moments.
+
+The fitted moments are computed by `PH.moment` ($n!\,\alpha(-T)^{-n}\mathbf 1$, a linear solve), which is a different
+formula from the fit's closed form. The feasible region used to generate test points is coded here from Table 1 of
+the PH-service paper; the paper's own formulas for $(\eta, \xi_1, \xi_2)$ serve as a second, independent closed form.
+"""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jsmkt
+from jsmkt import fit_ph2_three_moments as fit
+
+
+MOMENT_RTOL = 1e-10
+
+
+def _lower(scv):
+    """Table 1 lower bound on m3/m1^3 for 1/2 <= c^2 <= 1."""
+    return 3.0 * (3.0 * scv - 1.0 + math.sqrt(2.0) * (1.0 - scv) ** 1.5)
+
+
+def _upper(scv):
+    """Table 1 upper bound on m3/m1^3 for 1/2 <= c^2 <= 1."""
+    return 6.0 * scv
+
+
+def _hyper_bound(scv):
+    """Table 1 (open) lower bound on m3/m1^3 for c^2 > 1."""
+    return 1.5 * (1.0 + scv) ** 2
+
+
+def _paper_fit(m1, m2, m3):
+    """(eta, xi1, xi2) from the paper's cases c > 0 and c < 0, written as printed."""
+    c = 3 * m2**2 - 2 * m1 * m3
+    d = 2 * m1**2 - m2
+    b = 3 * m1 * m2 - m3
+    a = b**2 - 6 * c * d
+    if c > 0:
+        return (-b + 6 * m1 * d + math.sqrt(a)) / (b + math.sqrt(a)), (b - math.sqrt(a)) / c, (b + math.sqrt(a)) / c
+    assert c < 0
+    return (b - 6 * m1 * d + math.sqrt(a)) / (-b + math.sqrt(a)), (b + math.sqrt(a)) / c, (b - math.sqrt(a)) / c
+
+
+def _params(ph):
+    """(eta, xi1, xi2) of a fitted canonical PH(2), checking its structure."""
+    alpha, T = np.asarray(ph.alpha), np.asarray(ph.T)
+    assert ph.order == 2
+    assert T[1, 0] == 0.0 and T[0, 1] == -T[0, 0]
+    eta, xi1, xi2 = alpha[0], -T[0, 0], -T[1, 1]
+    assert 0.0 <= eta <= 1.0 and alpha[1] == pytest.approx(1.0 - eta, abs=1e-15)
+    assert 0.0 < xi1 <= xi2 * (1.0 + 1e-12)
+    return eta, xi1, xi2
+
+
+def _assert_moments(ph, m1, m2, m3, rtol=MOMENT_RTOL):
+    got = np.asarray(ph.moments(3))
+    np.testing.assert_allclose(got, [m1, m2, m3], rtol=rtol, atol=0.0)
+
+
+# --- Moments are reproduced over the feasible region ---------------------------------------------------------------
+
+_scale = st.floats(-3.0, 3.0).map(lambda e: 10.0**e)
+# Where m3 lies between the c^2 <= 1 bounds: anywhere, on either bound, or within 1e-14 .. 1e-4 of one.
+_near = st.floats(-14.0, -4.0).map(lambda e: 10.0**e)
+_position = st.one_of(
+    st.floats(0.0, 1.0), st.sampled_from([0.0, 1.0]), _near, _near.map(lambda t: 1.0 - t)
+)
+# c^2 in [1/2, 1): anywhere, on 1/2, or close to 1/2 or 1.
+_scv_low = st.one_of(
+    st.floats(0.5, 0.999),
+    st.just(0.5),
+    st.floats(-12.0, -2.0).map(lambda e: 0.5 + 10.0**e),
+    st.floats(-9.0, -3.0).map(lambda e: 1.0 - 10.0**e),
+)
+# c^2 > 1: from just above 1 to 100; m3 a relative gap 1e-9 .. 1e4 above the open bound.
+_scv_high = st.one_of(st.floats(1.001, 100.0), st.floats(-9.0, -3.0).map(lambda e: 1.0 + 10.0**e))
+_gap = st.floats(-9.0, 4.0).map(lambda e: 10.0**e)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(m1=_scale, scv=_scv_low, t=_position)
+def test_moments_reproduced_low_variability(m1, scv, t):
+    lo, hi = _lower(scv), _upper(scv)
+    n3 = min(max(lo + t * (hi - lo), lo), hi)
+    m2, m3 = (1.0 + scv) * m1**2, n3 * m1**3
+    ph = fit(m1, m2, m3)
+    _params(ph)
+    _assert_moments(ph, m1, m2, m3)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(m1=_scale, scv=_scv_high, gap=_gap)
+def test_moments_reproduced_high_variability(m1, scv, gap):
+    m2, m3 = (1.0 + scv) * m1**2, _hyper_bound(scv) * (1.0 + gap) * m1**3
+    ph = fit(m1, m2, m3)
+    _params(ph)
+    _assert_moments(ph, m1, m2, m3)
+
+
+@pytest.mark.parametrize(
+    "m1, m2, m3",
+    [
+        (1.0, 1.7, 4.1),  # c^2 < 1 (paper's case c > 0)
+        (2.0, 6.8, 32.8),  # the same shape, scaled
+        (0.5, 0.6, 1.2),  # c^2 = 1.4 (case c < 0)
+        (1.0, 3.0, 15.0),
+        (1.0, 3.0, 50.0),
+        (3.0, 40.0, 2000.0),
+    ],
+)
+def test_matches_paper_formulas(m1, m2, m3):
+    eta, xi1, xi2 = _params(fit(m1, m2, m3))
+    np.testing.assert_allclose([eta, xi1, xi2], _paper_fit(m1, m2, m3), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "S",
+    [jsmkt.hyperexponential2(1.0, 4.0), jsmkt.coxian2(2.0, 0.8), jsmkt.coxian([1.0, 3.0], [0.4]),
+     jsmkt.hyperexponential([0.2, 0.8], [0.5, 4.0])],
+    ids=["H2", "C2-low-scv", "C2", "H2-unbalanced"],
+)
+def test_recovers_a_ph2(S):
+    """Three moments determine an order-2 distribution, so refitting a PH(2) gives back the same distribution."""
+    ph = fit(*(float(m) for m in S.moments(3)))
+    x = jnp.array([0.0, 0.1, 0.5, 1.0, 2.0, 5.0])
+    np.testing.assert_allclose(ph.cdf(x), S.cdf(x), atol=1e-12)
+    np.testing.assert_allclose(ph.pdf(x), S.pdf(x), rtol=1e-10)
+
+
+# --- Boundary cases -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m1", [1.0, 0.3, 7.0])
+def test_erlang2(m1):
+    """c^2 = 1/2 admits only the Erlang-2 (lower and upper m3 bounds meet at 3 m1^3)."""
+    eta, xi1, xi2 = _params(fit(m1, 1.5 * m1**2, 3.0 * m1**3))
+    assert eta == pytest.approx(1.0, abs=1e-14)
+    np.testing.assert_allclose([xi1, xi2], [2.0 / m1, 2.0 / m1], rtol=1e-12)
+    # Moments of an Erlang-2 as computed, with their rounding: still the Erlang-2, no error.
+    ph = fit(*(float(m) for m in jsmkt.erlang(2, m1).moments(3)))
+    np.testing.assert_allclose(ph.T, jsmkt.erlang(2, m1).T, rtol=1e-10)
+
+
+@pytest.mark.parametrize("m1", [1.0, 0.1, 0.3, 25.0])
+def test_exponential(m1):
+    """c = 0 inside the region is the exponential, returned as the order-1 PH with rate 1/m1."""
+    ph = fit(m1, 2.0 * m1**2, 6.0 * m1**3)
+    assert ph.order == 1
+    assert float(ph.T[0, 0]) == pytest.approx(-1.0 / m1, rel=1e-15)
+    # Exponential moments with rounding errors on either side of c^2 = 1 are not rejected.
+    for m2, m3 in [(2 * m1**2 * (1 + 3e-16), 6 * m1**3), (2 * m1**2 * (1 - 3e-16), 6 * m1**3 * (1 + 4e-16))]:
+        ph = fit(m1, m2, m3)
+        assert ph.order == 1
+        _assert_moments(ph, m1, m2, m3)
+
+
+def test_bounds_for_low_variability_are_attained():
+    """Upper m3 bound: two phases in series (eta = 1). Lower bound: equal rates."""
+    m1, scv = 2.0, 0.75
+    eta, xi1, xi2 = _params(fit(m1, (1 + scv) * m1**2, _upper(scv) * m1**3))
+    assert eta == pytest.approx(1.0, abs=1e-14)
+    eta, xi1, xi2 = _params(fit(m1, (1 + scv) * m1**2, _lower(scv) * m1**3))
+    assert xi1 == pytest.approx(xi2, rel=1e-7)
+    assert 0.0 < eta < 1.0
+
+
+def test_just_above_the_high_variability_bound():
+    """Close to the open bound the second phase becomes fast, but the fit stays exact."""
+    m1, scv = 1.5, 3.0
+    m2, m3 = (1 + scv) * m1**2, _hyper_bound(scv) * (1 + 1e-9) * m1**3
+    ph = fit(m1, m2, m3)
+    eta, xi1, xi2 = _params(ph)
+    assert xi2 * m1 > 1e8
+    _assert_moments(ph, m1, m2, m3)
+
+
+# --- Clipping (a.1)-(a.4) -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m1", [1.0, 2.5])
+@pytest.mark.parametrize("n2", [1.2, 0.5, 1.5 * (1 - 1e-6)])
+def test_clip_a1_low_scv(m1, n2):
+    """(a.1) c^2 < 1/2 is raised to 1/2; the m3 bounds then force the Erlang-2."""
+    ph, (c1, c2, c3) = fit(m1, n2 * m1**2, 2.0 * m1**3, clip=True)
+    assert c1 == m1
+    assert c2 == pytest.approx(1.5 * m1**2, rel=1e-15)
+    assert c3 == pytest.approx(3.0 * m1**3, rel=1e-14)
+    _assert_moments(ph, c1, c2, c3)
+    np.testing.assert_allclose(ph.T, jsmkt.erlang(2, m1).T, rtol=1e-10)
+
+
+@pytest.mark.parametrize("m1", [1.0, 2.5])
+def test_clip_a2_a3_bounds(m1):
+    scv = 0.7
+    m2 = (1 + scv) * m1**2
+    # (a.2) below the lower bound: onto it.
+    ph, (c1, c2, c3) = fit(m1, m2, 0.5 * _lower(scv) * m1**3, clip=True)
+    assert (c1, c2) == (m1, m2)
+    assert c3 == pytest.approx(_lower(scv) * m1**3, rel=1e-14)
+    _assert_moments(ph, c1, c2, c3)
+    # (a.3) above the upper bound: onto it.
+    ph, (c1, c2, c3) = fit(m1, m2, 3.0 * _upper(scv) * m1**3, clip=True)
+    assert (c1, c2) == (m1, m2)
+    assert c3 == pytest.approx(_upper(scv) * m1**3, rel=1e-14)
+    _assert_moments(ph, c1, c2, c3)
+    assert float(ph.alpha[0]) == pytest.approx(1.0, abs=1e-14)
+
+
+@pytest.mark.parametrize("m1", [1.0, 2.5])
+@pytest.mark.parametrize("factor", [0.3, 1.0])
+def test_clip_a4_open_bound(m1, factor):
+    """(a.4) m3 at or below the unattained bound is raised just above it (relative gap 1e-6)."""
+    scv = 2.0
+    m2 = (1 + scv) * m1**2
+    bound = _hyper_bound(scv) * m1**3
+    ph, (c1, c2, c3) = fit(m1, m2, factor * bound, clip=True)
+    assert (c1, c2) == (m1, m2)
+    assert bound < c3 <= bound * (1 + 1e-5)
+    _assert_moments(ph, c1, c2, c3)
+
+
+def test_clip_at_scv_one_gives_exponential():
+    for m3 in [5.0, 7.0]:
+        ph, moments = fit(1.0, 2.0, m3, clip=True)
+        assert ph.order == 1
+        assert moments == (1.0, 2.0, 6.0)
+
+
+def test_clip_leaves_feasible_moments_alone():
+    for m in [(1.0, 1.7, 4.1), (2.0, 12.0, 200.0)]:
+        ph, moments = fit(*m, clip=True)
+        assert moments == m
+        np.testing.assert_array_equal(ph.T, fit(*m).T)
+        np.testing.assert_array_equal(ph.alpha, fit(*m).alpha)
+
+
+def test_rounding_level_violations_are_projected_silently():
+    scv = 0.7
+    for n3 in [_lower(scv) * (1 - 1e-14), _upper(scv) * (1 + 1e-14)]:
+        _assert_moments(fit(1.0, 1 + scv, n3), 1.0, 1 + scv, n3)
+    ph = fit(1.0, 1.5 * (1 - 1e-14), 3.0)
+    np.testing.assert_allclose(ph.T, jsmkt.erlang(2, 1.0).T, rtol=1e-10)
+
+
+# --- Errors ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_invalid_moments(bad, which):
+    m = [1.0, 3.0, 15.0]
+    m[which] = bad
+    for clip in (False, True):
+        with pytest.raises(ValueError, match=f"m{which + 1}=.*finite positive"):
+            fit(*m, clip=clip)
+    with pytest.raises(ValueError, match="m1='a' is not a real number"):
+        fit("a", 3.0, 15.0)
+
+
+def test_infeasible_moments_name_the_range():
+    with pytest.raises(ValueError, match=r"c\^2 = m2/m1\^2 - 1 = 0\.2 < 1/2.*m2 >= 1\.5\*m1\^2 = 1\.5.*clip=True"):
+        fit(1.0, 1.2, 2.0)
+    with pytest.raises(
+        ValueError, match=r"m3=1\.0 is below the PH\(2\) bound .* for c\^2=0\.7; feasible m3 range is "
+        r"\[3\.99713700232, 4\.2\]; pass clip=True"
+    ):
+        fit(1.0, 1.7, 1.0)
+    with pytest.raises(ValueError, match=r"m3=72\.0 is above the PH\(2\) bound .*= 33\.6 .*\[31\.97709601\d*, 33\.6\]"):
+        fit(2.0, 6.8, 72.0)
+    with pytest.raises(ValueError, match=r"m3=13\.5 is not above .* for c\^2=2; feasible m3 range is \(13\.5, inf\)"):
+        fit(1.0, 3.0, 13.5)
+    with pytest.raises(ValueError, match=r"feasible m3 range is \[6, 6\]"):
+        fit(1.0, 2.0, 6.5)

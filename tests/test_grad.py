@@ -1,0 +1,315 @@
+r"""Gradients through `solve_fixed_point`.
+
+Strongest checks first (STYLE.md §7.5): the analytic derivative of the exponential closed form
+$s_k = \rho^{(d^k-1)/(d-1)}$ and of Mitzenmacher's $E[T] = \sum_{i\ge1} \lambda^{(d^i-d)/(d-1)}$; then central finite
+differences along tangents of every kind of model leaf (λ, the PH initial vector α, entries of T, choice-number
+weights, a real d); then cross-checks between transformations (`vmap` of `grad`, `jacfwd` against `grad`, the
+implicit adjoint against the unrolled one); and finite gradients near ρ → 1.
+
+Finite differences of a nonlinear solve are only as good as the solve. Newton converges quadratically, so the
+solve error after termination at `rtol=1e-12` is ~1e-15; central differences with ε = 1e-5·scale then carry a
+truncation error ~ε² ≈ 1e-10 and a round-off error ~1e-15/ε ≈ 1e-10, four orders below the 1e-6 tolerance.
+`_central_difference` checks that budget itself: the ε and ε/2 differences must agree to 1e-8.
+
+Everything is jitted with `eqx.filter_jit` on module-level functions, so that each model structure compiles once
+(the perturbed models of a finite difference share the structure of the base model).
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+import pytest
+
+import jsmkt
+
+
+RTOL, ATOL = 1e-12, 1e-15  # solve tolerance for every check below
+GRAD_RTOL = 1e-6  # acceptance tolerance against finite differences and closed forms
+
+
+def _solve(model, **kwargs):
+    return jsmkt.solve_fixed_point(model, rtol=RTOL, atol=ATOL, **kwargs)
+
+
+# Metrics as functions of the model alone (module-level, so jit caches see the same function each time).
+
+
+def sojourn(model):
+    return jsmkt.mean_sojourn_time(model, _solve(model))
+
+
+def queue(model):
+    return jsmkt.mean_queue_length(model, _solve(model))
+
+
+def tail2(model):
+    return jsmkt.tails(model, _solve(model))[2]
+
+
+METRICS = (sojourn, queue, tail2)
+
+
+@eqx.filter_jit
+def _values(model):
+    fp = _solve(model)
+    return jnp.stack([jsmkt.mean_sojourn_time(model, fp), jsmkt.mean_queue_length(model, fp),
+                      jsmkt.tails(model, fp)[2]])
+
+
+@eqx.filter_jit
+def _model_grads(model):
+    """`eqx.filter_grad` of each metric with respect to every array leaf of `model`."""
+    return [eqx.filter_grad(metric)(model) for metric in METRICS]
+
+
+def _central_difference(where, model, direction, scale=1.0):
+    """Central differences of the metrics along `model → where(model) + ε·direction`, at ε and ε/2."""
+    outs = []
+    for eps in (1e-5 * scale, 0.5e-5 * scale):
+        plus = eqx.tree_at(where, model, replace_fn=lambda x: x + eps * direction)
+        minus = eqx.tree_at(where, model, replace_fn=lambda x: x - eps * direction)
+        outs.append((_values(plus) - _values(minus)) / (2 * eps))
+    fd, fd_half = map(np.asarray, outs)
+    # The finite difference itself must be accurate far beyond GRAD_RTOL, or the check below means nothing.
+    np.testing.assert_allclose(fd_half, fd, rtol=1e-8, atol=1e-12)
+    return fd
+
+
+def _assert_grad(grad, fd, atol=1e-12):
+    grad, fd = np.asarray(grad), np.asarray(fd)
+    assert np.all(np.isfinite(grad)), grad
+    np.testing.assert_allclose(grad, fd, rtol=GRAD_RTOL, atol=atol)
+
+
+# A dense order-3 PH (every T entry non-zero, so off-diagonal entries can move both ways), plus standard ones.
+DENSE_ALPHA = np.array([0.5, 0.3, 0.2])
+DENSE_T = np.array([[-3.0, 1.0, 0.5], [0.4, -2.0, 0.6], [0.2, 0.3, -1.5]])
+
+
+def _dense_model():
+    service = jsmkt.PH(DENSE_ALPHA, DENSE_T)
+    lam = 0.75 / float(service.mean)  # load 0.75
+    return jsmkt.JSQdPH(lam, service, d=2, K=24)
+
+
+SERVICES = {
+    "h2_scv4": (lambda: jsmkt.hyperexponential2(1.0, 4.0), 0.85, 40),
+    "erlang2": (lambda: jsmkt.erlang(2), 0.85, 24),
+    "dense3": (lambda: jsmkt.PH(DENSE_ALPHA, DENSE_T), 0.75 / 0.8843582887700533, 24),
+}
+
+
+def _lam_metrics(lam, service, K):
+    """Metrics as functions of λ alone, each differentiated by `jax.grad` (traced λ: K must be given)."""
+    return [lambda lam, metric=metric: metric(jsmkt.JSQdPH(lam, service, d=2, K=K)) for metric in METRICS]
+
+
+@eqx.filter_jit
+def _lam_grads(lam, service, K):
+    return jnp.stack([jax.grad(f)(lam) for f in _lam_metrics(lam, service, K)])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Closed forms (exponential service): s_k = rho^{(d^k - 1)/(d - 1)}, E[T] = (1/mu) sum_i rho^{(d^i - d)/(d - 1)}.
+
+
+def _exponent(d, k):
+    """(d^k - 1)/(d - 1) (= k for d = 1)."""
+    return k if d == 1 else (d**k - 1) // (d - 1)
+
+
+def _closed_form_dtails(rho, mu, d, ks):
+    """d s_k / d lam, with rho = lam / mu."""
+    return np.array([_exponent(d, k) * rho ** (_exponent(d, k) - 1) / mu for k in ks])
+
+
+def _closed_form_dsojourn(lam, d, n_terms=400):
+    """d/d lam of Mitzenmacher's E[T] = sum_{i>=1} lam^{e_i}, e_i = (d^i - d)/(d - 1), mu = 1."""
+    total = 0.0
+    for i in range(2, n_terms):  # the i = 1 term is lam^0 = 1
+        e = _exponent(d, i) - 1
+        term = e * lam ** (e - 1)
+        total += term
+        if e > 1 and term < 1e-300:
+            break
+    return total
+
+
+@eqx.filter_jit
+def _jsqd_grads(lam, d, K):
+    def model(lam):
+        return jsmkt.JSQd(lam, d=d, mu=1.0, K=K)
+
+    dtails = [jax.grad(lambda lam, k=k: tails_at(model(lam), k))(lam) for k in (1, 2, 3)]
+    return jnp.stack(dtails), jax.grad(lambda lam: sojourn(model(lam)))(lam)
+
+
+def tails_at(model, k):
+    return jsmkt.tails(model, _solve(model))[k]
+
+
+@pytest.mark.parametrize("d, lam, K", [(1, 0.5, 64), (2, 0.5, 12), (2, 0.9, 16), (3, 0.9, 12), (2, 0.99, 24)])
+def test_jsqd_closed_form(d, lam, K):
+    dtails, dsojourn = _jsqd_grads(jnp.asarray(lam), d, K)
+    _assert_grad(dtails, _closed_form_dtails(lam, 1.0, d, (1, 2, 3)))
+    _assert_grad(dsojourn, _closed_form_dsojourn(lam, d))
+
+
+@eqx.filter_jit
+def _exp_ph_dtails(lam, mu, d, K):
+    service = jsmkt.exponential(mu)
+
+    def tails(lam):
+        model = jsmkt.JSQdPH(lam, service, d=d, K=K)
+        return jsmkt.tails(model, _solve(model))
+
+    return jax.jacfwd(tails)(lam)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_jsqdph_exponential_closed_form(d):
+    """The PH model with one phase (rate mu = 2) reproduces the closed-form derivative in lam."""
+    lam, mu = 1.5, 2.0
+    dtails = _exp_ph_dtails(jnp.asarray(lam), jnp.asarray(mu), d, 16)
+    _assert_grad(dtails[1:5], _closed_form_dtails(lam / mu, mu, d, (1, 2, 3, 4)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finite differences along tangents of each kind of leaf.
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_grad_lam_matches_fd(name):
+    make_service, lam, K = SERVICES[name]
+    service = make_service()
+    model = jsmkt.JSQdPH(lam, service, d=2, K=K)
+    assert float(_solve(model).tail_mass) < 1e-12
+    grads = _lam_grads(jnp.asarray(lam), service, K)
+    fd = _central_difference(lambda m: m.lam, model, 1.0)
+    _assert_grad(grads, fd)
+
+
+# Tangents of the PH leaves of the dense model: (where, direction, what it changes).
+E = np.eye(3)
+PH_TANGENTS = {
+    "lam": (lambda m: m.lam, np.asarray(1.0)),
+    "alpha_0_minus_1": (lambda m: m.service.alpha, E[0] - E[1]),  # keeps sum(alpha) = 1
+    "alpha_2_minus_1": (lambda m: m.service.alpha, E[2] - E[1]),
+    "T01_offdiag": (lambda m: m.service.T, np.outer(E[0], E[1]) - np.outer(E[0], E[0])),  # exit rate unchanged
+    "T20_offdiag": (lambda m: m.service.T, np.outer(E[2], E[0]) - np.outer(E[2], E[2])),
+    "T11_exit_rate": (lambda m: m.service.T, -np.outer(E[1], E[1])),  # diagonal alone: raises phase 1's exit rate
+    "T_random_generator": (lambda m: m.service.T, np.array([[-0.3, 0.1, 0.2], [0.5, -0.7, 0.2], [0.0, 0.4, -0.4]])),
+}
+
+
+@pytest.mark.parametrize("name", list(PH_TANGENTS))
+def test_filter_grad_ph_leaves_match_fd(name):
+    where, direction = PH_TANGENTS[name]
+    model = _dense_model()
+    grads = _model_grads(model)
+    directional = [np.sum(np.asarray(where(g)) * direction) for g in grads]
+    fd = _central_difference(where, model, direction)
+    _assert_grad(directional, fd)
+
+
+MIXED_TANGENTS = {"1_minus_2": np.array([1.0, -1.0, 0.0]), "curvature": np.array([1.0, -2.0, 1.0])}
+
+
+@pytest.mark.parametrize("name", list(MIXED_TANGENTS))
+def test_filter_grad_mixed_choice_weights_match_fd(name):
+    direction = MIXED_TANGENTS[name]
+    model = jsmkt.JSQdPH(0.85, jsmkt.hyperexponential2(1.0, 4.0), d=jnp.array([0.2, 0.5, 0.3]), K=48)
+    assert isinstance(model.choice, jsmkt.MixedChoice)
+    assert float(_solve(model).tail_mass) < 1e-12
+    grads = _model_grads(model)
+    directional = [np.sum(np.asarray(g.choice.probs) * direction) for g in grads]
+    fd = _central_difference(lambda m: m.choice.probs, model, direction)
+    _assert_grad(directional, fd)
+
+
+@eqx.filter_jit
+def _d_grads(d, service, lam, K):
+    return jnp.stack([jax.grad(lambda d, metric=metric: metric(jsmkt.JSQdPH(lam, service, d=d, d_max=3, K=K)))(d)
+                      for metric in METRICS])
+
+
+@pytest.mark.parametrize("d", [2.3, 2.7])
+def test_grad_real_d_matches_fd(d):
+    """A real d (InterpolatedChoice), away from integers where the mean field is smooth in d."""
+    service, lam, K = jsmkt.hyperexponential2(1.0, 4.0), 0.85, 48
+    model = jsmkt.JSQdPH(lam, service, d=d, d_max=3, K=K)
+    assert isinstance(model.choice, jsmkt.InterpolatedChoice)
+    grads = _d_grads(jnp.asarray(d), service, lam, K)
+    fd = _central_difference(lambda m: m.choice.d, model, 1.0)
+    _assert_grad(grads, fd)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Transformations and adjoints.
+
+
+H2 = jsmkt.hyperexponential2(1.0, 4.0)
+
+
+def _h2_sojourn(lam, adjoint=optx.ImplicitAdjoint(), K=40, throw=True):
+    model = jsmkt.JSQdPH(lam, H2, d=2, K=K)
+    fp = jsmkt.solve_fixed_point(model, rtol=RTOL, atol=ATOL, adjoint=adjoint, throw=throw)
+    return jsmkt.mean_sojourn_time(model, fp)
+
+
+def _h2_tails(lam):
+    model = jsmkt.JSQdPH(lam, H2, d=2, K=40)
+    return jsmkt.tails(model, _solve(model))
+
+
+def test_vmap_of_grad_equals_per_element_grad():
+    lams = jnp.linspace(0.3, 0.95, 5)
+    grad_fn = jax.grad(_h2_sojourn)
+    batched = jax.jit(jax.vmap(grad_fn))(lams)
+    single = jax.jit(grad_fn)
+    looped = jnp.stack([single(lam) for lam in lams])
+    assert np.all(np.isfinite(batched))
+    np.testing.assert_allclose(batched, looped, rtol=1e-10, atol=0)
+
+
+def test_vmap_of_grad_without_throw():
+    lams = jnp.linspace(0.3, 0.95, 5)
+    batched = jax.jit(jax.vmap(jax.grad(lambda lam: _h2_sojourn(lam, throw=False))))(lams)
+    single = jax.jit(jax.grad(_h2_sojourn))
+    np.testing.assert_allclose(batched, jnp.stack([single(lam) for lam in lams]), rtol=1e-10, atol=0)
+
+
+def test_jacfwd_agrees_with_grad():
+    lam = jnp.asarray(0.8)
+    np.testing.assert_allclose(jax.jit(jax.jacfwd(_h2_sojourn))(lam), jax.jit(jax.grad(_h2_sojourn))(lam), rtol=1e-10)
+    # A vector output: forward and reverse Jacobians of the tails.
+    fwd = jax.jit(jax.jacfwd(_h2_tails))(lam)
+    rev = jax.jit(jax.jacrev(_h2_tails))(lam)
+    np.testing.assert_allclose(fwd, rev, rtol=1e-10, atol=1e-300)
+
+
+def test_recursive_checkpoint_adjoint_agrees_with_implicit():
+    lam = jnp.asarray(0.9)
+    implicit = jax.jit(jax.grad(_h2_sojourn))(lam)
+    unrolled = jax.jit(jax.grad(lambda lam: _h2_sojourn(lam, adjoint=optx.RecursiveCheckpointAdjoint())))(lam)
+    np.testing.assert_allclose(unrolled, implicit, rtol=1e-8)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Edges.
+
+
+def test_no_nan_gradients_near_rho_one():
+    """lam = 0.99 with H2 service (SCV 4), gradients w.r.t. every model leaf are finite and lam's matches FD."""
+    model = jsmkt.JSQdPH(0.99, H2, d=2, K=48)
+    assert float(_solve(model).tail_mass) < 1e-12
+    grads = _model_grads(model)
+    for g in grads:
+        for leaf in jax.tree_util.tree_leaves(g):
+            assert np.all(np.isfinite(np.asarray(leaf)))
+    fd = _central_difference(lambda m: m.lam, model, 1.0, scale=0.1)
+    _assert_grad([g.lam for g in grads], fd)
+    # Sanity: E[T] is steep here (a few hundred per unit of lam) but finite.
+    assert 1.0 < float(grads[0].lam) < 1e4

@@ -1,0 +1,98 @@
+"""The papers' published forms: where they are exact, and where (with numbers) they are not."""
+
+import numpy as np
+import pytest
+
+import jsmkt
+
+
+pub = jsmkt.published
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("lam", [0.5, 0.9])
+def test_published_closed_form_is_exact_for_exponential_service(d, lam):
+    K = 30
+    svc = jsmkt.exponential(1.0)
+    pi = np.asarray(pub.ph_fixed_point(lam, svc, d, K))
+    expected = np.array([lam ** ((d**k - 1) / (d - 1)) for k in range(1, K + 1)])
+    np.testing.assert_allclose(pi[:, 0], expected, rtol=1e-13, atol=1e-300)
+    res = pub.ph_fixed_point_residuals(lam, svc, d, K)
+    assert float(res["exact"]) < 1e-15 and float(res["published"]) < 1e-15
+    # Mitzenmacher's sojourn time, via both published formulas and the exact model.
+    ET = sum(lam ** ((d**i - d) / (d - 1)) for i in range(1, 40))
+    assert abs(float(pub.exponential_sojourn_time(lam, d)) - ET) < 1e-13 * ET
+    assert abs(float(pub.ph_sojourn_time(lam, svc, d)) - ET) < 1e-13 * ET
+    model = jsmkt.JSQdPH(lam, svc, d=d, K=K)
+    assert abs(float(jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model))) - ET) < 1e-12 * ET
+
+
+def test_published_ode_equals_exact_for_exponential_service():
+    # With m = 1 the Hadamard power is the right probability and the two ODEs coincide.
+    import jax.numpy as jnp
+
+    svc = jsmkt.exponential(1.3)
+    a = pub.JSQdPHAsPublished(0.6, svc, 3, K=12)
+    b = jsmkt.JSQdPH(0.6, svc, d=3, K=12)
+    y = jnp.linspace(0.5, 0.01, 12)[:, None]
+    np.testing.assert_allclose(a.vector_field(0.0, y), b.vector_field(0.0, y), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name, svc, pk", [
+    ("erlang2", jsmkt.erlang(2), 0.8 + 0.64 * 1.5 / (2 * 0.2)),
+    ("h2_scv4", jsmkt.hyperexponential2(1.0, 4.0), 0.8 + 0.64 * 5.0 / (2 * 0.2)),
+])
+def test_published_ode_misses_pollaczek_khinchine_even_for_d1(name, svc, pk):
+    """For d = 1 the levels k >= 2 of eq. (3) are exact, but eq. (2) writes the flow into level 1 as
+    lam * (alpha - S_1) where the exact flow is lam * (1 - s_1) * alpha: the same total, in the wrong phases.
+    The published ODE then gives the M/M/1 mean queue length rho/(1 - rho) = 4 at rho = 0.8 whatever the service
+    variability, where Pollaczek-Khinchine gives 3.2 (Erlang-2) and 8.8 (H2, SCV 4); the exact model gives PK."""
+    a = pub.JSQdPHAsPublished(0.8, svc, 1, K=600)
+    b = jsmkt.JSQdPH(0.8, svc, d=1, K=600)
+    La = float(jsmkt.mean_queue_length(a, jsmkt.solve_fixed_point(a)))
+    Lb = float(jsmkt.mean_queue_length(b, jsmkt.solve_fixed_point(b)))
+    assert abs(Lb - pk) < 1e-9
+    assert abs(La - 4.0) < 1e-9
+
+
+def test_published_closed_form_differs_for_erlang2():
+    """Erlang-2 service, d = 2, lam = 0.9 (all numbers float64, K = 40):
+
+    | quantity       | exact mean field | published closed form (11) | published ODE (1)-(3) fixed point |
+    | s_1            | 0.9              | 0.9                        | 0.99112                           |
+    | s_2            | 0.66865          | 0.3645                     | 0.37702                           |
+    | s_3            | 0.32906          | 0.05979                    | 0.04423                           |
+    | E[T]           | 2.18963          | 1.37197 (Section 3)        | 1.56997 (Little)                  |
+
+    The closed form leaves a residual of 0.3645 in the exact equations (0.18225 in its own eq. (5)), because
+    omega^{(.)2} = (1/4, 1/4) is not proportional to alpha = (1, 0).
+    """
+    lam, d, K = 0.9, 2, 40
+    svc = jsmkt.erlang(2)
+    exact = jsmkt.JSQdPH(lam, svc, d=d, K=K)
+    fpe = jsmkt.solve_fixed_point(exact)
+    s_exact = np.asarray(jsmkt.tails(exact, fpe))
+    s_pub = np.concatenate([[1.0], np.asarray(pub.ph_fixed_point(lam, svc, d, K)).sum(1)])
+    published_ode = pub.JSQdPHAsPublished(lam, svc, d, K=K)
+    fpp = jsmkt.solve_fixed_point(published_ode)
+    s_ode = np.asarray(jsmkt.tails(published_ode, fpp))
+
+    np.testing.assert_allclose(s_exact[1:4], [0.9, 0.668646, 0.329058], atol=1e-6)
+    np.testing.assert_allclose(s_pub[1:4], [0.9, 0.3645, 0.0597871], atol=1e-6)
+    np.testing.assert_allclose(s_ode[1:4], [0.991125, 0.377016, 0.0442266], atol=1e-6)
+    assert abs(float(jsmkt.mean_sojourn_time(exact, fpe)) - 2.189631) < 1e-5
+    assert abs(float(pub.ph_sojourn_time(lam, svc, d)) - 1.371969) < 1e-5
+    assert abs(float(jsmkt.mean_sojourn_time(published_ode, fpp)) - 1.569969) < 1e-5
+
+    res = pub.ph_fixed_point_residuals(lam, svc, d, K)
+    assert abs(float(res["published"]) - 0.18225) < 1e-10
+    assert abs(float(res["exact"]) - 0.3645) < 1e-10
+    # The published ODE's fixed point does not even have utilisation rho: its phase dynamics are wrong.
+    assert s_ode[1] - lam > 0.09
+
+
+def test_published_requires_integer_d():
+    with pytest.raises(ValueError, match="integer choice number"):
+        pub.ph_fixed_point(0.5, jsmkt.erlang(2), 2.5, 10)
+    with pytest.raises(ValueError, match="integer choice number"):
+        pub.JSQdPHAsPublished(0.5, jsmkt.erlang(2), 0, K=10)
