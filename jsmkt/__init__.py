@@ -18,6 +18,7 @@ from ._distributions.ph import hyperexponential as hyperexponential
 from ._distributions.ph import hyperexponential2 as hyperexponential2
 from ._fixed_point import solve_fixed_point as solve_fixed_point
 from ._integrate import integrate as integrate
+from ._integrate import steady_state as steady_state
 from ._metrics import mean_queue_length as mean_queue_length
 from ._metrics import mean_sojourn_time as mean_sojourn_time
 from ._metrics import mean_waiting_time as mean_waiting_time

@@ -114,13 +114,11 @@ def solve_fixed_point(
         fp = _solve(model, model.initial_guess() if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint)
         if fp.result in (RESULTS.nonlinear_max_steps_reached, RESULTS.nonlinear_divergence, RESULTS.nonfinite_solution,
                          RESULTS.singular) and x0 is None:
-            # Newton did not converge from the closed-form guess: start it from a long ODE integration instead.
-            from ._integrate import integrate
+            # Newton did not converge from the closed-form guess: start it from the ODE's steady state instead.
+            from ._integrate import steady_state
 
-            t1 = 50.0 / max(1e-3, 1.0 - float(model.load())) * float(model.load() / model.arrival_rate)
-            traj = integrate(model, t1, throw=False)
-            fp = _solve(model, jax.tree_util.tree_map(lambda v: v[-1], traj.ys), rtol, atol, max_steps, tail_tol,
-                        False, adjoint)
+            y_ode, _ = steady_state(model, rtol=1e-8, atol=1e-10, throw=False)
+            fp = _solve(model, y_ode, rtol, atol, max_steps, tail_tol, False, adjoint)
         if not (auto_K and fp.result == RESULTS.truncation_too_small and model.K < max_K):
             break
         model, x0 = model.with_K(min(2 * model.K, max_K)), None

@@ -79,3 +79,51 @@ def integrate(
             raise ValueError(f"ts must be a 1-d array of times; got shape {ts.shape}")
     solver = dfx.Kvaerno5() if solver is None else solver
     return _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw)
+
+
+@eqx.filter_jit
+def _steady_state(model, y0, rtol, atol, max_steps):
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(lambda t, y, m: m.vector_field(t, y, None)),
+        dfx.Kvaerno5(),
+        t0=0.0,
+        t1=jnp.inf,
+        dt0=1e-3,
+        y0=y0,
+        args=model,
+        saveat=dfx.SaveAt(t1=True),
+        stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol),
+        event=dfx.Event(dfx.steady_state_event(rtol=rtol, atol=atol)),
+        max_steps=max_steps,
+        adjoint=dfx.ImplicitAdjoint(),
+        throw=False,
+    )
+    ok = (sol.result == dfx.RESULTS.successful) | (sol.result == dfx.RESULTS.event_occurred)
+    out = RESULTS.where(ok, RESULTS.successful, RESULTS.integration_failed)
+    return jax.tree_util.tree_map(lambda v: v[-1], sol.ys), out
+
+
+def steady_state(
+    model: AbstractSupermarketModel,
+    x0: PyTree[Array] | None = None,
+    *,
+    rtol: float = 1e-10,
+    atol: float = 1e-12,
+    max_steps: int = 1_000_000,
+    throw: bool = True,
+) -> tuple[PyTree[Array], RESULTS]:
+    """Steady state of the mean-field ODE by integrating until the vector field vanishes (diffrax
+    `steady_state_event`), from `x0` (default: the empty system).
+
+    Slower than `solve_fixed_point` but independent of Newton's method: used as its fallback starting point and
+    as a test oracle. Differentiable with `diffrax.ImplicitAdjoint`. Returns `(state, result)`.
+    """
+    if not isinstance(model, AbstractSupermarketModel):
+        raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
+    if is_concrete(model):
+        model.check_values()
+    y0 = model.initial_state() if x0 is None else x0
+    y, result = _steady_state(model, y0, rtol, atol, max_steps)
+    if throw:
+        y = result.error_if(y, result != RESULTS.successful)
+    return y, result

@@ -266,3 +266,30 @@ def test_integrate_mm1_transient_mean():
     s1 = traj.ys[:, 0]
     integral = np.trapezoid(np.asarray(s1), np.asarray(ts))
     assert abs(float(q[-1]) - (0.5 * 5.0 - integral)) < 1e-4
+
+
+@pytest.mark.parametrize("make", [
+    lambda: jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=40),
+    lambda: jsmkt.JSQdPH(0.7, jsmkt.erlang(3), d=3, K=20),
+    lambda: jsmkt.JSQd(0.95, d=jnp.array([0.1, 0.6, 0.3]), K=80),
+])
+def test_newton_agrees_with_ode_steady_state(make):
+    # Oracle independent of Newton: integrate the ODE from the empty system until the drift vanishes.
+    model = make()
+    y_ode, result = jsmkt.steady_state(model, rtol=1e-11, atol=1e-13)
+    assert result == jsmkt.RESULTS.successful
+    fp = jsmkt.solve_fixed_point(model)
+    np.testing.assert_allclose(jsmkt.tails(model, y_ode), jsmkt.tails(model, fp), atol=1e-8)
+
+
+def test_vmap_over_parameters_equals_loop():
+    svc = jsmkt.hyperexponential2(1.0, 4.0)
+    lams = jnp.array([0.3, 0.6, 0.9])
+
+    def solve(lam):
+        m = jsmkt.JSQdPH(lam, svc, d=2, K=40)
+        return jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m, throw=False))
+
+    batched = jax.vmap(solve)(lams)
+    looped = [float(solve(lam)) for lam in lams]
+    np.testing.assert_allclose(batched, looped, rtol=1e-12)
