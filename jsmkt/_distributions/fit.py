@@ -117,8 +117,7 @@ def fit_ph2_three_moments(
         return ph, (m1, m2, m3)
 
     def exponential():
-        ph = PH(jnp.ones(1), jnp.full((1, 1), -1.0 / m1))
-        return ph
+        return PH(jnp.ones(1), jnp.full((1, 1), -1.0 / m1))
 
     # c = 0 inside the region: the exponential.
     if abs(n2 - 2.0) <= 2.0 * _RTOL and abs(n3 - 6.0) <= 6.0 * _RTOL:
@@ -129,8 +128,9 @@ def fit_ph2_three_moments(
     if n2 < 1.5 * (1.0 + 64 * _EPS):
         if not (n2 >= 1.5 * (1.0 - _RTOL) or clip):
             raise ValueError(
-                f"m2={m2!r} gives c^2 = m2/m1^2 - 1 = {_fmt(scv)} < 1/2, but every PH(2) has c^2 >= 1/2 (the "
-                f"Erlang-2 attains 1/2); need m2 >= 1.5*m1^2 = {_fmt(1.5 * m1 * m1)}; pass clip=True to project onto it"
+                f"m2={m2!r} gives c^2 = m2/m1^2 - 1 = {_fmt(scv)} < 1/2, but every PH(2) has c^2 >= 1/2 "
+                f"(the Erlang-2 attains 1/2); need m2 >= 1.5*m1^2 = {_fmt(1.5 * m1 * m1)}; "
+                "pass clip=True to project onto it"
             )
         n2, scv, changed = 1.5, 0.5, changed or n2 != 1.5
 
@@ -173,7 +173,7 @@ def fit_ph2_three_moments(
     # e1 = (r3 - r2)/y with y = r2 - 1 = (c^2 - 1)/2, and e2 = e1 - r2 = (r3 - r2^2)/y. The shifted means
     # v_i = u_i - 1 solve v^2 - h v - y = 0 with h = e1 - 2 (discriminant h^2 + 4y); the larger-magnitude root is
     # taken directly and the other from v1 v2 = -y, so nothing cancels; then eta = (1 - u2)/u1 = -v2/u1. This is
-    # xi_{1,2} = (b -+ sqrt(a))/c of Telek and Heindl, with c = -12 e2 y m1^4, in a stable form.
+    # xi = (b +- sqrt(a))/c of Telek and Heindl (c = -12 e2 y m1^4), in a stable form.
     y = 0.5 * n2 - 1.0
     if y < 0.0:
         # Feasible region: -1 <= h <= -2 sqrt(-y) (upper m3 bound: h = -1, eta = 1; lower: zero discriminant).
