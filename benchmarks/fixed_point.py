@@ -11,19 +11,27 @@ Model: JSQ(2) with H2 service of SCV 4 (`jsmkt.hyperexponential2(1.0, 4.0)`), la
 - how the solve scales with K (dense LU on the (K*m)^2 Jacobian is O((K*m)^3) per Newton step).
 
 Run with `.venv/bin/python benchmarks/fixed_point.py` (add `--quick` for fewer repeats).
+
+OpenBLAS (which serves JAX's CPU LU through SciPy's LAPACK) is limited to one thread unless `OPENBLAS_NUM_THREADS`
+is set: these matrices are small, and on a loaded 2-core machine its threads made the medians of the larger LUs
+4-10x slower and erratic.
 """
 
-import argparse
-import statistics
-import time
+import os
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
-import numpy as np
-import scipy.optimize
 
-import jsmkt
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy/SciPy/JAX load OpenBLAS
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import scipy.optimize  # noqa: E402
+
+import jsmkt  # noqa: E402
 
 
 LAM, K, D = 0.9, 48, 2
@@ -56,13 +64,21 @@ def numpy_vector_field(flat, lam, alpha, T, d, K):
 
 def _median_time(fn, repeats, *args):
     """Median wall time of `fn(*args)` (blocking on its outputs), after one warm-up call."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return _interleaved_medians({"fn": lambda: fn(*args)}, repeats)["fn"]
+
+
+def _interleaved_medians(fns, rounds):
+    """Median wall time of each zero-argument callable in `fns`, timed in interleaved rounds (one call of each per
+    round), so that load from other processes on the machine hits every measurement alike."""
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _first_call(fn, *args):
@@ -77,7 +93,7 @@ def _model(lam, K=K):
 
 def _make_fns(K):
     def solve(lam):
-        return jsmkt.solve_fixed_point(_model(lam, K))
+        return jsmkt.solve_fixed_point(_model(lam, K)).value
 
     def sojourn(lam):
         model = _model(lam, K)
@@ -96,29 +112,34 @@ def main():
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args()
     repeats = args.repeats or (20 if args.quick else 200)
-    scipy_repeats = max(5, repeats // 10)
 
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; JSQ({D}), H2 service SCV 4, lam={LAM}, K={K}, "
-          f"m={SERVICE.order} ({K * SERVICE.order} unknowns); medians over {repeats} repeats")
+          f"m={SERVICE.order} ({K * SERVICE.order} unknowns); medians over {repeats} "
+          f"interleaved repeats; OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}")
     lam = jnp.asarray(LAM)
     solve, sojourn, grad = _make_fns(K)
 
-    compile_solve, fp = _first_call(solve, lam)
+    compile_solve, _ = _first_call(solve, lam)
+    fp = jax.jit(lambda lam: jsmkt.solve_fixed_point(_model(lam)))(lam)  # the full FixedPoint, for the checks
     compile_grad, _ = _first_call(grad, lam)
     model = _model(LAM)
     assert fp.result == jsmkt.RESULTS.successful, fp.result
     tail_mass = float(fp.tail_mass)
     assert tail_mass < 1e-12, f"K={K} too small: tail mass {tail_mass}"
-    t_solve = _median_time(solve, repeats, lam)
-    t_primal = _median_time(sojourn, repeats, lam)
-    t_grad = _median_time(grad, repeats, lam)
 
     # SciPy on the same equations, from the same initial guess.
     alpha, T = np.asarray(SERVICE.alpha), np.asarray(SERVICE.T)
     x0 = np.asarray(model.initial_guess()).ravel()
-    f_np = (lambda x: numpy_vector_field(x, LAM, alpha, T, D, K))
-    np.testing.assert_allclose(f_np(np.asarray(fp.value).ravel()), np.asarray(model.vector_field(0.0, fp.value)).ravel(),
-                               rtol=0, atol=1e-13, err_msg="NumPy vector field differs from jsmkt's")
+    x_jsmkt = np.asarray(fp.value).ravel()
+
+    def f_np(x):
+        return numpy_vector_field(x, LAM, alpha, T, D, K)
+
+    # Same equations: compare the two vector fields away from the root (at the initial guess and a perturbation).
+    rng = np.random.default_rng(0)
+    for x in (x0, x0 * (1.0 + 0.1 * rng.standard_normal(x0.shape))):
+        np.testing.assert_allclose(f_np(x), np.asarray(model.vector_field(0.0, jnp.asarray(x).reshape(K, -1))).ravel(),
+                                   rtol=1e-12, atol=1e-15, err_msg="the NumPy vector field differs from jsmkt's")
     band = 2 * SERVICE.order - 1  # row (k, i) depends on levels k-1, k, k+1 only
 
     def fsolve_dense():
@@ -127,53 +148,79 @@ def main():
     def fsolve_banded():
         return scipy.optimize.fsolve(f_np, x0, xtol=1e-13, band=(band, band), full_output=True)
 
-    rows_scipy = {}
+    scipy_info = {}
     for name, fn in (("scipy fsolve", fsolve_dense), ("scipy fsolve band", fsolve_banded)):
         x, info, ier, msg = fn()
         assert ier == 1, msg
-        err = np.max(np.abs(x - np.asarray(fp.value).ravel()))
+        err = np.max(np.abs(x - x_jsmkt))
         assert err < 1e-8, f"{name} and jsmkt disagree by {err:.2e}"
-        rows_scipy[name] = (_median_time(fn, scipy_repeats), info["nfev"], err)
+        scipy_info[name] = (info["nfev"], err)
 
     # Batched throughput: vmap over 64 values of lam.
     lams = jnp.linspace(0.5, 0.95, 64)
-    batched = jax.jit(jax.vmap(lambda lam: solve(lam).value))
+    batched = jax.jit(jax.vmap(solve))
     compile_batched, _ = _first_call(batched, lams)
-    t_batched = _median_time(batched, max(5, repeats // 10), lams)
+
+    # How much of the solve is the dense LU: num_steps LU factorisations + solves of the Jacobian at the root.
+    num_steps = int(fp.stats["num_steps"])
+    n = K * SERVICE.order
+    jac = jax.jacfwd(lambda z: model.vector_field(0.0, z.reshape(K, -1)).ravel())(fp.value.ravel())
+
+    @jax.jit
+    def dense_lu_only(J):
+        def body(_, acc):
+            lu = jax.scipy.linalg.lu_factor(J + acc * 1e-300)
+            return acc + jax.scipy.linalg.lu_solve(lu, jnp.ones(n))[0]
+
+        return jax.lax.fori_loop(0, num_steps, body, jnp.zeros(()))
+
+    t = _interleaved_medians({
+        "solve": lambda: solve(lam),
+        "primal": lambda: sojourn(lam),
+        "grad": lambda: grad(lam),
+        "lu": lambda: dense_lu_only(jac),
+        "scipy fsolve": fsolve_dense,
+        "scipy fsolve band": fsolve_banded,
+        "batched": lambda: batched(lams),
+    }, repeats)
+    t_solve, t_primal, t_grad, t_batched = t["solve"], t["primal"], t["grad"], t["batched"]
 
     # Scaling in K (one jitted solve each).
     scaling = []
     for k in (K, 2 * K, 4 * K):
         s_k, _, _ = _make_fns(k)
-        fp_k = s_k(lam)
-        scaling.append((k, int(fp_k.stats["num_steps"]), _median_time(s_k, max(5, repeats // 10), lam)))
+        steps = int(jsmkt.solve_fixed_point(_model(LAM, k)).stats["num_steps"])
+        scaling.append((k, steps, _median_time(s_k, max(5, repeats // 10), lam)))
 
-    num_steps = int(fp.stats["num_steps"])
+    def row(name, seconds, note="", unit="ms"):
+        value = 1e3 * seconds if unit == "ms" else seconds
+        print(f"{name:<40}{value:>10.3f} {unit:<3} {note}")
+
     print()
-    print(f"{'measurement':<34}{'time':>12}  notes")
-    print("-" * 86)
-    print(f"{'first call: solve (trace+compile)':<34}{compile_solve:>10.3f} s")
-    print(f"{'first call: grad  (trace+compile)':<34}{compile_grad:>10.3f} s")
-    print(f"{'first call: vmap(64) solve':<34}{compile_batched:>10.3f} s")
-    print(f"{'jsmkt solve':<34}{1e3 * t_solve:>10.3f} ms  {num_steps} Newton steps, tail mass s_K = {tail_mass:.1e}")
-    print(f"{'jsmkt lam -> E[T]':<34}{1e3 * t_primal:>10.3f} ms  E[T] = {float(sojourn(lam)):.10f}")
-    print(f"{'jsmkt grad E[T] wrt lam':<34}{1e3 * t_grad:>10.3f} ms  dE[T]/dlam = {float(grad(lam)):.8f}")
-    for name, (t, nfev, err) in rows_scipy.items():
-        print(f"{name:<34}{1e3 * t:>10.3f} ms  {nfev} evaluations, max |x - x_jsmkt| = {err:.1e}")
-    print(f"{'jsmkt vmap(64) solve':<34}{1e3 * t_batched:>10.3f} ms  {64 / t_batched:,.0f} solves/s "
-          f"(single: {1 / t_solve:,.0f} solves/s)")
-    for k, steps, t in scaling:
-        print(f"{f'jsmkt solve, K={k} ({k * SERVICE.order} unknowns)':<34}{1e3 * t:>10.3f} ms  {steps} Newton steps, "
-              f"{1e3 * t / steps:.3f} ms/step")
+    print(f"{'measurement':<40}{'time':>10}     notes")
+    print("-" * 100)
+    row("first call: solve (trace+compile)", compile_solve, unit="s")
+    row("first call: grad  (trace+compile)", compile_grad, unit="s")
+    row("first call: vmap(64) solve", compile_batched, unit="s")
+    row("jsmkt solve", t_solve, f"{num_steps} Newton steps, tail mass s_K = {tail_mass:.1e}")
+    row(f"  of which {num_steps}x dense LU ({n}x{n})", t["lu"],
+        f"{100 * t['lu'] / t_solve:.0f}% of the solve; Jacobian bandwidth {band} (block-tridiagonal, {K} blocks)")
+    row("jsmkt lam -> E[T] (solve + metric)", t_primal, f"E[T] = {float(sojourn(lam)):.10f}")
+    row("jsmkt grad of E[T] wrt lam", t_grad, f"dE[T]/dlam = {float(grad(lam)):.8f}")
+    for name, (nfev, err) in scipy_info.items():
+        row(name, t[name], f"{nfev} evaluations, max |x - x_jsmkt| = {err:.1e}")
+    row("jsmkt vmap(64) solve", t_batched, f"{64 / t_batched:,.0f} solves/s (one at a time: {1 / t_solve:,.0f} solves/s)")
+    for k, steps, tk in scaling:
+        row(f"jsmkt solve, K={k} ({k * SERVICE.order} unknowns)", tk, f"{steps} Newton steps, {1e3 * tk / steps:.3f} ms/step")
     print()
-    grad_ratio = t_grad / t_primal
-    speedup = rows_scipy["scipy fsolve"][0] / t_solve
-    speedup_band = rows_scipy["scipy fsolve band"][0] / t_solve
-    print(f"grad / primal time         = {grad_ratio:6.2f}   (target <= {TARGET_GRAD_RATIO:g})   {_verdict(grad_ratio <= TARGET_GRAD_RATIO)}")
-    print(f"fsolve / jsmkt solve time  = {speedup:6.1f}x  (target >= {TARGET_SCIPY_SPEEDUP:g}x)  "
+    grad_ratio = t_grad / t_solve
+    speedup = t["scipy fsolve"] / t_solve
+    print(f"grad / solve time             = {grad_ratio:6.2f}   target <= {TARGET_GRAD_RATIO:g}    "
+          f"{_verdict(grad_ratio <= TARGET_GRAD_RATIO)}   (grad / (solve + metric) = {t_grad / t_primal:.2f})")
+    print(f"fsolve / jsmkt solve time     = {speedup:6.1f}x  target >= {TARGET_SCIPY_SPEEDUP:g}x  "
           f"{_verdict(speedup >= TARGET_SCIPY_SPEEDUP)}")
-    print(f"fsolve(band) / jsmkt time  = {speedup_band:6.1f}x  (information: a banded finite-difference Jacobian)")
-    print(f"vmap(64) speed-up per solve = {64 * t_solve / t_batched:5.1f}x over one-at-a-time")
+    print(f"fsolve(band) / jsmkt time     = {t['scipy fsolve band'] / t_solve:6.1f}x  (information: banded finite-difference Jacobian)")
+    print(f"vmap(64) gain per solve       = {64 * t_solve / t_batched:6.1f}x  (information)")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ class AbstractChoice(eqx.Module):
     @property
     def mean(self) -> Array:
         """Mean choice number `E[D]`."""
-        return jnp.arange(1, self.max_d + 1) @ self.weights()
+        w = self.weights()
+        return jnp.arange(1, self.max_d + 1, dtype=w.dtype) @ w
 
     def value_errors(self) -> list[tuple[Array, str]]:
         """Value checks for the entry points: list of `(bad, message)`."""
@@ -170,10 +171,12 @@ class InterpolatedChoice(AbstractChoice):
         return self.d_max
 
     def weights(self) -> Array:
-        d = jnp.clip(self.d, 1.0, float(self.d_max))
-        lo = jnp.floor(d)
+        # Out-of-range d is reported by `value_errors` at the entry points; keep the weights a probability
+        # vector regardless. At d = d_max the derivative is the left one (lo = d_max - 1, frac = 1).
+        d = jnp.where(self.d > self.d_max, float(self.d_max), jnp.where(self.d < 1.0, 1.0, self.d))
+        lo = jnp.minimum(jnp.floor(d), float(max(self.d_max - 1, 1)))
         frac = d - lo
-        j = jnp.arange(1, self.d_max + 1)
+        j = jnp.arange(1, self.d_max + 1, dtype=d.dtype)
         return jnp.where(j == lo, 1.0 - frac, 0.0) + jnp.where(j == lo + 1, frac, 0.0)
 
     def value_errors(self):

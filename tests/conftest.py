@@ -6,6 +6,9 @@ import jsmkt  # noqa: F401  (enables float64)
 
 
 jax.config.update("jax_enable_x64", True)
+# Strict promotion, as in the JAX libraries we build on: silent int/float or rank promotion hides bugs.
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
 @pytest.fixture

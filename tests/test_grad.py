@@ -88,27 +88,25 @@ DENSE_ALPHA = np.array([0.5, 0.3, 0.2])
 DENSE_T = np.array([[-3.0, 1.0, 0.5], [0.4, -2.0, 0.6], [0.2, 0.3, -1.5]])
 
 
+DENSE_LAM = 0.75 / float(jsmkt.PH(DENSE_ALPHA, DENSE_T).mean)  # load 0.75
+
+
 def _dense_model():
-    service = jsmkt.PH(DENSE_ALPHA, DENSE_T)
-    lam = 0.75 / float(service.mean)  # load 0.75
-    return jsmkt.JSQdPH(lam, service, d=2, K=24)
+    return jsmkt.JSQdPH(DENSE_LAM, jsmkt.PH(DENSE_ALPHA, DENSE_T), d=2, K=24)
 
 
 SERVICES = {
     "h2_scv4": (lambda: jsmkt.hyperexponential2(1.0, 4.0), 0.85, 40),
     "erlang2": (lambda: jsmkt.erlang(2), 0.85, 24),
-    "dense3": (lambda: jsmkt.PH(DENSE_ALPHA, DENSE_T), 0.75 / 0.8843582887700533, 24),
+    "dense3": (lambda: jsmkt.PH(DENSE_ALPHA, DENSE_T), DENSE_LAM, 24),
 }
-
-
-def _lam_metrics(lam, service, K):
-    """Metrics as functions of λ alone, each differentiated by `jax.grad` (traced λ: K must be given)."""
-    return [lambda lam, metric=metric: metric(jsmkt.JSQdPH(lam, service, d=2, K=K)) for metric in METRICS]
 
 
 @eqx.filter_jit
 def _lam_grads(lam, service, K):
-    return jnp.stack([jax.grad(f)(lam) for f in _lam_metrics(lam, service, K)])
+    """`jax.grad` of each metric as a function of λ alone (λ is traced, so K must be given)."""
+    fns = [lambda lam, metric=metric: metric(jsmkt.JSQdPH(lam, service, d=2, K=K)) for metric in METRICS]
+    return jnp.stack([jax.grad(f)(lam) for f in fns])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -137,6 +135,10 @@ def _closed_form_dsojourn(lam, d, n_terms=400):
     return total
 
 
+def tails_at(model, k):
+    return jsmkt.tails(model, _solve(model))[k]
+
+
 @eqx.filter_jit
 def _jsqd_grads(lam, d, K):
     def model(lam):
@@ -144,10 +146,6 @@ def _jsqd_grads(lam, d, K):
 
     dtails = [jax.grad(lambda lam, k=k: tails_at(model(lam), k))(lam) for k in (1, 2, 3)]
     return jnp.stack(dtails), jax.grad(lambda lam: sojourn(model(lam)))(lam)
-
-
-def tails_at(model, k):
-    return jsmkt.tails(model, _solve(model))[k]
 
 
 @pytest.mark.parametrize("d, lam, K", [(1, 0.5, 64), (2, 0.5, 12), (2, 0.9, 16), (3, 0.9, 12), (2, 0.99, 24)])
@@ -259,42 +257,28 @@ def _h2_sojourn(lam, adjoint=optx.ImplicitAdjoint(), K=40, throw=True):
     return jsmkt.mean_sojourn_time(model, fp)
 
 
-def _h2_tails(lam):
-    model = jsmkt.JSQdPH(lam, H2, d=2, K=40)
-    return jsmkt.tails(model, _solve(model))
+_h2_grad = jax.jit(jax.grad(_h2_sojourn))  # shared by the tests below: compiled once
 
 
-def test_vmap_of_grad_equals_per_element_grad():
+@pytest.mark.parametrize("throw", [True, False])
+def test_vmap_of_grad_equals_per_element_grad(throw):
     lams = jnp.linspace(0.3, 0.95, 5)
-    grad_fn = jax.grad(_h2_sojourn)
-    batched = jax.jit(jax.vmap(grad_fn))(lams)
-    single = jax.jit(grad_fn)
-    looped = jnp.stack([single(lam) for lam in lams])
+    batched = jax.jit(jax.vmap(jax.grad(lambda lam: _h2_sojourn(lam, throw=throw))))(lams)
+    looped = jnp.stack([_h2_grad(lam) for lam in lams])
     assert np.all(np.isfinite(batched))
     np.testing.assert_allclose(batched, looped, rtol=1e-10, atol=0)
 
 
-def test_vmap_of_grad_without_throw():
-    lams = jnp.linspace(0.3, 0.95, 5)
-    batched = jax.jit(jax.vmap(jax.grad(lambda lam: _h2_sojourn(lam, throw=False))))(lams)
-    single = jax.jit(jax.grad(_h2_sojourn))
-    np.testing.assert_allclose(batched, jnp.stack([single(lam) for lam in lams]), rtol=1e-10, atol=0)
-
-
 def test_jacfwd_agrees_with_grad():
     lam = jnp.asarray(0.8)
-    np.testing.assert_allclose(jax.jit(jax.jacfwd(_h2_sojourn))(lam), jax.jit(jax.grad(_h2_sojourn))(lam), rtol=1e-10)
-    # A vector output: forward and reverse Jacobians of the tails.
-    fwd = jax.jit(jax.jacfwd(_h2_tails))(lam)
-    rev = jax.jit(jax.jacrev(_h2_tails))(lam)
-    np.testing.assert_allclose(fwd, rev, rtol=1e-10, atol=1e-300)
+    np.testing.assert_allclose(jax.jit(jax.jacfwd(_h2_sojourn))(lam), _h2_grad(lam), rtol=1e-10)
 
 
 def test_recursive_checkpoint_adjoint_agrees_with_implicit():
+    """Differentiating through the unrolled Newton iterations gives the implicit-function gradient."""
     lam = jnp.asarray(0.9)
-    implicit = jax.jit(jax.grad(_h2_sojourn))(lam)
     unrolled = jax.jit(jax.grad(lambda lam: _h2_sojourn(lam, adjoint=optx.RecursiveCheckpointAdjoint())))(lam)
-    np.testing.assert_allclose(unrolled, implicit, rtol=1e-8)
+    np.testing.assert_allclose(unrolled, _h2_grad(lam), rtol=1e-8)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,3 +297,11 @@ def test_no_nan_gradients_near_rho_one():
     _assert_grad([g.lam for g in grads], fd)
     # Sanity: E[T] is steep here (a few hundred per unit of lam) but finite.
     assert 1.0 < float(grads[0].lam) < 1e4
+
+
+def test_interpolated_choice_weights_derivative_stays_on_simplex():
+    # At d = d_max the derivative is the left one; everywhere the weights' tangent sums to zero.
+    for d, d_max in [(3.0, 3), (2.0, 3), (2.5, 3), (1.0, 4)]:
+        t = jax.jacfwd(lambda x: jsmkt.InterpolatedChoice(x, d_max=d_max).weights())(jnp.asarray(d))
+        assert abs(float(jnp.sum(t))) < 1e-15
+        assert abs(float(jnp.arange(1, d_max + 1, dtype=float) @ t) - 1.0) < 1e-15  # d E[D] / d d = 1

@@ -41,16 +41,17 @@ def _integer_d(d) -> int:
 
 def _geometric_exponent(d: int, k: Array) -> Array:
     """(d^k - 1)/(d - 1) = 1 + d + ... + d^(k-1) (= k for d = 1)."""
+    k = jnp.asarray(k, dtype=float)
     if d == 1:
-        return k.astype(float)
-    return (jnp.asarray(d, dtype=float) ** k - 1.0) / (d - 1.0)
+        return k
+    return (float(d) ** k - 1.0) / (d - 1.0)
 
 
 def exponential_tails(lam: ArrayLike, d: int, mu: ArrayLike = 1.0, K: int = 20) -> Float[Array, " K+1"]:
     r"""Classic closed form $s_k = \rho^{(d^k-1)/(d-1)}$, $k = 0..K$, $\rho = \lambda/\mu$."""
     d = _integer_d(d)
     rho = as_float_array("lam", lam, ndim=0) / as_float_array("mu", mu, ndim=0)
-    k = jnp.arange(K + 1)
+    k = jnp.arange(K + 1, dtype=float)
     return rho ** _geometric_exponent(d, k)
 
 
@@ -63,8 +64,8 @@ def exponential_sojourn_time(lam: ArrayLike, d: int, mu: ArrayLike = 1.0, terms:
     rho = lam / mu
     if d == 1:
         return 1.0 / (mu - lam)
-    k = jnp.arange(terms)
-    expo = (jnp.asarray(d, dtype=float) ** (k + 1) - d) / (d - 1.0)
+    k = jnp.arange(terms, dtype=float)
+    expo = (float(d) ** (k + 1) - d) / (d - 1.0)
     expo = jnp.minimum(expo, 1e300)
     return jnp.sum(rho**expo) / mu
 
@@ -79,7 +80,7 @@ def ph_fixed_point(lam: ArrayLike, service: PH, d: int, K: int) -> Float[Array, 
     d = _integer_d(d)
     lam = as_float_array("lam", lam, ndim=0)
     rho = lam * service.mean
-    k = jnp.arange(1, K + 1)
+    k = jnp.arange(1, K + 1, dtype=float)
     scal = _theta(service, d) ** _geometric_exponent(d, k - 1) * rho ** _geometric_exponent(d, k)
     return scal[:, None] * service.stationary_vector[None, :]
 
@@ -94,12 +95,12 @@ def ph_sojourn_time(lam: ArrayLike, service: PH, d: int, terms: int = 64) -> Flo
     theta = _theta(service, d)
     omega, alpha = service.stationary_vector, service.alpha
     resid = service.mean_remaining
-    k = jnp.arange(1, terms + 1)
+    k = jnp.arange(1, terms + 1, dtype=float)
     if d == 1:
         series = jnp.sum(theta**k * rho**k)
     else:
         e_theta = jnp.minimum(_geometric_exponent(d, k), 1e300)
-        e_rho = jnp.minimum((jnp.asarray(d, dtype=float) ** (k + 1) - d) / (d - 1.0), 1e300)
+        e_rho = jnp.minimum((float(d) ** (k + 1) - d) / (d - 1.0), 1e300)
         series = jnp.sum(theta**e_theta * rho**e_rho)
     return rho**d * theta * (omega - alpha) @ resid + service.mean * (1.0 + series)
 
