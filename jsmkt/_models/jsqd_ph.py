@@ -1,6 +1,7 @@
 r"""JSQ(d) with Poisson arrivals and phase-type service: the exact mean-field limit."""
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
@@ -9,7 +10,6 @@ from .._choice import AbstractChoice, as_choice
 from .._distributions.ph import PH
 from .._errors import as_float_array, concrete_array
 from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt
-from .jsqd import exponential_tails
 
 
 class JSQdPH(AbstractSupermarketModel):
@@ -140,8 +140,38 @@ class JSQdPH(AbstractSupermarketModel):
         return jnp.zeros((self.K, self.m))
 
     def initial_guess(self):
-        s = exponential_tails(self.load(), self.choice, self.K)
-        return s[:, None] * self.service.stationary_vector[None, :]
+        r"""Forward recursion through the levels, exact for the untruncated system.
+
+        Summing the drift over levels $\ge k+1$ gives $S_{k+1}T^0 = \lambda g(s_k)$ at the fixed point (the
+        completions out of levels $\ge k+1$ balance the arrivals into them), so level 1 gives $S_1 = \rho\,\omega$
+        and level $k \ge 2$ gives
+        $S_k(\lambda h_k I - T) = \lambda h_k S_{k-1} + \lambda g(s_k)\alpha$, $h_k = h(s_{k-1}, s_k)$: one scalar
+        equation for $s_k = S_k\mathbf 1$ per level, solved by two scalar Newton steps. Forward recursions
+        amplify rounding errors, so this is only Newton's starting point (typically 2-3 steps from the root).
+        """
+        lam, alpha, T = self.lam, self.service.alpha, self.service.T
+        T0 = self.service.exit_vector
+        choice = self.choice
+        shift = jnp.eye(self.m)
+        S1 = self.load() * self.service.stationary_vector
+
+        def level(S_prev, _):
+            s_prev = jnp.sum(S_prev)
+            phase_mix = S_prev / jnp.maximum(s_prev, 1e-300)
+            s = jnp.clip(lam * choice.pgf(s_prev) / jnp.maximum(phase_mix @ T0, 1e-300), 0.0, s_prev)
+
+            def S_of(s):
+                h = choice.join_factor(s_prev, s)
+                return jnp.linalg.solve((lam * h * shift - T).T, lam * h * S_prev + lam * choice.pgf(s) * alpha)
+
+            for _ in range(2):
+                F, dF = jax.jvp(lambda s: jnp.sum(S_of(s)) - s, (s,), (jnp.ones_like(s),))
+                s = jnp.clip(s - F / jnp.where(dF == 0, -1.0, dF), 0.0, s_prev)
+            S = S_of(s)
+            return S, S
+
+        _, rest = jax.lax.scan(level, S1, None, length=self.K - 1)
+        return jnp.concatenate([S1[None], rest])
 
     def tails(self, y):
         return jnp.concatenate([jnp.ones(1), jnp.sum(y, axis=1)])
