@@ -9,6 +9,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, as_choice
 from .._distributions.ph import PH
 from .._errors import as_float_array, concrete_array
+from .._linalg import mmatrix_solve
 from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt
 
 
@@ -162,7 +163,7 @@ class JSQdPH(AbstractSupermarketModel):
 
             def S_of(s):
                 h = choice.join_factor(s_prev, s)
-                return jnp.linalg.solve((lam * h * shift - T).T, lam * h * S_prev + lam * choice.pgf(s) * alpha)
+                return mmatrix_solve((lam * h * shift - T).T, lam * h * S_prev + lam * choice.pgf(s) * alpha)
 
             for _ in range(2):
                 F, dF = jax.jvp(lambda s: jnp.sum(S_of(s)) - s, (s,), (jnp.ones_like(s),))
