@@ -8,25 +8,40 @@ Two exact engines share one state layout and one set of statistics:
   phase $i$, moves to phase $j \ne i$ with probability $T_{ij}/\bar q$, completes with probability $T^0_i/\bar q$
   and stays put otherwise (a self-loop). This is the same law as the physical system, with $O(1)$ work per event.
 - **General service.** Each busy server holds the completion time of its job in service; the next event is the
-  earlier of the next Poisson arrival and the earliest completion ($O(N)$ argmin per event).
+  earlier of the next Poisson arrival and the earliest completion ($O(N)$ argmin per event), applied one at a
+  time in a `lax.scan` over blocks of events.
 
 Per replication the state holds, for each server, one packed integer `head * C + cell` (the ring-buffer head and
-the *cell* `k * m + phase`, the number of jobs `k` and the phase of the job in service, phase 0 when idle; `C` is
-the number of cells) and a ring buffer of the arrival times of its `max_queue` waiting/served jobs (FCFS sojourn
-times). All arrays have fixed size, so memory does not grow with the run length.
+the *cell* `k * m + phase`: the number of jobs `k` and the phase of the job in service, phase 0 when idle; `C` is
+the number of cells) and a ring buffer of the arrival times of its at most `max_queue` jobs (FCFS sojourn times).
+All arrays have a fixed size, so memory does not grow with the run length.
 
-Events are processed in blocks of `block` events: everything that does not depend on the state (random numbers,
-event times for the Markov engine, candidate servers, choice numbers, phase moves for every possible phase) is
-drawn for the whole block at once, a `lax.scan` applies the events one after the other, and the statistics of the
-block (time integrals, sojourn times, histogram) are accumulated afterwards in vectorised form. Events past the
-end of the chunk are discarded; this is exact since the arrival process and the uniformised clock are memoryless
-and completion times are kept.
+**Random numbers.** Event `e` of a replication uses the words `h(seed, e * W + w)`, `w < W`, of a counter-based
+SplitMix64 stream (Steele, Lea & Flood 2014; passes BigCrush) whose 64-bit `seed` is drawn from the replication's
+JAX key. Indexing by event number means an event's random numbers do not depend on how events are grouped into
+loop iterations, and they cost about 0.3 ns per word on a CPU, against ~10-30 ns for `jax.random`'s Threefry,
+which dominated the loop. General service times still come from `jax.random` keys (the sampler's interface).
+
+**Speculative blocks (Markov engine).** Events change one server each. A loop iteration evaluates the next
+`block` events all at once against the current state, finds the first event that reads a server (a sampled
+candidate or the server it serves) changed by an earlier event of the block, and commits the events before it;
+those provably saw the same state as in one-by-one processing, and they change distinct servers. The other events
+are evaluated again in the next iteration with the same random numbers. With `N` servers about $1.2\sqrt{N}$
+events commit per iteration, so the fixed cost of an iteration of XLA's loop is shared by many events.
+
+**Batching.** The Markov engine is written for a batch of replications (leading axis of every state array), with
+flat gathers and scatters into the flattened per-server arrays; the general engine is a per-replication
+`lax.scan` under `jax.vmap`. Either way one `lax.while_loop` runs until every replication has reached `t_end`.
+
+**Chunks.** `run_chunk` advances to `t_end` and stops before the first event later than `t_end`, which stays
+pending (its time and random numbers are kept), so splitting a run into chunks does not change it.
 
 Time integrals of the cell counts use $\int_a^b c(t)\,dt = c(b)(b-a) - \sum_{\text{changes}} \Delta c\,(\tau-a)$,
 so an event only adds $\pm(\tau - a)$ to the two cells it moves a server between; the counts $c(b)$ are
 recounted from the servers at the end of each chunk.
 """
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -36,7 +51,14 @@ import jax.random as jr
 from jax import lax
 
 
-_TWO32 = float(2**32)
+_GAMMA = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+
+# Sojourn-time histogram: log-linear bins read off the bits of the float64 (HdrHistogram style), 2**HIST_SUB_BITS
+# bins per octave (relative width <= 0.4 %), no logarithm per event.
+HIST_SUB_BITS = 8
+_HIST_SHIFT = 52 - HIST_SUB_BITS
 
 
 class Config(NamedTuple):
@@ -48,8 +70,7 @@ class Config(NamedTuple):
     max_d: int  # largest choice number
     fixed_d: bool  # every arrival samples exactly max_d servers
     replace: bool  # sample with replacement
-    block: int  # events per block
-    unroll: int  # lax.scan unroll factor
+    block: int  # events evaluated per loop iteration
     n_bins: int  # sojourn-time histogram bins (plus one underflow and one overflow bin)
     sampler: Callable | None  # None: PH service (Markov engine); else general service sampler(key)
 
@@ -63,7 +84,12 @@ class Config(NamedTuple):
 
     @property
     def ring_size(self) -> int:
-        return self.n * self.max_queue + 1  # the last slot is a dummy target for writes that do nothing
+        return self.n * self.max_queue
+
+    @property
+    def n_words(self) -> int:
+        """Random words per event."""
+        return (_W_FIXED if self.sampler is None else 2) + self.max_d
 
 
 class Params(NamedTuple):
@@ -73,24 +99,31 @@ class Params(NamedTuple):
     alpha: jax.Array  # (m,) initial phase probabilities (PH) / (1,) ones
     T: jax.Array  # (m, m) sub-generator (PH) / (1, 1) unused
     weights: jax.Array  # (max_d,) P(D = j)
-    log_lo: jax.Array  # log of the lower edge of the sojourn-time histogram
-    bin_scale: jax.Array  # bins per unit of log(sojourn time)
+    hist_lo: jax.Array  # int64 key (float64 bits >> _HIST_SHIFT) of the lower edge of the histogram
 
 
 class State(NamedTuple):
-    key: jax.Array
-    t: jax.Array  # current time
+    """State of a batch of replications (every field has a leading replication axis)."""
+
+    key: jax.Array  # JAX key of the general service times (event e uses fold_in(key, e))
+    seed: jax.Array  # uint64 seed of the event stream
+    ctr: jax.Array  # uint64 number of events processed so far
+    t: jax.Array  # time of the last event
     a: jax.Array  # start of the current chunk
     packed: jax.Array  # (n,) head * C + cell
-    ring: jax.Array  # (n * max_queue + 1,) arrival times
+    ring: jax.Array  # (n * max_queue,) arrival times
     comp: jax.Array  # (n,) completion times (general service), (0,) for PH
     next_arr: jax.Array  # next arrival time (general service)
+    draw: "_Draw | None"  # random quantities of events ctr .. ctr + block - 1 (PH), None for general service
+    marks: jax.Array  # (n,) int64 stamps for interference checks (PH), (0,) for general service
+    it: jax.Array  # int64 number of loop iterations so far
     acc: jax.Array  # (C,) time-integral corrections of the cell counts in the current chunk
     soj_sum: jax.Array  # sum of sojourn times of jobs that left in the current chunk
     n_jobs: jax.Array  # number of such jobs
     hist: jax.Array  # (n_bins + 2,) histogram of their sojourn times
     events: jax.Array  # events processed in the current chunk (self-loops included)
     overflow: jax.Array  # arrivals refused because their queue held max_queue jobs (whole run)
+    blocks: jax.Array  # loop iterations in the current chunk
 
 
 class Stats(NamedTuple):
@@ -100,92 +133,120 @@ class Stats(NamedTuple):
     hist: jax.Array
     events: jax.Array
     overflow: jax.Array
+    blocks: jax.Array
 
 
 # --- random numbers ---------------------------------------------------------------------------------------------
 
 
-def _uniform(bits):
-    """uint32 -> float64 uniform on (0, 1)."""
-    return (bits.astype(jnp.float64) + 0.5) / _TWO32
+def _words(seed, first, n_events: int, n_words: int):
+    """SplitMix64 words for events `first .. first + n_events - 1` of the streams `seed` (any leading shape):
+    shape `seed.shape + (n_events, n_words)`, uint64."""
+    e = first[..., None] + jnp.arange(n_events, dtype=jnp.uint64)
+    idx = e[..., None] * jnp.uint64(n_words) + jnp.arange(1, n_words + 1, dtype=jnp.uint64)
+    z = seed[..., None, None] + idx * jnp.uint64(_GAMMA)
+    z = (z ^ (z >> 30)) * jnp.uint64(_MIX1)
+    z = (z ^ (z >> 27)) * jnp.uint64(_MIX2)
+    return z ^ (z >> 31)
 
 
-def _randint(bits, n):
-    """uint32 -> integer uniform on {0..n-1} (n may be an array); bias below n / 2^32."""
-    return ((bits.astype(jnp.uint64) * jnp.asarray(n, jnp.uint64)) >> 32).astype(jnp.int32)
+def _uniform(words):
+    """uint64 -> float64 uniform on (0, 1) (53 random bits)."""
+    return ((words >> 11).astype(jnp.float64) + 0.5) * 2.0**-53
 
 
-def _candidates(cfg: Config, bits):
-    """Sampled servers, shape (B, max_d), from bits of shape (B, max_d)."""
+def _randint(words, n):
+    """uint64 -> integer uniform on {0..n-1} (bias below n / 2^53)."""
+    return jnp.minimum(jnp.floor(_uniform(words) * n), n - 1).astype(jnp.int32)
+
+
+def _candidates(cfg: Config, words):
+    """Sampled servers, shape `words.shape`, from words of shape (..., max_d)."""
     if cfg.replace:
-        return _randint(bits, cfg.n)
+        return _randint(words, cfg.n)
     # Sequential sampling without replacement: draw i is uniform on the n - i servers not drawn yet, mapped onto
     # them by skipping the earlier draws in increasing order. This gives a uniformly random ordered sample.
-    out = [_randint(bits[:, 0], cfg.n)]
+    out = [_randint(words[..., 0], cfg.n)]
     for i in range(1, cfg.max_d):
-        x = _randint(bits[:, i], cfg.n - i)
-        prev = jnp.sort(jnp.stack(out, axis=1), axis=1)
+        x = _randint(words[..., i], cfg.n - i)
+        prev = jnp.sort(jnp.stack(out, axis=-1), axis=-1)
         for j in range(i):
-            x = x + (x >= prev[:, j]).astype(jnp.int32)
+            x = x + (x >= prev[..., j]).astype(jnp.int32)
         out.append(x)
-    return jnp.stack(out, axis=1)
+    return jnp.stack(out, axis=-1)
 
 
 def _categorical(u, cum):
     """Index i with P(i) given by the increments of `cum` (cumulative thresholds without the final 1)."""
-    return jnp.sum((u[..., None] >= cum).astype(jnp.int32), axis=-1)
+    return jnp.sum(u[..., None] >= cum, axis=-1, dtype=jnp.int32)
 
 
 # --- shared pieces ----------------------------------------------------------------------------------------------
 
 
-def _choose(cfg: Config, packed, cands, n_choose):
-    """Join the shortest of the sampled servers (first minimum, which is a uniform tie-break since the sample is
-    exchangeable). `n_choose` is the choice number D of this arrival (ignored when fixed)."""
+def _flat_offsets(shape: tuple[int, ...], size: int, dtype=jnp.int32):
+    """Offsets `r * size` of the replications of a batch of leading shape `shape` into flattened arrays, with a
+    trailing axis of length 1 (shape () for an unbatched call)."""
+    count = 1
+    for s in shape:
+        count *= s
+    return (jnp.arange(count, dtype=dtype) * size).reshape(shape + (1,)) if shape else jnp.zeros((), dtype)
+
+
+def _choose(cfg: Config, packed_flat, cands, off, n_choose):
+    """Join the shortest of the sampled servers `cands[..., :D]` (first minimum, which is a uniform tie-break
+    since the sample is exchangeable); `n_choose` is the choice number D of each arrival (unused when fixed).
+    `off` offsets local server numbers into the flattened `packed_flat`."""
     if cfg.max_d == 1:
-        return cands[0]
-    C = cfg.n_cells
-    k = (packed[cands] % C) // cfg.m
+        return cands[..., 0]
+    k = (packed_flat[cands + off[..., None]] % cfg.n_cells) // cfg.m
     if not cfg.fixed_d:
-        k = jnp.where(jnp.arange(cfg.max_d) < n_choose, k, jnp.iinfo(jnp.int32).max)
+        k = jnp.where(jnp.arange(cfg.max_d, dtype=jnp.int32) < n_choose[..., None], k, jnp.iinfo(jnp.int32).max)
     if cfg.max_d == 2:
-        return jnp.where(k[1] < k[0], cands[1], cands[0])
-    return cands[jnp.argmin(k)]
+        return jnp.where(k[..., 1] < k[..., 0], cands[..., 1], cands[..., 0])
+    return jnp.take_along_axis(cands, jnp.argmin(k, axis=-1)[..., None], axis=-1)[..., 0]
 
 
-def _ring_step(cfg: Config, ring, n, head, k, write, tau, is_dep):
-    """Write `tau` at the tail of server `n`'s queue when `write`; return the arrival time at its head."""
+def _ring_update(cfg: Config, ring_flat, gn, head, k, joins, deps, tau):
+    """Append `tau` to the queue of (flat) server `gn` where `joins`; return the ring and, where `deps`, the
+    arrival time of the job at the head of the queue. Writing first is safe: an event either writes (arrival) or
+    reads (departure), and a slot written is never the head of a non-empty queue; reading first made XLA copy
+    the whole buffer. Other events read slot 0, which stays in cache."""
     Q = cfg.max_queue
-    base = n * Q
-    pos = jnp.where(write, base + (head + k) % Q, cfg.ring_size - 1)
-    ring = ring.at[pos].set(tau)
-    # Read after the write: an event either writes (arrival) or reads (departure), and the written slot is never
-    # the head of a non-empty queue, so the order does not matter; reading first made XLA copy the whole buffer.
-    arrived = ring[base + head]
-    return ring, jnp.where(is_dep, tau - arrived, 0.0)
+    base = gn * Q
+    ring_flat = ring_flat.at[jnp.where(joins, base + (head + k) % Q, ring_flat.shape[0])].set(tau, mode="drop")
+    return ring_flat, ring_flat[jnp.where(deps, base + head, 0)]
 
 
-def _finish_block(cfg: Config, params: Params, state: State, tau, valid, cf, ct, soj, dep, ovf, t_end):
-    w = jnp.where(valid & (cf != ct), tau - state.a, 0.0)
-    acc = state.acc.at[cf].add(w).at[ct].add(-w)
-    soj_sum = state.soj_sum + jnp.sum(jnp.where(dep, soj, 0.0))
-    n_jobs = state.n_jobs + jnp.sum(dep, dtype=jnp.int64)
-    lg = jnp.log(jnp.maximum(soj, 1e-300))
-    b = jnp.clip(jnp.floor((lg - params.log_lo) * params.bin_scale) + 1.0, 0.0, cfg.n_bins + 1.0)
-    hist = state.hist.at[b.astype(jnp.int32)].add(dep.astype(jnp.int64))
-    events = state.events + jnp.sum(valid, dtype=jnp.int64)
-    overflow = state.overflow + jnp.sum(ovf, dtype=jnp.int64)
-    t = jnp.where(valid[-1], tau[-1], t_end)
+def _hist_bin(cfg: Config, params: Params, x):
+    """Histogram bin of positive `x`: 0 below the range, `n_bins + 1` above."""
+    key = lax.bitcast_convert_type(x, jnp.int64) >> _HIST_SHIFT
+    return jnp.clip(key - params.hist_lo + 1, 0, cfg.n_bins + 1).astype(jnp.int32)
+
+
+def _finish_block(cfg: Config, params: Params, state: State, tau, done, cf, ct, soj, dep, ovf) -> State:
+    """Accumulate the statistics of the events marked `done` (departures `dep`, refused arrivals `ovf`); event
+    arrays have shape `lead + (B,)` for state fields with leading shape `lead`."""
+    lead = tau.shape[:-1]
+    w = jnp.where(done & (cf != ct), tau - state.a[..., None], 0.0)
+    c_off = _flat_offsets(lead, cfg.n_cells)
+    acc = state.acc.reshape(-1).at[cf + c_off].add(w).at[ct + c_off].add(-w).reshape(state.acc.shape)
+    soj = jnp.where(dep, soj, 1.0)
+    h_off = _flat_offsets(lead, cfg.n_bins + 2)
+    hist = state.hist.reshape(-1).at[_hist_bin(cfg, params, soj) + h_off].add(dep.astype(jnp.int64))
     return state._replace(
-        t=t, acc=acc, soj_sum=soj_sum, n_jobs=n_jobs, hist=hist, events=events, overflow=overflow
+        acc=acc,
+        soj_sum=state.soj_sum + jnp.sum(jnp.where(dep, soj, 0.0), axis=-1),
+        n_jobs=state.n_jobs + jnp.sum(dep, axis=-1, dtype=jnp.int64),
+        hist=hist.reshape(state.hist.shape),
+        events=state.events + jnp.sum(done, axis=-1, dtype=jnp.int64),
+        overflow=state.overflow + jnp.sum(ovf, axis=-1, dtype=jnp.int64),
+        blocks=state.blocks + 1,
     )
 
 
-# --- PH service: uniformisation ---------------------------------------------------------------------------------
-
-
 class _Prep(NamedTuple):
-    rate: jax.Array  # total event rate N (lam + qbar)
+    rate: jax.Array  # total event rate N (lam + qbar) of the uniformised chain
     p_arr: jax.Array  # probability that an event is an arrival
     move_cum: jax.Array  # (m, m) thresholds: outcome o < m -> phase o (o == i: stay), o == m -> completion
     alpha_cum: jax.Array  # (m - 1,) thresholds for the initial phase
@@ -194,10 +255,9 @@ class _Prep(NamedTuple):
 
 def _prepare(cfg: Config, params: Params) -> _Prep:
     T = params.T
-    m = cfg.m
     qbar = jnp.max(-jnp.diagonal(T))
     exit_rates = -jnp.sum(T, axis=1)
-    probs = T / qbar + jnp.eye(m)  # off-diagonal T_ij / qbar, diagonal 1 + T_ii / qbar (stay)
+    probs = T / qbar + jnp.eye(cfg.m)  # off-diagonal T_ij / qbar, diagonal 1 + T_ii / qbar (stay)
     probs = jnp.concatenate([probs, (exit_rates / qbar)[:, None]], axis=1)  # (m, m + 1)
     move_cum = jnp.cumsum(probs, axis=1)[:, :-1]
     alpha_cum = jnp.cumsum(params.alpha)[:-1]
@@ -206,77 +266,151 @@ def _prepare(cfg: Config, params: Params) -> _Prep:
     return _Prep(rate, params.lam / (params.lam + qbar), move_cum, alpha_cum, d_cum)
 
 
-def _markov_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State) -> State:
-    B, m, C, Q = cfg.block, cfg.m, cfg.n_cells, cfg.max_queue
-    key, sub = jr.split(state.key)
-    n_words = 4 + cfg.max_d
-    bits = jr.bits(sub, (B, n_words), jnp.uint32)
-    tau = state.t + jnp.cumsum(-jnp.log(_uniform(bits[:, 0])) / prep.rate)
-    valid = tau <= t_end
-    is_arr = _uniform(bits[:, 1]) < prep.p_arr
-    u_move = _uniform(bits[:, 2])  # phase move of a service event / choice number of an arrival
-    new_phase = _categorical(_uniform(bits[:, 3]), prep.alpha_cum) if m > 1 else jnp.zeros(B, jnp.int32)
-    cands = _candidates(cfg, bits[:, 4:])  # cands[:, 0] is also the server of a service event
-    n_choose = 1 + _categorical(u_move, prep.d_cum) if not cfg.fixed_d else jnp.zeros(B, jnp.int32)
-    moves = _categorical(u_move[:, None], prep.move_cum[None, :, :])  # (B, m): outcome for each phase
+# --- PH service: uniformisation, speculative blocks -------------------------------------------------------------
 
-    def step(carry, x):
-        packed, ring = carry
-        tau_j, valid_j, arr_j, newph_j, cands_j, nch_j, moves_j = x
-        n = jnp.where(arr_j, _choose(cfg, packed, cands_j, nch_j), cands_j[0])
-        p = packed[n]
-        head = p // C
-        cell = p - head * C
-        k = cell // m
-        ph = cell - k * m
-        o = moves_j[ph] if m > 1 else moves_j[0]
-        busy = k > 0
-        ok = k < Q
-        dep = valid_j & ~arr_j & busy & (o == m)
-        move = ~arr_j & busy & (o < m)
-        joins = valid_j & arr_j & ok
-        k2 = k + joins.astype(k.dtype) - dep.astype(k.dtype)
-        if m > 1:
-            ph2 = jnp.where(arr_j, jnp.where(busy, ph, newph_j), jnp.where(dep, newph_j, jnp.where(move, o, ph)))
-            ph2 = jnp.where(valid_j & (k2 > 0), ph2, jnp.where(k2 > 0, ph, 0))
-        else:
-            ph2 = jnp.zeros_like(ph)
-        head2 = jnp.where(dep, jnp.where(head + 1 == Q, 0, head + 1), head)
-        cell2 = k2 * m + ph2
-        packed = packed.at[n].set((head2 * C + cell2).astype(packed.dtype))
-        ring, soj = _ring_step(cfg, ring, n, head, k, joins, tau_j, dep)
-        ovf = valid_j & arr_j & ~ok
-        return (packed, ring), (cell, cell2, soj, dep, ovf)
+# Words of an event: 0 time step, 1 arrival or service, 2 phase move / choice number, 3 initial phase,
+# 4.. sampled servers (the first is also the server of a service event).
+_W_FIXED = 4
 
-    xs = (tau, valid, is_arr, new_phase, cands, n_choose, moves)
-    (packed, ring), (cf, ct, soj, dep, ovf) = lax.scan(
-        step, (state.packed, state.ring), xs, unroll=cfg.unroll
+
+class _Draw(NamedTuple):
+    """The state-independent part of the next `block` events (PH engine), each array of shape (..., block)."""
+
+    tau: jax.Array  # event times
+    is_arr: jax.Array  # arrival (else service event)
+    u_move: jax.Array  # uniform deciding the phase move of a service event
+    new_phase: jax.Array  # initial phase of a job starting service
+    cands: jax.Array  # (..., block, max_d) sampled servers; cands[..., 0] is also the server of a service event
+    n_choose: jax.Array  # choice number D of an arrival
+
+
+def _markov_draw(cfg: Config, prep: _Prep, seed, ctr, t) -> _Draw:
+    """Random quantities of events `ctr .. ctr + block - 1` after an event at time `t` (batched over seeds).
+    They are carried in the state from one loop iteration to the next: a loop-carried array is computed once,
+    whereas XLA would otherwise recompute them inside every fusion that uses them (several times slower)."""
+    words = _words(seed, ctr, cfg.block, cfg.n_words)
+    tau = t[..., None] + jnp.cumsum(-jnp.log(_uniform(words[..., 0])) / prep.rate, axis=-1)
+    u_move = _uniform(words[..., 2])
+    new_phase = _categorical(_uniform(words[..., 3]), prep.alpha_cum)
+    n_choose = 1 + _categorical(u_move, prep.d_cum)  # arrivals reuse the service events' uniform
+    return _Draw(
+        tau=tau,
+        is_arr=_uniform(words[..., 1]) < prep.p_arr,
+        u_move=u_move,
+        new_phase=new_phase,
+        cands=_candidates(cfg, words[..., _W_FIXED:]),
+        n_choose=n_choose,
     )
-    state = state._replace(key=key, packed=packed, ring=ring)
-    return _finish_block(cfg, params, state, tau, valid, cf, ct, soj, dep, ovf, t_end)
+
+
+def _markov_next(prep: _Prep, state: State):
+    """Time of the next (pending) event of each replication."""
+    return state.draw.tau[..., 0]
+
+
+def _markov_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State) -> State:
+    """One loop iteration for a batch of R replications (explicitly batched: flat gathers and scatters)."""
+    B, N, m, C, Q = cfg.block, cfg.n, cfg.m, cfg.n_cells, cfg.max_queue
+    R = state.t.shape[0]
+    tau, is_arr, u_move, new_phase, cands, n_choose = state.draw
+    j = jnp.arange(B, dtype=jnp.int32)
+    off = _flat_offsets((R,), N)  # (R, 1)
+    valid = tau <= t_end
+
+    # Every event of the block against the current state.
+    packed = state.packed.reshape(-1)
+    n = jnp.where(is_arr, _choose(cfg, packed, cands, off, n_choose), cands[..., 0])  # local server
+    gn = n + off
+    p = packed[gn]
+    head = p // C
+    cell = p - head * C
+    k = cell // m
+    ph = cell - k * m
+    busy = k > 0
+    ok = k < Q
+    joins = valid & is_arr & ok
+    ovf = valid & is_arr & ~ok
+    if m > 1:
+        o = _categorical(u_move, prep.move_cum[ph])  # outcome of a service event in phase ph
+    else:
+        o = (u_move >= prep.move_cum[0, 0]).astype(jnp.int32)
+    service = valid & ~is_arr & busy
+    dep = service & (o == m)
+    move = service & (o < m) & (o != ph)
+    k2 = k + joins.astype(k.dtype) - dep.astype(k.dtype)
+    if m > 1:
+        ph2 = jnp.where((joins & ~busy) | dep, new_phase, jnp.where(move, o, ph))
+        ph2 = jnp.where(k2 > 0, ph2, 0)
+    else:
+        ph2 = jnp.zeros_like(ph)
+    head2 = jnp.where(dep, jnp.where(head + 1 == Q, 0, head + 1), head)
+    cell2 = k2 * m + ph2
+    writes = joins | dep | move
+
+    # Interference: event j reads a server that an earlier event of the block changes. Each server changed is
+    # stamped with the iteration number and the first event changing it, `it * B + (B - 1 - j)` (scatter-max), so
+    # older stamps need no clearing; writing then reading (no reset) lets XLA update `marks` in place.
+    stamp = state.it[:, None] * B
+    j64 = j.astype(jnp.int64)
+    w_idx = jnp.where(writes, gn, R * N)
+    marks = state.marks.reshape(-1).at[w_idx].max(stamp + (B - 1 - j64), mode="drop")
+    reads = jnp.where(is_arr[..., None], cands + off[..., None], gn[..., None]) if cfg.max_d > 1 else gn[..., None]
+    first = (B - 1) - (marks[reads] - stamp[..., None])  # first event of this iteration changing the server read
+    conflict = jnp.any((first >= 0) & (first < j64[:, None]), axis=-1)
+    stop = conflict | ~valid
+    L = jnp.where(jnp.any(stop, axis=1), jnp.argmax(stop, axis=1), B).astype(jnp.int32)  # (R,)
+    commit = j < L[:, None]
+
+    # Commit the prefix; its events change distinct servers.
+    new_p = (head2 * C + cell2).astype(packed.dtype)
+    packed = packed.at[jnp.where(commit & writes, gn, R * N)].set(new_p, mode="drop")
+    ring, arrived = _ring_update(cfg, state.ring.reshape(-1), gn, head, k, commit & joins, commit & dep, tau)
+    last = jnp.take_along_axis(tau, jnp.maximum(L - 1, 0)[:, None], axis=1)[:, 0]
+    t = jnp.where(L > 0, last, state.t)
+    ctr = state.ctr + L.astype(jnp.uint64)
+    state = state._replace(
+        it=state.it + 1,
+        ctr=ctr,
+        t=t,
+        packed=packed.reshape(state.packed.shape),
+        ring=ring.reshape(state.ring.shape),
+        marks=marks.reshape(state.marks.shape),
+        draw=_markov_draw(cfg, prep, state.seed, ctr, t),
+    )
+    return _finish_block(cfg, params, state, tau, commit, cell, cell2, tau - arrived, commit & dep, commit & ovf)
 
 
 # --- general service: completion times --------------------------------------------------------------------------
 
 
-def _general_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State) -> State:
+def _general_next(state: State):
+    return jnp.minimum(state.next_arr, jnp.min(state.comp, axis=-1))
+
+
+def _general_block_one(cfg: Config, params: Params, prep: _Prep, t_end, state: State) -> State:
+    """One block of events of one replication, applied one at a time."""
     B, C, Q = cfg.block, cfg.n_cells, cfg.max_queue
-    key, sub, skey = jr.split(state.key, 3)
-    bits = jr.bits(sub, (B, 2 + cfg.max_d), jnp.uint32)
-    gaps = -jnp.log(_uniform(bits[:, 0])) / (cfg.n * params.lam)
-    n_choose = 1 + _categorical(_uniform(bits[:, 1]), prep.d_cum) if not cfg.fixed_d else jnp.zeros(B, jnp.int32)
-    cands = _candidates(cfg, bits[:, 2:])
-    service = jax.vmap(cfg.sampler)(jr.split(skey, B)).astype(jnp.float64)
+    words = _words(state.seed, state.ctr, B, cfg.n_words)
+    gaps = -jnp.log(_uniform(words[:, 0])) / (cfg.n * params.lam)
+    n_choose = 1 + _categorical(_uniform(words[:, 1]), prep.d_cum) if not cfg.fixed_d else jnp.zeros(B, jnp.int32)
+    cands = _candidates(cfg, words[:, 2:])
+    # Event e draws its service time with key fold_in(key, e), so that chunking does not change the run.
+    events = state.ctr + jnp.arange(B, dtype=jnp.uint64)
+    keys = jax.vmap(
+        lambda e: jr.fold_in(jr.fold_in(state.key, (e >> 32).astype(jnp.uint32)), e.astype(jnp.uint32))
+    )(events)
+    service = jax.vmap(cfg.sampler)(keys).astype(jnp.float64)
+    zero = jnp.zeros((), jnp.int32)
 
     def step(carry, x):
         packed, ring, comp, next_arr = carry
         gap_j, cands_j, nch_j, svc_j = x
-        nc = jnp.argmin(comp)
+        nc = jnp.argmin(comp).astype(jnp.int32)
         tc = comp[nc]
         arr = next_arr <= tc
         tau = jnp.where(arr, next_arr, tc)
         valid = tau <= t_end
-        n = jnp.where(arr, _choose(cfg, packed, cands_j, nch_j), nc)
+        n = jnp.where(arr, _choose(cfg, packed, cands_j, zero, nch_j), nc)
         p = packed[n]
         head = p // C
         k = p - head * C
@@ -290,50 +424,77 @@ def _general_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State
         new_comp = jnp.where(starts, tau + svc_j, jnp.where(dep, jnp.inf, comp[n]))
         comp = comp.at[n].set(new_comp)
         next_arr = jnp.where(valid & arr, tau + gap_j, next_arr)
-        ring, soj = _ring_step(cfg, ring, n, head, k, joins, tau, dep)
-        ovf = valid & arr & ~ok
-        return (packed, ring, comp, next_arr), (tau, valid, k, k2, soj, dep, ovf)
+        ring, arrived = _ring_update(cfg, ring, n, head, k, joins, dep, tau)
+        return (packed, ring, comp, next_arr), (tau, valid, k, k2, tau - arrived, dep, valid & arr & ~ok)
 
     carry = (state.packed, state.ring, state.comp, state.next_arr)
     (packed, ring, comp, next_arr), (tau, valid, cf, ct, soj, dep, ovf) = lax.scan(
-        step, carry, (gaps, cands, n_choose, service), unroll=cfg.unroll
+        step, carry, (gaps, cands, n_choose, service)
     )
-    state = state._replace(key=key, packed=packed, ring=ring, comp=comp, next_arr=next_arr)
-    return _finish_block(cfg, params, state, tau, valid, cf, ct, soj, dep, ovf, t_end)
+    # Events after the first one past t_end change nothing (the state, hence the next event time, is unchanged).
+    state = state._replace(
+        ctr=state.ctr + jnp.sum(valid, dtype=jnp.uint64),
+        t=jnp.max(jnp.where(valid, tau, state.t)),
+        packed=packed,
+        ring=ring,
+        comp=comp,
+        next_arr=next_arr,
+    )
+    return _finish_block(cfg, params, state, tau, valid, cf.astype(jnp.int32), ct.astype(jnp.int32), soj, dep, ovf)
 
 
 # --- chunks -----------------------------------------------------------------------------------------------------
 
 
+def _broadcasting(fn):
+    """Trace `fn` with rank promotion allowed: the engines broadcast over replication and event axes on purpose
+    (dtype promotion stays as the user set it; the code is written to pass `jax_numpy_dtype_promotion="strict"`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with jax.numpy_rank_promotion("allow"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_broadcasting
 def init_state(cfg: Config, params: Params, key) -> State:
-    """Empty system at time 0 (one replication)."""
-    key, sub = jr.split(key)
+    """Empty system at time 0 (one replication; `vmap` it over keys)."""
+    key, k_seed, k_arr = jr.split(key, 3)
     general = cfg.sampler is not None
-    first_arrival = jr.exponential(sub, dtype=jnp.float64) / (cfg.n * params.lam)
     zero = jnp.zeros((), jnp.float64)
+    seed = jr.bits(k_seed, (), jnp.uint64)
+    ctr = jnp.zeros((), jnp.uint64)
     return State(
         key=key,
+        seed=seed,
+        ctr=ctr,
         t=zero,
         a=zero,
         packed=jnp.zeros(cfg.n, cfg.packed_dtype),
         ring=jnp.zeros(cfg.ring_size, jnp.float64),
         comp=jnp.full(cfg.n if general else 0, jnp.inf),
-        next_arr=first_arrival if general else zero,
+        next_arr=jr.exponential(k_arr, dtype=jnp.float64) / (cfg.n * params.lam) if general else zero,
+        draw=None if general else _markov_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
+        marks=jnp.full(0 if general else cfg.n, -1, jnp.int64),
+        it=jnp.zeros((), jnp.int64),
         acc=jnp.zeros(cfg.n_cells, jnp.float64),
         soj_sum=zero,
         n_jobs=jnp.zeros((), jnp.int64),
         hist=jnp.zeros(cfg.n_bins + 2, jnp.int64),
         events=jnp.zeros((), jnp.int64),
         overflow=jnp.zeros((), jnp.int64),
+        blocks=jnp.zeros((), jnp.int64),
     )
 
 
 def _harvest(cfg: Config, t_end, state: State) -> tuple[State, Stats]:
-    """Close the chunk at `t_end`: time integrals, then reset the per-chunk accumulators."""
+    """Close the chunk at `t_end` (one replication): time integrals, then reset the per-chunk accumulators."""
     cells = (state.packed % cfg.n_cells).astype(jnp.int32)
     counts = jnp.zeros(cfg.n_cells, jnp.float64).at[cells].add(1.0)
     area = counts * (t_end - state.a) + state.acc
-    stats = Stats(area, state.soj_sum, state.n_jobs, state.hist, state.events, state.overflow)
+    stats = Stats(area, state.soj_sum, state.n_jobs, state.hist, state.events, state.overflow, state.blocks)
     state = state._replace(
         a=jnp.asarray(t_end, jnp.float64),
         acc=jnp.zeros_like(state.acc),
@@ -341,14 +502,28 @@ def _harvest(cfg: Config, t_end, state: State) -> tuple[State, Stats]:
         n_jobs=jnp.zeros_like(state.n_jobs),
         hist=jnp.zeros_like(state.hist),
         events=jnp.zeros_like(state.events),
+        blocks=jnp.zeros_like(state.blocks),
     )
     return state, stats
 
 
+@_broadcasting
 def run_chunk(cfg: Config, params: Params, states: State, t_end) -> tuple[State, Stats]:
-    """Advance a batch of replications (leading axis) to `t_end` and return the chunk's statistics."""
+    """Advance a batch of replications (leading axis) to `t_end` and return the chunk's statistics. The first
+    event after `t_end` stays pending."""
     prep = _prepare(cfg, params)
-    block = _general_block if cfg.sampler is not None else _markov_block
-    body = jax.vmap(lambda s: block(cfg, params, prep, t_end, s))
-    states = lax.while_loop(lambda s: jnp.any(s.t < t_end), body, states)
+    if cfg.sampler is None:
+
+        def body(s):
+            return _markov_block(cfg, params, prep, t_end, s)
+
+        def cond(s):
+            return jnp.any(_markov_next(prep, s) <= t_end)
+    else:
+        body = jax.vmap(lambda s: _general_block_one(cfg, params, prep, t_end, s))
+
+        def cond(s):
+            return jnp.any(_general_next(s) <= t_end)
+
+    states = lax.while_loop(cond, body, states)
     return jax.vmap(lambda s: _harvest(cfg, t_end, s))(states)

@@ -18,11 +18,19 @@ from .service import GeneralService
 
 
 _SAMPLING = ("with_replacement", "without_replacement")
-_N_BINS = 8192  # sojourn-time histogram: log-spaced over 12 decades around E[S] (0.34 % relative bin width)
-_HIST_DECADES_BELOW = 6.0
-_HIST_DECADES = 12.0
-_BLOCK = 64
-_UNROLL = 4
+_HIST_OCTAVES = 40  # sojourn-time histogram range: E[S] * 2**-20 .. E[S] * 2**20
+_N_BINS = _HIST_OCTAVES << core.HIST_SUB_BITS
+_GENERAL_BLOCK = 64  # events per loop iteration of the general-service engine
+_PROGRESS_UPDATES = 100  # about this many progress-bar updates per run
+_MAX_RING_SLOTS = 2**30  # 8 GiB of arrival times; also keeps the flat int32 indices of the engines in range
+
+
+def _markov_block_size(n: int, n_rep: int) -> int:
+    """Events evaluated per iteration of the PH engine (a power of 2 in [8, 1024]). About 1.2 sqrt(N) of them
+    commit per iteration; larger blocks share the fixed cost of an iteration among more events but waste more
+    evaluations. With R replications batched the fixed cost is shared R ways, so the best block shrinks:
+    2 sqrt(N / R) (measured on a 2-core CPU at N = 1000: 64 for R = 1, 16 for R = 16)."""
+    return int(min(1024, max(8, 2 ** round(math.log2(2.0 * math.sqrt(n / n_rep))))))
 
 
 # --- Student-t quantiles without SciPy --------------------------------------------------------------------------
@@ -127,7 +135,7 @@ def _service_of(model, service):
 def _default_max_queue(rho: float, scv: float, d_min: int) -> int:
     # Heavy-traffic mean queue length of a single M/G/1 queue sets the scale; JSQ(d >= 2) has much lighter tails.
     scale = rho * (1.0 + scv) / (2.0 * (1.0 - rho))
-    return 64 + math.ceil(40.0 * scale) if d_min == 1 else 32 + math.ceil(2.0 * scale)
+    return 64 + math.ceil(80.0 * scale) if d_min == 1 else 32 + math.ceil(scale)
 
 
 # --- compiled pieces --------------------------------------------------------------------------------------------
@@ -138,6 +146,14 @@ def _compiled(cfg: core.Config):
     init = jax.jit(jax.vmap(functools.partial(core.init_state, cfg), in_axes=(None, 0)))
     run = jax.jit(functools.partial(core.run_chunk, cfg), donate_argnums=1)
     return init, run
+
+
+def _add_stats(a: core.Stats, b: core.Stats) -> core.Stats:
+    """Statistics of two consecutive chunks (the overflow count is cumulative already)."""
+    return core.Stats(
+        area=a.area + b.area, soj_sum=a.soj_sum + b.soj_sum, n_jobs=a.n_jobs + b.n_jobs, hist=a.hist + b.hist,
+        events=a.events + b.events, overflow=b.overflow, blocks=a.blocks + b.blocks,
+    )
 
 
 def _progress(frac: float, t: float, t1: float, events: int, start: float) -> None:
@@ -179,8 +195,14 @@ def simulate(
     `jsmkt.GeneralService`). The system starts empty; statistics are time averages over `[warmup, t1]`.
 
     This code path is independent of the mean-field solvers: it only reads `lam`, `mu`/`service` and the choice
-    rule's weights from `model`. It runs as a `lax.while_loop` in time chunks, `vmap`ped over replications (CPU or
-    GPU), with memory independent of `t1`.
+    rule's weights from `model`. It runs as one `lax.while_loop` per time chunk (the warm-up, then each batch),
+    batched over replications, on CPU or GPU, with memory independent of `t1`. PH service is simulated by
+    uniformisation ($O(1)$ work per event, the phase of each server tracked); general service by per-server
+    completion times ($O(N)$ per event). Both are exact: see `jsmkt._simulate.core`.
+
+    Random numbers: each replication gets a key from `jax.random.split(key, n_replications)`; its event loop
+    draws from a counter-based SplitMix64 stream seeded from that key (event `e` always uses the same numbers, so
+    results do not depend on chunking or `progress`), and general service times from `jax.random.fold_in(key, e)`.
 
     **Arguments:**
 
@@ -198,7 +220,9 @@ def simulate(
       single replication.
     - `progress`: print a progress bar on stderr (the results do not depend on it).
 
-    **Returns:** a `jsmkt.SimulationResult`.
+    **Returns:** a `jsmkt.SimulationResult`. Sojourn times are those of the jobs that leave during
+    `[warmup, t1]` (FCFS, from arrival to departure); `events` counts every event processed, the warm-up and, for
+    PH service, the self-loops of uniformisation included.
 
     !!! example
 
@@ -255,6 +279,12 @@ def simulate(
         )
     if max_queue is None:
         max_queue = _default_max_queue(rho, scv, d_min)
+    if n_rep * n * max_queue > _MAX_RING_SLOTS:
+        raise ValueError(
+            f"n_replications={n_rep} x n_servers={n} x max_queue={max_queue} arrival-time slots "
+            f"({8 * n_rep * n * max_queue / 2**30:.1f} GiB) exceed the limit of {_MAX_RING_SLOTS:.3g}; lower "
+            "max_queue or n_replications (run replications in several calls)"
+        )
 
     if kind == "ph":
         alpha, T = serv
@@ -262,15 +292,15 @@ def simulate(
     else:
         alpha, T = np.ones(1), -np.ones((1, 1))
         m, sampler = 1, serv.sampler
+    block = _markov_block_size(n, n_rep) if sampler is None else _GENERAL_BLOCK
     cfg = core.Config(
-        n=n, max_queue=max_queue, m=m, max_d=max_d, fixed_d=fixed_d, replace=replace, block=_BLOCK,
-        unroll=_UNROLL, n_bins=_N_BINS, sampler=sampler,
+        n=n, max_queue=max_queue, m=m, max_d=max_d, fixed_d=fixed_d, replace=replace, block=block,
+        n_bins=_N_BINS, sampler=sampler,
     )
-    log_lo = math.log(mean_s) - _HIST_DECADES_BELOW * math.log(10.0)
-    bin_scale = _N_BINS / (_HIST_DECADES * math.log(10.0))
+    hist_lo = _hist_key(mean_s * 2.0 ** (-_HIST_OCTAVES // 2))
     params = core.Params(
         lam=jnp.asarray(lam), alpha=jnp.asarray(alpha), T=jnp.asarray(T), weights=jnp.asarray(weights),
-        log_lo=jnp.asarray(log_lo), bin_scale=jnp.asarray(bin_scale),
+        hist_lo=jnp.asarray(hist_lo, jnp.int64),
     )
 
     # -- run, chunk by chunk: warm-up, then n_batches batches of equal length
@@ -278,18 +308,27 @@ def simulate(
     states = init(params, keys)
     ends = [warmup + (t1 - warmup) * (i + 1) / n_batches for i in range(n_batches)]
     ends[-1] = t1
-    schedule = ([warmup] if warmup > 0 else []) + ends
+    # With a progress bar, each batch runs in a few sub-chunks (more updates; the run itself is unchanged, since
+    # pending events keep their times and random numbers across chunk boundaries).
+    sub = max(1, math.ceil(_PROGRESS_UPDATES / (n_batches + 1))) if progress else 1
     start = time.perf_counter()
     events = 0
     per_batch = []
-    for i, t_end in enumerate(schedule):
-        states, stats = run(params, states, jnp.asarray(t_end, jnp.float64))
-        stats = jax.tree_util.tree_map(np.asarray, stats)
-        events += int(stats.events.sum())
-        if t_end > warmup or warmup == 0:
-            per_batch.append(stats)
-        if progress:
-            _progress((i + 1) / len(schedule), t_end, t1, events, start)
+    chunks = ([(0.0, warmup, False)] if warmup > 0 else []) + [
+        (lo, hi, True) for lo, hi in zip([warmup] + ends[:-1], ends, strict=True)
+    ]
+    for i, (lo, hi, keep) in enumerate(chunks):
+        total = None
+        for j in range(sub):
+            t_end = hi if j == sub - 1 else lo + (hi - lo) * (j + 1) / sub
+            states, stats = run(params, states, jnp.asarray(t_end, jnp.float64))
+            stats = jax.tree_util.tree_map(np.asarray, stats)
+            events += int(stats.events.sum())
+            total = stats if total is None else _add_stats(total, stats)
+            if progress:
+                _progress((i + (j + 1) / sub) / len(chunks), t_end, t1, events, start)
+        if keep:
+            per_batch.append(total)
     if progress:
         sys.stderr.write("\n")
         sys.stderr.flush()
@@ -329,7 +368,7 @@ def simulate(
         queue_ci, soj_ci = float(_half_width(queue_rb[0])), float(_half_width(soj_rb[0]))
 
     hist = sum(s.hist for s in per_batch).sum(axis=0)
-    percentiles = {q: _percentile(hist, q, log_lo, bin_scale) for q in (50, 90, 99)}
+    percentiles = {q: float(_percentile(hist, q, hist_lo)) for q in (50, 90, 99)}
     return SimulationResult(
         tails=tails_r.mean(axis=0),
         tails_ci=tails_ci,
@@ -354,9 +393,19 @@ def simulate(
     )
 
 
-def _percentile(hist: np.ndarray, q: float, log_lo: float, bin_scale: float) -> float:
-    """q-th percentile from the log-spaced histogram (bin 0: below the range, last bin: above), interpolated
-    geometrically inside its bin."""
+def _hist_key(x: float) -> int:
+    """Histogram key of x > 0: its float64 bits without the low mantissa bits (monotone in x)."""
+    return int(np.array(x, np.float64).view(np.int64)) >> (52 - core.HIST_SUB_BITS)
+
+
+def _hist_edge(key: int) -> float:
+    """Smallest float64 with histogram key `key`."""
+    return float(np.array(key << (52 - core.HIST_SUB_BITS), np.int64).view(np.float64))
+
+
+def _percentile(hist: np.ndarray, q: float, hist_lo: int) -> float:
+    """q-th percentile from the log-linear histogram (bin 0: below the range, last bin: above), interpolated
+    linearly inside its bin (relative bin width <= 2**-HIST_SUB_BITS)."""
     total = hist.sum()
     if total == 0:
         return math.nan
@@ -365,8 +414,9 @@ def _percentile(hist: np.ndarray, q: float, log_lo: float, bin_scale: float) -> 
     b = int(np.searchsorted(cum, target))
     n_bins = len(hist) - 2
     if b == 0:
-        return math.exp(log_lo)
+        return _hist_edge(hist_lo)
     if b == n_bins + 1:
-        return math.exp(log_lo + n_bins / bin_scale)
+        return _hist_edge(hist_lo + n_bins)
+    lo, hi = _hist_edge(hist_lo + b - 1), _hist_edge(hist_lo + b)
     frac = (target - cum[b - 1]) / hist[b]
-    return math.exp(log_lo + (b - 1 + frac) / bin_scale)
+    return lo + frac * (hi - lo)

@@ -1,0 +1,380 @@
+"""Tests of the finite-N simulator `jsmkt.simulate`.
+
+Statistical checks compare with exact results that share no code with the simulator (M/M/1, Pollaczek-Khinchine
+for M/G/1, the JSQ(d) closed form with an O(1/N) allowance, Little's law), written out here from their textbook
+forms. Tolerances are about 4 standard errors, with the standard error read off the reported 95 % half-width.
+No RNG stream is pinned: every check must hold for any key.
+"""
+
+import json
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+import scipy.stats
+
+import jsmkt
+from jsmkt._simulate import core
+from jsmkt._simulate.driver import _compiled, t_quantile_975
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _se(res, half_width):
+    """Standard error behind a reported 95 % half-width."""
+    dof = res.n_replications - 1 if res.ci_method == "replications" else res.n_batches - 1
+    return half_width / scipy.stats.t.ppf(0.975, dof)
+
+
+def _assert_close(res, estimate, half_width, exact, *, n_se=4.0, allowance=0.0, what=""):
+    se = _se(res, half_width)
+    assert np.isfinite(se) and se > 0, f"{what}: no standard error ({half_width!r})"
+    assert abs(estimate - exact) <= n_se * se + allowance, (
+        f"{what}: simulated {estimate:.6g} ± {half_width:.2g} (95 %), exact {exact:.6g}, "
+        f"|diff| = {abs(estimate - exact):.3g} > {n_se} SE ({n_se * se:.3g}) + allowance {allowance:.3g}"
+    )
+
+
+def _h2(mean, scv):
+    """Balanced-means H2 written out: probabilities and rates (independent of jsmkt's construction)."""
+    p1 = 0.5 * (1.0 + math.sqrt((scv - 1.0) / (scv + 1.0)))
+    return np.array([p1, 1.0 - p1]), np.array([2.0 * p1 / mean, 2.0 * (1.0 - p1) / mean])
+
+
+def _pk_sojourn(lam, m1, m2):
+    """Pollaczek-Khinchine: E[T] = E[S] + lam E[S^2] / (2 (1 - rho)) for M/G/1 FCFS."""
+    return m1 + lam * m2 / (2.0 * (1.0 - lam * m1))
+
+
+def _jsqd_exp(lam, d, kmax=60):
+    """JSQ(d) exponential mean field (mu = 1): s_k = lam^((d^k - 1)/(d - 1)), E[T] = sum_{i>=1} lam^((d^i-d)/(d-1))."""
+    tails = np.array([lam ** ((d**k - 1) / (d - 1)) for k in range(kmax)])
+    ET = sum(lam ** ((d**i - d) / (d - 1)) for i in range(1, kmax))
+    return tails, ET
+
+
+# --- exact results, fast ----------------------------------------------------------------------------------------
+
+
+def test_mm1(getkey):
+    """d = 1: N independent M/M/1 queues."""
+    lam = 0.7
+    res = jsmkt.simulate(jsmkt.JSQd(lam, d=1), 100, 3000.0, key=getkey())
+    rho = lam
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, rho / (1 - rho), what="E[Q]")
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, 1 / (1 - lam), what="E[T]")
+    for k in range(1, 6):
+        _assert_close(res, res.tails[k], res.tails_ci[k], rho**k, what=f"s_{k}")
+    assert res.tails[0] == pytest.approx(1.0, abs=1e-12)
+    # Sojourn time of M/M/1 FCFS is Exp(mu - lam): percentiles log(1/(1-p)) / (mu - lam).
+    for p, v in res.sojourn_time_percentiles.items():
+        exact = math.log(1.0 / (1.0 - p / 100.0)) / (1.0 - lam)
+        assert v == pytest.approx(exact, rel=0.06), (p, v, exact)
+
+
+def test_m_erlang_1_pollaczek_khinchine_and_phase_occupancy(getkey):
+    """d = 1, Erlang-2 service: PK formula; and the fraction of servers busy in phase i is lam * E[time in i]."""
+    lam = 0.6
+    res = jsmkt.simulate(jsmkt.JSQdPH(lam, jsmkt.erlang(2, 1.0), d=1), 100, 2000.0, key=getkey())
+    m1, m2 = 1.0, 1.5  # Erlang-2 with mean 1: E[S^2] = (1 + 1/2) E[S]^2
+    ET = _pk_sojourn(lam, m1, m2)
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, ET, what="E[T]")
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam * ET, what="E[Q]")
+    for i in range(2):
+        _assert_close(res, res.phase_tails[0, i], res.phase_tails_ci[0, i], lam * 0.5, what=f"S_1 phase {i}")
+
+
+def test_phase_occupancy_jsq2_h2(getkey):
+    """Any JSQ(d): a job spends E[S_i] = (alpha (-T)^-1)_i in phase i, so by Little's law the fraction of servers
+    in phase i is lam * E[S_i] (here H2: p_i / mu_i), whatever the queue lengths."""
+    lam = 0.85
+    p, mu = _h2(1.0, 4.0)
+    res = jsmkt.simulate(jsmkt.JSQdPH(lam, jsmkt.hyperexponential2(1.0, 4.0), d=2), 200, 600.0, key=getkey())
+    for i in range(2):
+        _assert_close(res, res.phase_tails[0, i], res.phase_tails_ci[0, i], lam * p[i] / mu[i], what=f"phase {i}")
+    # The phase tails add up to the tails.
+    np.testing.assert_allclose(res.phase_tails.sum(axis=1), res.tails[1:], rtol=1e-10, atol=1e-14)
+
+
+def test_md1_general_service(getkey):
+    """d = 1, deterministic service through the general-service engine: PK with E[S^2] = 1."""
+    lam = 0.5
+    res = jsmkt.simulate(jsmkt.JSQd(lam, d=1), 50, 2000.0, key=getkey(), service=jsmkt.deterministic(1.0))
+    ET = _pk_sojourn(lam, 1.0, 1.0)
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, ET, what="E[T]")
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam * ET, what="E[Q]")
+    assert res.phase_tails is None
+    # No job leaves before its service time 1; half of the jobs find the server idle (P(wait) = rho).
+    assert res.sojourn_time_percentiles[50] >= 1.0 - 1e-9
+    assert res.sojourn_time_percentiles[50] == pytest.approx(1.0, rel=0.05)
+
+
+def test_single_server_with_random_choice_is_mm1(getkey):
+    """N = 1: whatever the choice number, every job joins the one server, so this is M/M/1 exactly; this runs the
+    randomised-choice code path (D drawn per arrival from [0.3, 0.7])."""
+    lam = 0.6
+    model = jsmkt.JSQd(lam, d=jnp.array([0.3, 0.7]))
+    res = jsmkt.simulate(model, 1, 20000.0, key=getkey(), n_replications=4)
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, 1 / (1 - lam), what="E[T]")
+    _assert_close(res, res.tails[2], res.tails_ci[2], lam**2, what="s_2")
+
+
+def test_littles_law(getkey):
+    """The direct per-job mean sojourn time against the time-averaged queue length, L = lam T."""
+    lam = 0.9
+    res = jsmkt.simulate(jsmkt.JSQdPH(lam, jsmkt.hyperexponential2(1.0, 4.0), d=2), 300, 500.0, key=getkey())
+    L, T = res.mean_queue_length, res.mean_sojourn_time
+    tol = 4 * (_se(res, res.mean_queue_length_ci) + lam * _se(res, res.mean_sojourn_time_ci))
+    assert abs(L - lam * T) <= tol, (L, lam * T, tol)
+    # The two estimates are strongly correlated, so in practice they agree much more closely than that.
+    assert abs(L - lam * T) <= 0.02 * L
+
+
+def test_without_replacement_is_better_at_small_n(getkey):
+    """N = 3, d = 3: without replacement an arrival sees all three queues (JSQ); with replacement it sees fewer
+    distinct ones 7 times in 9, so its sojourn time is measurably longer (about 7 standard errors here)."""
+    model = jsmkt.JSQd(0.7, d=3)
+    key = getkey()
+    w = jsmkt.simulate(model, 3, 60000.0, key=key)
+    wo = jsmkt.simulate(model, 3, 60000.0, key=key, sampling="without_replacement")
+    se = math.hypot(_se(w, w.mean_sojourn_time_ci), _se(wo, wo.mean_sojourn_time_ci))
+    assert w.mean_sojourn_time - wo.mean_sojourn_time > 4 * se, (w, wo)
+
+
+# --- behaviour --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("service", [None, "lognormal"])
+def test_chunking_does_not_change_the_run(getkey, service):
+    """Batch boundaries only split the statistics: pending events keep their times and random numbers, so the
+    whole-run averages do not depend on n_batches (both engines)."""
+    svc = jsmkt.lognormal(1.0, 2.0) if service else None
+    kw = dict(key=getkey(), service=svc, n_replications=2)
+    a = jsmkt.simulate(jsmkt.JSQd(0.8, d=2), 40, 300.0, n_batches=5, **kw)
+    b = jsmkt.simulate(jsmkt.JSQd(0.8, d=2), 40, 300.0, n_batches=13, **kw)
+    assert a.events == b.events and a.n_jobs == b.n_jobs
+    np.testing.assert_allclose(a.tails, b.tails, rtol=1e-9, atol=1e-12)
+    assert a.mean_sojourn_time == pytest.approx(b.mean_sojourn_time, rel=1e-12)
+
+
+def test_reproducible_and_key_dependent(getkey, capsys):
+    model = jsmkt.JSQdPH(0.8, jsmkt.coxian2(1.0, 2.0), d=2)
+    key = getkey()
+    a = jsmkt.simulate(model, 20, 200.0, key=key)
+    b = jsmkt.simulate(model, 20, 200.0, key=key, progress=True)
+    c = jsmkt.simulate(model, 20, 200.0, key=getkey())
+    # progress=True runs each batch in sub-chunks: the same run, up to the rounding of the sums.
+    assert a.events == b.events and a.n_jobs == b.n_jobs
+    assert a.mean_sojourn_time == pytest.approx(b.mean_sojourn_time, rel=1e-12)
+    np.testing.assert_allclose(a.tails, b.tails, rtol=1e-10, atol=1e-14)
+    assert a.mean_sojourn_time != c.mean_sojourn_time
+    err = capsys.readouterr().err
+    assert "simulate [" in err and "100.0%" in err
+
+
+def test_result_fields_and_to_dict(getkey):
+    res = jsmkt.simulate(jsmkt.JSQdPH(0.7, jsmkt.erlang(3, 1.0), d=2), 30, 200.0, key=getkey(), warmup=50.0)
+    assert isinstance(res, jsmkt.SimulationResult)
+    assert res.tails.shape == (res.max_queue + 1,) and res.phase_tails.shape == (res.max_queue, 3)
+    assert np.all(np.diff(res.tails) <= 1e-15) and res.overflow == 0
+    assert res.events > res.n_jobs > 0 and res.ci_method == "batch_means"
+    d = res.to_dict()
+    json.dumps(d)
+    for key in ("mean_queue_length", "mean_queue_length_ci", "mean_sojourn_time", "mean_sojourn_time_ci", "tail",
+                "tail_ci", "sojourn_time_percentiles", "events", "n_servers", "t1", "warmup", "n_replications"):
+        assert key in d, key
+    assert set(d["sojourn_time_percentiles"]) == {"p50", "p90", "p99"}
+    assert d["tail"][0] == pytest.approx(1.0) and d["tail"][-1] > 0 and len(d["tail"]) == len(d["tail_ci"])
+    assert len(d["tail"]) < res.max_queue + 1  # trimmed where s_k is 0 for good
+    assert (d["n_servers"], d["t1"], d["warmup"], d["n_replications"]) == (30, 200.0, 50.0, 1)
+    p = res.sojourn_time_percentiles
+    assert 0 < p[50] < p[90] < p[99]
+
+
+def test_overflow_raises(getkey):
+    with pytest.raises(ValueError, match=r"max_queue=3 is too small.*raise max_queue"):
+        jsmkt.simulate(jsmkt.JSQd(0.95, d=1), 20, 300.0, key=getkey(), max_queue=3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(n_servers=0), r"n_servers=0 must be an integer >= 1"),
+        (dict(n_servers=2.5), r"n_servers=2.5 must be an integer"),
+        (dict(t1=-1.0), r"t1=-1.0 must be positive"),
+        (dict(t1=10.0, warmup=10.0), r"t1=10.0 must exceed warmup=10.0"),
+        (dict(warmup=-1.0), r"warmup=-1.0 must be >= 0"),
+        (dict(sampling="stratified"), r"sampling='stratified' is not one of"),
+        (dict(n_replications=0), r"n_replications=0 must be an integer >= 1"),
+        (dict(n_batches=1), r"n_batches=1 must be an integer >= 2"),
+        (dict(max_queue=0), r"max_queue=0 must be an integer >= 1"),
+        (dict(service="exp"), r"service='exp' must be a jsmkt.PH"),
+        (dict(key=3), r"key=3 is not a JAX PRNG key"),
+        (dict(model=jsmkt.JSQd(1.2, d=2)), r"lam=1.2 gives load 1.2 ≥ 1: the system is unstable"),
+        (dict(model=jsmkt.JSQd(0.6, d=2), service=jsmkt.deterministic(2.0)), r"lam=0.6 gives load 1.2 ≥ 1"),
+        (dict(n_servers=2, sampling="without_replacement"), r"d=3 exceeds n_servers=2"),
+        (dict(model="JSQd"), r"model='JSQd' must be a jsmkt.JSQd or jsmkt.JSQdPH"),
+        (dict(n_servers=10**6, max_queue=10**4), r"arrival-time slots .* exceed the limit"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    args = dict(model=jsmkt.JSQd(0.5, d=3), n_servers=10, t1=100.0, key=jr.PRNGKey(0))
+    args.update(kwargs)
+    model, n, t1 = args.pop("model"), args.pop("n_servers"), args.pop("t1")
+    with pytest.raises(ValueError, match=match):
+        jsmkt.simulate(model, n, t1, **args)
+
+
+def test_service_constructors():
+    with pytest.raises(ValueError, match=r"mean=-1.0 must be a positive"):
+        jsmkt.deterministic(-1.0)
+    with pytest.raises(ValueError, match=r"scv=0.0 must be positive"):
+        jsmkt.lognormal(1.0, 0.0)
+    with pytest.raises(ValueError, match=r"must be a function"):
+        jsmkt.GeneralService(1.0, mean=1.0)
+    S = jsmkt.lognormal(2.0, 0.5)
+    x = jax.vmap(S.sample)(jr.split(jr.PRNGKey(0), 200_000))
+    assert float(jnp.mean(x)) == pytest.approx(2.0, rel=0.01)
+    assert float(jnp.var(x) / jnp.mean(x) ** 2) == pytest.approx(0.5, rel=0.05)
+
+
+def test_student_t_quantiles():
+    for nu in (1, 2, 3, 5, 10, 29, 30, 101):
+        assert t_quantile_975(nu) == pytest.approx(scipy.stats.t.ppf(0.975, nu), rel=1e-9)
+
+
+def test_event_loop_does_not_copy_buffers():
+    """Performance guard: XLA must update the per-server arrays in place. A copy of a server-sized or
+    ring-buffer-sized array inside the loop costs O(N) per iteration (it made the loop 10x slower once)."""
+    for sampler in (None, jsmkt.deterministic(1.0).sampler):
+        cfg = core.Config(n=97, max_queue=13, m=1 if sampler else 2, max_d=2, fixed_d=True, replace=True, block=16,
+                          n_bins=64, sampler=sampler)
+        params = core.Params(lam=jnp.asarray(0.5), alpha=jnp.ones(cfg.m) / cfg.m, T=-jnp.eye(cfg.m),
+                             weights=jnp.array([0.0, 1.0]), hist_lo=jnp.asarray(0, jnp.int64))
+        init, run = _compiled(cfg)
+        states = init(params, jr.split(jr.PRNGKey(0), 3))
+        hlo = run.lower(params, states, jnp.asarray(1.0)).compile().as_text()
+        big = [line for line in hlo.splitlines() if re.search(rf"\[(3,)?({97 * 13}|97)\]\S* copy\(", line)]
+        # One copy of each donated input at entry is fine; none may sit in a loop body.
+        bodies = re.split(r"\n(?=%\S+ )|\nENTRY", hlo)
+        in_loops = [b for b in bodies if ("while" in b.split("\n", 1)[0] or "region" in b.split("\n", 1)[0])]
+        loop_copies = [line for b in in_loops for line in b.splitlines() if line in big]
+        assert not loop_copies, loop_copies
+
+
+# --- long statistical checks ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [2, 3])
+def test_jsqd_closed_form_n1000(getkey, d):
+    """JSQ(d), exponential, N = 1000: tails and E[T] against the mean-field closed form, within 4 SE plus an
+    O(1/N) allowance (3/N on the fractions s_k, 5/N relative on E[T]; the finite-N bias measured at N = 1000 is
+    about 1.5/N and 1.3/N)."""
+    lam, N = 0.9, 1000
+    tails, ET = _jsqd_exp(lam, d)
+    for _ in range(2):
+        res = jsmkt.simulate(jsmkt.JSQd(lam, d=d), N, 1500.0, key=getkey(), n_replications=6)
+        _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, ET, allowance=5 / N * ET, what="E[T]")
+        for k in range(1, 6):
+            _assert_close(res, res.tails[k], res.tails_ci[k], tails[k], allowance=3 / N, what=f"s_{k}")
+
+
+@pytest.mark.slow
+def test_randomised_choice_n1000(getkey):
+    """D = 1 or 2 with probability 1/2 (d = 1.5): the mean-field fixed point with pgf g(s) = (s + s^2)/2 satisfies
+    s_k = lam g(s_{k-1}), s_0 = 1 (flow balance across the cut between k-1 and k jobs, mu = 1)."""
+    lam, N = 0.9, 1000
+    s = [1.0]
+    for _ in range(80):
+        s.append(lam * 0.5 * (s[-1] + s[-1] ** 2))
+    EQ = sum(s[1:])
+    res = jsmkt.simulate(jsmkt.JSQd(lam, d=1.5), N, 1500.0, key=getkey(), n_replications=6)
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, EQ, allowance=5 / N * EQ, what="E[Q]")
+    for k in range(1, 6):
+        _assert_close(res, res.tails[k], res.tails_ci[k], s[k], allowance=3 / N, what=f"s_{k}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scv", [2.0, 4.0])
+def test_m_h2_1_pollaczek_khinchine(getkey, scv):
+    """d = 1, H2 service. With heavy-tailed sojourn times the replication means are skewed (rare long busy
+    periods), so a few replications understate the spread: use 8 long ones."""
+    lam = 0.5
+    p, mu = _h2(1.0, scv)
+    m1, m2 = float(np.sum(p / mu)), float(np.sum(2 * p / mu**2))
+    assert m2 == pytest.approx(1.0 + scv)
+    ET = _pk_sojourn(lam, m1, m2)
+    res = jsmkt.simulate(jsmkt.JSQdPH(lam, jsmkt.hyperexponential2(1.0, scv), d=1), 200, 15000.0,
+                         key=getkey(), n_replications=8)
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, ET, what="E[T]")
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam * ET, what="E[Q]")
+
+
+@pytest.mark.slow
+def test_mm1_long(getkey):
+    lam = 0.8
+    for _ in range(3):
+        res = jsmkt.simulate(jsmkt.JSQd(lam, d=1), 500, 4000.0, key=getkey())
+        _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, 1 / (1 - lam), what="E[T]")
+        for k in range(1, 10):
+            _assert_close(res, res.tails[k], res.tails_ci[k], lam**k, what=f"s_{k}")
+        # Percentiles of correlated sojourn times: about twice the relative error of the mean (~1 %) and more at 99.
+        for p, v in res.sojourn_time_percentiles.items():
+            exact = math.log(1.0 / (1.0 - p / 100.0)) / (1.0 - lam)
+            assert v == pytest.approx(exact, rel=0.05 if p == 99 else 0.03), (p, v, exact)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scv", [0.5, 2.0])
+def test_m_lognormal_1_pollaczek_khinchine(getkey, scv):
+    """d = 1, lognormal service through the general-service engine (subexponential: long queues are rarer than
+    with exponential tails but not negligible, hence the generous max_queue)."""
+    lam = 0.6
+    ET = _pk_sojourn(lam, 1.0, 1.0 + scv)
+    res = jsmkt.simulate(jsmkt.JSQd(lam, d=1), 100, 10000.0, key=getkey(), n_replications=8,
+                         service=jsmkt.lognormal(1.0, scv), max_queue=1000)
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, ET, what="E[T]")
+
+
+@pytest.mark.slow
+def test_engines_agree_on_jsq2(getkey):
+    """The same physical system through both engines: exponential service as a PH (uniformisation) and as a
+    general sampler (completion times). No closed form at N = 20; the two estimates must agree."""
+    model = jsmkt.JSQd(0.9, d=2)
+    expo = jsmkt.GeneralService(lambda k: jr.exponential(k, dtype=float), mean=1.0)
+    a = jsmkt.simulate(model, 20, 20000.0, key=getkey(), n_replications=4)
+    b = jsmkt.simulate(model, 20, 20000.0, key=getkey(), n_replications=4, service=expo)
+    se = math.hypot(_se(a, a.mean_sojourn_time_ci), _se(b, b.mean_sojourn_time_ci))
+    assert abs(a.mean_sojourn_time - b.mean_sojourn_time) <= 4 * se
+    for k in range(1, 5):
+        se = math.hypot(_se(a, a.tails_ci[k]), _se(b, b.tails_ci[k]))
+        assert abs(a.tails[k] - b.tails[k]) <= 4 * se, k
+
+
+@pytest.mark.slow
+def test_replacement_n10_differs_n1000_agrees(getkey):
+    """N = 10, d = 2: without replacement is strictly better (an arrival never wastes its second sample on the
+    same server); at N = 1000 the two agree within the statistical error and the O(1/N) allowance.
+
+    At N = 10 the pairs of runs share their keys (common random numbers: the same arrival and service events), so
+    the paired differences of independent pairs give a much sharper test than two independent estimates."""
+    model = jsmkt.JSQd(0.9, d=2)
+    diffs = []
+    for _ in range(6):
+        key = getkey()
+        w = jsmkt.simulate(model, 10, 30000.0, key=key)
+        wo = jsmkt.simulate(model, 10, 30000.0, key=key, sampling="without_replacement")
+        diffs.append(w.mean_sojourn_time - wo.mean_sojourn_time)
+    mean, se = np.mean(diffs), np.std(diffs, ddof=1) / math.sqrt(len(diffs))
+    assert mean > 4 * se, diffs
+    key = getkey()
+    w = jsmkt.simulate(model, 1000, 1000.0, key=key, n_replications=4)
+    wo = jsmkt.simulate(model, 1000, 1000.0, key=key, n_replications=4, sampling="without_replacement")
+    se = math.hypot(_se(w, w.mean_sojourn_time_ci), _se(wo, wo.mean_sojourn_time_ci))
+    assert abs(w.mean_sojourn_time - wo.mean_sojourn_time) <= 4 * se + 5 / 1000 * w.mean_sojourn_time
