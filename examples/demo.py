@@ -26,8 +26,8 @@ from jsmkt.plotting import plot_tails  # noqa: E402
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="out")
-    parser.add_argument("--servers", type=int, default=500)
-    parser.add_argument("--time", type=float, default=2000.0)
+    parser.add_argument("--servers", type=int, default=1000)
+    parser.add_argument("--time", type=float, default=3000.0)
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -40,7 +40,7 @@ def main():
         s_exact = np.asarray(jsmkt.tails(model, fp))
         s_pub = np.concatenate([[1.0], np.asarray(jsmkt.published.ph_fixed_point(lam, service, d, model.K)).sum(1)])
         t0 = time.perf_counter()
-        sim = jsmkt.simulate(model, args.servers, args.time, key=jr.PRNGKey(0), n_replications=4)
+        sim = jsmkt.simulate(model, args.servers, args.time, key=jr.PRNGKey(0), n_replications=8)
         t_sim = time.perf_counter() - t0
 
         # Sensitivities through the fixed point (implicit differentiation).
