@@ -95,3 +95,29 @@ def test_console_script_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "jsmkt.cli", "solve", str(tmp_path / "missing.toml")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_simulate_json_keys_and_agreement(tmp_path, capsys):
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.5\nd = 1\n')  # M/M/1: E[T] = 2, s_k = 0.5^k
+    code, out, err = run(["simulate", str(spec), "--servers", "50", "--time", "400", "--replications", "4",
+                          "--seed", "3", "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    for key in ("mean_queue_length", "mean_sojourn_time", "mean_sojourn_time_ci", "tail", "events",
+                "sojourn_time_percentiles"):
+        assert key in res
+    assert res["events"] > 10_000
+    assert abs(res["mean_sojourn_time"] - 2.0) < 5 * res["mean_sojourn_time_ci"] + 0.02
+    assert abs(res["tail"][1] - 0.5) < 0.03
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--servers", "0", "--time", "10"], "--servers=0 must be >= 1"),
+    (["--servers", "10", "--time", "-1"], "--time=-1.0 must be a positive"),
+])
+def test_simulate_bad_arguments(tmp_path, capsys, args, needle):
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.5\n')
+    code, _, err = run(["simulate", str(spec), *args], capsys)
+    assert code == 2 and needle in err
