@@ -1,0 +1,129 @@
+"""Smoke tests of the experiment scripts (`experiments/`): they run, write what they promise, and say something sane.
+
+The full `--quick` verification run takes about a minute on two cores and is marked slow; a two-case version of it
+runs in the default suite.
+"""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def _load(folder: str, script: str):
+    """Import `experiments/<folder>/<script>.py` as a fresh module (the scripts are not a package)."""
+    path = EXPERIMENTS / folder / f"{script}.py"
+    spec = importlib.util.spec_from_file_location(f"_exp_{folder}_{script}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_metadata(meta: dict, quick: bool = True):
+    assert meta["quick"] is quick
+    assert meta["parameters"]
+    assert meta["git_sha"] is None or len(meta["git_sha"]) == 40
+    assert len(meta["jsmkt_source_sha256"]) == 64
+    for pkg in ("python", "jax", "jsmkt", "numpy"):
+        assert meta["versions"][pkg]
+    assert meta["date_utc"]
+    assert meta["runtime"]["wall_s"] > 0
+
+
+def _read_rows(out: Path):
+    import csv
+
+    with (out / "verification.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def _verification_checks(out: Path, services: set[str], lams: set[float]):
+    for name in ("verification.csv", "verification.json", "summary.md", "verification.pdf", "verification.png"):
+        assert (out / name).stat().st_size > 0, name
+    data = json.loads((out / "verification.json").read_text())
+    _check_metadata(data["metadata"])
+    rows = _read_rows(out)
+    methods = {"simulation", "exact", "published_closed_form", "published_ode"}
+    assert {r["method"] for r in rows} == methods
+    assert {r["service"] for r in rows} == services
+    assert {float(r["lam"]) for r in rows} == lams
+    assert len(rows) == len(methods) * len(data["cases"])
+    sims = {(r["d"], r["lam"], r["service"]): r for r in rows if r["method"] == "simulation"}
+    for r in rows:
+        if r["method"] == "simulation":
+            ci_rel = float(r["ET_ci_rel"])
+            assert 0 < ci_rel < 0.1
+            assert int(r["n_replications"]) >= 4
+            # s_1 = lam E[S] = lam (work conservation); Little's law holds inside the simulation
+            assert abs(float(r["s1"]) - float(r["lam"])) < 0.02
+            assert abs(float(r["little_gap"])) < 0.02
+            continue
+        err = float(r["relerr_ET"])
+        assert math.isfinite(err)
+        if r["method"] == "exact":
+            # loose: the exact mean field is within a few % of N = 1000 (both the O(1/N) bias and the short runs)
+            sim = sims[(r["d"], r["lam"], r["service"])]
+            assert abs(err) < max(0.05, 3 * float(sim["ET_ci_rel"])), r
+            for k in (1, 2):
+                e = r[f"relerr_s{k}"]
+                if e:
+                    assert abs(float(e)) < 0.1, (k, r)
+    # For exponential service the published forms are the classic closed form: all three methods agree.
+    for r in rows:
+        if r["service"] == "exponential" and r["method"] != "simulation":
+            ex = next(
+                q for q in rows
+                if q["method"] == "exact" and (q["d"], q["lam"], q["service"]) == (r["d"], r["lam"], r["service"])
+            )
+            assert float(r["ET"]) == pytest.approx(float(ex["ET"]), rel=1e-8)
+    # ...and for the other services they are far off at lam = 0.9 (this is what the study shows).
+    for r in rows:
+        if r["service"] == "hyperexp2" and r["method"].startswith("published") and float(r["lam"]) == 0.9:
+            assert float(r["relerr_ET"]) < -0.2
+
+
+def test_verification_two_cases(tmp_path):
+    compute, plot = _load("verification", "compute"), _load("verification", "plot")
+    argv = ["--quick", "--out", str(tmp_path), "--lams", "0.8", "--services", "exponential", "erlang2"]
+    compute.main(argv)
+    plot.main(["--quick", "--out", str(tmp_path)])
+    _verification_checks(tmp_path, {"exponential", "erlang2"}, {0.8})
+
+
+@pytest.mark.slow
+def test_verification_quick(tmp_path):
+    compute, plot = _load("verification", "compute"), _load("verification", "plot")
+    compute.main(["--quick", "--out", str(tmp_path)])
+    plot.main(["--quick", "--out", str(tmp_path)])
+    _verification_checks(tmp_path, set(compute.SERVICES), set(compute.QUICK["lams"]))
+
+
+def test_mitzenmacher_quick(tmp_path):
+    compute = _load("mitzenmacher_table", "compute")
+    compute.main(["--quick", "--out", str(tmp_path)])
+    for name in ("mitzenmacher.csv", "mitzenmacher.json", "table.md"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "mitzenmacher.json").read_text())
+    _check_metadata(data["metadata"])
+    rows = data["rows"]
+    assert len(rows) == 18  # d in {2, 3, 5} x six arrival rates
+    for r in rows:
+        # the mean-field column is the closed form sum_{i>=1} lam^((d^i - d)/(d - 1))
+        assert abs(r["mean_field"] - r["closed_form"]) <= 1e-10, r
+        assert abs(r["published_formula"] - r["closed_form"]) <= 1e-10, r
+    # the d = 2 prediction column to four decimals
+    pred = {r["lam"]: r["mean_field"] for r in rows if r["d"] == 2}
+    for lam, v in {0.5: 1.2657, 0.7: 1.6145, 0.8: 1.9474, 0.9: 2.6141, 0.95: 3.3830, 0.99: 5.4320}.items():
+        assert pred[lam] == pytest.approx(v, abs=6e-5)
+    simulated = [r for r in rows if "sim_100" in r]
+    assert simulated
+    for r in simulated:
+        for n in (100, 500):
+            # loose: finite n makes E[T] a little larger than the prediction; short runs
+            assert abs(r[f"sim_{n}"] / r["mean_field"] - 1) < 0.1, (n, r)
+            assert 0 < r[f"sim_{n}_ci"] < 0.1 * r[f"sim_{n}"]
