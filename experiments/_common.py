@@ -208,30 +208,11 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
 # --- statistics -------------------------------------------------------------------------------------------------
 
 
-def _t_cdf_two_sided(t: float, nu: int) -> float:
-    """P(|T| <= t), Student's t with `nu` degrees of freedom (exact finite series, Abramowitz & Stegun 26.7.3-4)."""
-    theta = math.atan(t / math.sqrt(nu))
-    s, c2 = math.sin(theta), math.cos(theta) ** 2
-    if nu % 2 == 1:
-        total, term = (1.0 if nu > 1 else 0.0), 1.0
-        for j in range(1, (nu - 3) // 2 + 1):
-            term *= c2 * (2 * j) / (2 * j + 1)
-            total += term
-        return 2.0 / math.pi * (theta + s * math.cos(theta) * total)
-    total, term = 1.0, 1.0
-    for j in range(1, (nu - 2) // 2 + 1):
-        term *= c2 * (2 * j - 1) / (2 * j)
-        total += term
-    return s * total
-
-
 def t975(nu: int) -> float:
-    """97.5 % quantile of Student's t with `nu >= 1` degrees of freedom (95 % two-sided)."""
-    lo, hi = 0.0, 100.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if _t_cdf_two_sided(mid, nu) < 0.95 else (lo, mid)
-    return 0.5 * (lo + hi)
+    """97.5 % quantile of Student's t with `nu >= 1` degrees of freedom (95 % two-sided); the simulator's own."""
+    from jsmkt._simulate.driver import t_quantile_975
+
+    return t_quantile_975(nu)
 
 
 class Pool:
