@@ -6,7 +6,6 @@ point), passing the model as `args` so that `optx.ImplicitAdjoint` differentiate
 a gradient costs one extra linear solve with the Jacobian at the root.
 """
 
-from typing import Any
 
 import equinox as eqx
 import jax
@@ -148,8 +147,3 @@ def _message(result) -> str:
         return RESULTS[result]
     except Exception:
         return str(result)
-
-
-def fixed_point_value(model: AbstractSupermarketModel, **kwargs: Any) -> PyTree[Array]:
-    """Shorthand for `solve_fixed_point(model, **kwargs).value`."""
-    return solve_fixed_point(model, **kwargs).value
