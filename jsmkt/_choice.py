@@ -68,6 +68,11 @@ class AbstractChoice(eqx.Module):
         w = self.weights()
         return jnp.arange(1, self.max_d + 1, dtype=w.dtype) @ w
 
+    @property
+    def number(self):
+        """The choice number: the integer `d` of a fixed choice, else the mean `E[D]`."""
+        return self.mean
+
     def value_errors(self) -> list[tuple[Array, str]]:
         """Value checks for the entry points: list of `(bad, message)`."""
         return []
@@ -99,6 +104,10 @@ class FixedChoice(AbstractChoice):
     @property
     def mean(self) -> Array:
         return jnp.asarray(float(self.d))
+
+    @property
+    def number(self) -> int:
+        return self.d
 
 
 class MixedChoice(AbstractChoice):

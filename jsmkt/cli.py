@@ -21,8 +21,8 @@ from ._spec import SpecError, load_spec, model_from_spec, service_from_spec
 def _describe(model) -> str:
     from ._models.jsqd_ph import JSQdPH
 
-    d = model.choice
-    dtxt = str(d.d) if isinstance(getattr(d, "d", None), int) else f"{float(d.mean):.6g} (randomised, E[D])"
+    d = model.choice.number
+    dtxt = str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
     base = f"lam = {float(model.lam):.6g}   d = {dtxt}   K = {model.K}   load rho = {float(model.load()):.6g}"
     if isinstance(model, JSQdPH):
         s = model.service

@@ -73,7 +73,7 @@ class JSQd(AbstractSupermarketModel):
     @property
     def d(self):
         """Mean choice number E[D] (the integer d for a fixed choice)."""
-        return self.choice.d if hasattr(self.choice, "d") and isinstance(self.choice.d, int) else self.choice.mean
+        return self.choice.number
 
     @property
     def arrival_rate(self) -> Array:
