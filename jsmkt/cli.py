@@ -10,6 +10,7 @@ Bad specifications give one error line on stderr and exit code 2.
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -251,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).strip().splitlines()
         print(f"jsmkt: failed: {msg[0] if msg else type(e).__name__}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) closed the pipe: stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
