@@ -33,6 +33,8 @@ from ._models.base import AbstractSupermarketModel as AbstractSupermarketModel
 from ._models.base import TransitionClass as TransitionClass
 from ._models.jsqd import JSQd as JSQd
 from ._models.jsqd_ph import JSQdPH as JSQdPH
+from ._refined import RefinedMeanField as RefinedMeanField
+from ._refined import refined_mean_field as refined_mean_field
 from ._simulate import GeneralService as GeneralService
 from ._simulate import SimulationResult as SimulationResult
 from ._simulate import deterministic as deterministic

@@ -1,0 +1,171 @@
+r"""Refined mean field: the $1/N$ correction of the fixed point (Gast & Van Houdt, *A Refined Mean Field
+Approximation*, 2017), computed from the model contract by automatic differentiation.
+
+With $N$ servers the reduced state $Y^N$ (tails $S_k$, per phase where relevant) of a model whose transition
+rates are exactly $N\beta_c(x)$ (true for sampling with replacement) satisfies, in steady state,
+
+$$E[\varphi(Y^N)] = \varphi(y^*) + \frac1N\Big(D\varphi\,V + \tfrac12\,D^2\varphi : W\Big) + o(1/N),
+\qquad N\,\mathrm{Cov}(Y^N) \to W,$$
+
+for smooth $\varphi$, where $y^*$ is the fixed point, $A = Df(y^*)$ the Jacobian of the drift,
+$Q = \sum_{\text{jumps}} \beta\,\ell\ell^\top$ the jump covariance of the transitions at $y^*$ (`transitions`, one
+server moving from `source` to `target`, jump $\ell$ = `reduce`$(e_{\text{target}} - e_{\text{source}})$),
+
+$$A W + W A^\top + Q = 0 \qquad\text{and}\qquad A V = -\tfrac12\, D^2 f : W.$$
+
+`W` is the covariance of the central limit theorem (linear noise approximation); `V` is the bias of the mean. The
+Lyapunov equation is solved by Smith's doubling iteration on its Cayley transform (pure JAX, so everything here
+is differentiable and vmappable); second derivatives enter only contracted with `W`, by nested forward-mode products (no Hessian tensor).
+"""
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, Float, PyTree
+
+from ._models.base import AbstractSupermarketModel
+from ._solution import FixedPoint
+
+
+_SMITH_STEPS = 40  # doublings: sums 2**40 terms of the Stein series (contraction factor up to 1 - 2e-11 resolved)
+
+
+def _check_n(n_servers: Any) -> Any:
+    if isinstance(n_servers, (int, float)) and not isinstance(n_servers, bool):
+        if not (n_servers >= 1 and math.isfinite(n_servers)):
+            raise ValueError(f"n_servers={n_servers!r} must be a number of servers >= 1")
+    return n_servers
+
+
+def lyapunov(A: Float[Array, "n n"], Q: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    r"""Solve $A W + W A^\top + Q = 0$ for a stable $A$ (every eigenvalue in the open left half-plane).
+
+    Cayley transform with shift $c > 0$: $W = S W S^\top + R$, $S = (A - cI)^{-1}(A + cI)$,
+    $R = 2c\,(A - cI)^{-1} Q (A - cI)^{-\top}$, whose series $\sum_j S^j R S^{j\top}$ is summed by doubling.
+    $c$ is the geometric mean of estimates of the largest and smallest eigenvalue moduli of $A$."""
+    n = A.shape[0]
+    eye = jnp.eye(n, dtype=A.dtype)
+    big = jnp.max(jnp.sum(jnp.abs(A), axis=1))
+    small = 1.0 / jnp.max(jnp.sum(jnp.abs(jnp.linalg.inv(A)), axis=1))
+    c = jnp.sqrt(big * small)
+    lu = jax.scipy.linalg.lu_factor(A - c * eye)
+    S = jax.scipy.linalg.lu_solve(lu, A + c * eye)
+    M = jax.scipy.linalg.lu_solve(lu, Q)
+    R = 2.0 * c * jax.scipy.linalg.lu_solve(lu, M.T).T
+    R = 0.5 * (R + R.T)
+
+    def step(_, carry):
+        W, S = carry
+        return W + S @ W @ S.T, S @ S
+
+    W, S = jax.lax.fori_loop(0, _SMITH_STEPS, step, (R, S))
+    return 0.5 * (W + W.T)
+
+
+def _jump_covariance(model: AbstractSupermarketModel, y: PyTree[Array]) -> Float[Array, "n n"]:
+    """$Q = \\sum_c \\sum_s x_s r_c(s)\\, \\ell\\ell^\\top$ in flattened reduced coordinates."""
+    x = model.occupancy(y)
+    reduce_flat = lambda x: ravel_pytree(model.reduce(x))[0]  # noqa: E731
+    Rm = jax.jacfwd(reduce_flat)(x)  # (n_reduced, n_states); reduce is linear
+    Q = jnp.zeros((Rm.shape[0], Rm.shape[0]), x.dtype)
+    for tc in model.transitions(x):
+        L = Rm[:, tc.target] - Rm[:, tc.source]  # (n, jumps)
+        w = tc.rate * x[tc.source]
+        Q = Q + (L * w[None, :]) @ L.T
+    return Q
+
+
+def _contract_hessian(fn: Callable, z: Float[Array, " n"], W: Float[Array, "n n"]) -> Array:
+    r"""$D^2 f(z) : W = \sum_{kl} W_{kl}\, \partial_k \partial_l f(z)$ (any output shape), as
+    $\sum_l \partial_l\,[Df(z)\, W e_l]$: $n$ nested forward-mode products, no Hessian tensor."""
+    eye = jnp.eye(z.shape[0], dtype=z.dtype)
+
+    def column(w, e):
+        return jax.jvp(lambda u: jax.jvp(fn, (u,), (w,))[1], (z,), (e,))[1]
+
+    return jnp.sum(jax.vmap(column, in_axes=(1, 1), out_axes=-1)(W, eye), axis=-1)
+
+
+class RefinedMeanField(eqx.Module):
+    r"""Refined mean field of a model at its fixed point: $E[Y^N] = y^* + V/N + o(1/N)$ and
+    $N\,\mathrm{Cov}(Y^N) \to W$.
+
+    **Attributes:**
+
+    - `value`: $y^*$, the mean-field fixed point (reduced state).
+    - `correction`: $V$, the $1/N$ coefficient of the mean, same structure as `value`.
+    - `covariance`: $W$, the limit of $N\,\mathrm{Cov}(Y^N)$ on the flattened reduced state, shape `(n, n)`.
+    - `model`: the model.
+
+    Valid for finite-N rates that are exactly $N$ times the mean-field rates, as for sampling *with* replacement
+    (`jsmkt.simulate`'s default); sampling without replacement changes the rates at order $1/N$ and hence $V$.
+    """
+
+    value: PyTree[Array]
+    correction: PyTree[Array]
+    covariance: Float[Array, "n n"]
+    model: AbstractSupermarketModel
+
+    def state(self, n_servers) -> PyTree[Array]:
+        """$y^* + V/N$: the expected reduced state with `n_servers` servers, to order $1/N$. Linear metrics
+        (`tails`, `mean_queue_length`) of this state are their refined values; for other metrics use
+        `expectation`."""
+        n = _check_n(n_servers)
+        return jax.tree_util.tree_map(lambda a, b: a + b / n, self.value, self.correction)
+
+    def expectation(self, fn: Callable[[PyTree[Array]], Array], n_servers) -> Array:
+        r"""$E[\varphi(Y^N)]$ to order $1/N$: $\varphi(y^*) + (D\varphi\,V + \frac12 D^2\varphi : W)/N$ for a
+        smooth `fn` $= \varphi$ of the reduced state (scalar or array valued), e.g.
+        `lambda y: jsmkt.prob_wait(model, y)`."""
+        n = _check_n(n_servers)
+        flat, unravel = ravel_pytree(self.value)
+        phi = lambda z: fn(unravel(z))  # noqa: E731
+        v, _ = ravel_pytree(self.correction)
+        f0, dV = jax.jvp(phi, (flat,), (v,))
+        return f0 + (dV + 0.5 * _contract_hessian(phi, flat, self.covariance)) / n
+
+    def std(self, fn: Callable[[PyTree[Array]], Array], n_servers) -> Array:
+        r"""Standard deviation of $\varphi(Y^N)$ in steady state to leading order,
+        $\sqrt{D\varphi\, W\, D\varphi^\top / N}$ (scalar-valued `fn`): the spread of the time-varying occupancy
+        around its mean, not a confidence interval."""
+        n = _check_n(n_servers)
+        flat, unravel = ravel_pytree(self.value)
+        g = jax.grad(lambda z: fn(unravel(z)))(flat)
+        return jnp.sqrt(jnp.maximum(g @ self.covariance @ g, 0.0) / n)
+
+
+def refined_mean_field(fixed_point: FixedPoint) -> RefinedMeanField:
+    r"""The refined mean field (the $1/N$ expansion of the steady state) at a solved fixed point.
+
+    **Arguments:**
+
+    - `fixed_point`: from `jsmkt.solve_fixed_point` (its `model` is used).
+
+    **Returns:** a `RefinedMeanField`; e.g. `jsmkt.tails(model, rmf.state(100))` are the expected tails with 100
+    servers to order $1/N$, and `rmf.expectation(fn, 100)` the expectation of any smooth function of the state.
+
+    Differentiable with respect to the model's parameters (through the fixed point's implicit adjoint), jittable and
+    vmappable. Cost: a few dense $n \times n$ factorisations and $n$ second directional derivatives of the drift,
+    $n$ = size of the reduced state ($K m$).
+    """
+    if not isinstance(fixed_point, FixedPoint):
+        raise TypeError(
+            f"fixed_point must be a jsmkt.FixedPoint (from jsmkt.solve_fixed_point), got {type(fixed_point).__name__}"
+        )
+    return _refine(fixed_point.model, fixed_point.value)
+
+
+@eqx.filter_jit
+def _refine(model: AbstractSupermarketModel, y: PyTree[Array]) -> RefinedMeanField:
+    flat, unravel = ravel_pytree(y)
+    f = lambda z: ravel_pytree(model.vector_field(None, unravel(z)))[0]  # noqa: E731
+    A = jax.jacfwd(f)(flat)
+    Q = _jump_covariance(model, y)
+    W = lyapunov(A, Q)
+    V = jnp.linalg.solve(A, -0.5 * _contract_hessian(f, flat, W))
+    return RefinedMeanField(value=y, correction=unravel(V), covariance=W, model=model)
