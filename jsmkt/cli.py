@@ -1,7 +1,7 @@
 """`jsmkt` console script: a thin shell over the public API.
 
 ```
-jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--auto-K]
+jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--auto-K] [--servers N]
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
 ```
 Bad specifications give one error line on stderr and exit code 2.
@@ -38,7 +38,7 @@ def _trim(tails: np.ndarray, floor: float = 1e-300) -> list[float]:
     return [float(x) for x in tails[:n]]
 
 
-def _solve_exact(model, auto_K: bool) -> dict[str, Any]:
+def _solve_exact(model, auto_K: bool, servers: int | None = None) -> dict[str, Any]:
     import jsmkt
 
     fp = jsmkt.solve_fixed_point(model, auto_K=auto_K)
@@ -64,7 +64,33 @@ def _solve_exact(model, auto_K: bool) -> dict[str, Any]:
     if hasattr(model, "phase_tails"):
         P = np.asarray(jsmkt.phase_tails(model, fp))
         out["phase_tails"] = [[float(v) for v in row] for row in P[: max(len(out["tail"]) - 1, 0)]]
+    if servers is not None:
+        out["refined"] = _refined(model, fp, servers, len(out["tail"]))
     return out
+
+
+def _refined(model, fp, n: int, n_tail: int) -> dict[str, Any]:
+    """The 1/N-refined mean field with `n` servers (expected values to order 1/N)."""
+    import jsmkt
+
+    rmf = jsmkt.refined_mean_field(fp)
+    y = rmf.state(n)
+    s = np.asarray(jsmkt.tails(model, y))
+    EQ = float(jsmkt.mean_queue_length(model, y))
+    return {
+        "n_servers": n,
+        "mean_queue_length": EQ,
+        "mean_sojourn_time": EQ / float(model.lam),
+        "prob_wait": float(rmf.expectation(lambda y: jsmkt.prob_wait(model, y), n)),
+        "utilisation": float(s[1]),
+        "tail": [float(x) for x in s[:n_tail]],
+        "tail_correction": [float(x) for x in np.asarray(jsmkt.tails(model, rmf.correction))[1:n_tail]],
+        "tail_std": [float(rmf.std(lambda y, k=k: jsmkt.tails(model, y)[k], n)) for k in range(1, n_tail)],
+        # A relative correction beyond 30 % means N is too small for the expansion at this k.
+        "tail_in_range": [bool(abs(c) / n <= 0.3 * m) for c, m in
+                          zip(np.asarray(jsmkt.tails(model, rmf.correction))[1:n_tail], np.asarray(
+                              jsmkt.tails(model, fp))[1:n_tail], strict=True)],
+    }
 
 
 def _solve_published(model) -> dict[str, Any]:
@@ -162,15 +188,43 @@ def _plot(out: dict[str, Any], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def _print_refined(r: dict[str, Any]) -> None:
+    n = r["n_servers"]
+    print(f"\nrefined mean field, N = {n} servers (expected values to order 1/N; sd = spread of the occupancy)")
+    print(f"  {'mean queue length E[Q]':<26} {r['mean_queue_length']:.10g}")
+    print(f"  {'mean sojourn time E[T]':<26} {r['mean_sojourn_time']:.10g}")
+    print(f"  {'P(arrival waits)':<26} {r['prob_wait']:.10g}")
+    print()
+    print("   k   s_k (N servers)       1/N coefficient     sd of s_k")
+    flagged = False
+    for k in range(1, len(r["tail"])):
+        if r["tail"][k] < 1e-16:
+            break
+        mark = "" if r["tail_in_range"][k - 1] else "  !"
+        flagged |= bool(mark)
+        print(f"  {k:>2}   {r['tail'][k]:<20.12e}  {r['tail_correction'][k - 1]:<+18.10e}  "
+              f"{r['tail_std'][k - 1]:.3e}{mark}")
+    if flagged:
+        print("  ! the 1/N term exceeds 30% of the mean-field s_k: beyond the range of the expansion (N too small "
+              "for this k)")
+
+
 def _cmd_solve(args) -> int:
     spec = load_spec(args.spec)
     model = model_from_spec(spec, where=args.spec)
-    out = _solve_published(model) if args.as_published else _solve_exact(model, args.auto_K)
+    if args.servers is not None:
+        if args.as_published:
+            raise SpecError("--servers (refined mean field) applies to the exact mean field, not --as-published")
+        if args.servers < 1:
+            raise SpecError(f"--servers={args.servers} must be >= 1")
+    out = _solve_published(model) if args.as_published else _solve_exact(model, args.auto_K, args.servers)
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
         title = "jsmkt solve: " + ("as published" if args.as_published else "exact mean field")
         _print_table(out, title + "\n" + _describe(model))
+        if "refined" in out:
+            _print_refined(out["refined"])
     if args.plot:
         _plot(out, args.plot, f"{out['model']}, lam={out['lam']:g}, d={out['d']:g} ({out['variant']})")
     return 0
@@ -224,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="FILE", help="write a plot of the tails to FILE (png, pdf, svg)")
     s.add_argument("--as-published", action="store_true", help="use the papers' published closed forms")
     s.add_argument("--auto-K", action="store_true", help="grow K until the tail mass at K is negligible")
+    s.add_argument("--servers", type=int, default=None, metavar="N",
+                   help="also give the refined mean field (1/N correction) for N servers")
     s.set_defaults(func=_cmd_solve)
 
     m = sub.add_parser("simulate", help="simulate the finite-N system of a model spec (TOML)")

@@ -44,6 +44,34 @@ def test_jsq_json_matches_closed_form(tmp_path, capsys):
     assert abs(res["mean_sojourn_time"] - ET) < 1e-12
 
 
+def test_solve_servers_adds_the_refined_mean_field(tmp_path, capsys):
+    """`--servers N`: refined values = mean field + correction / N; d = 1 servers are independent M/M/1 queues, so
+    there the correction is zero and sd(s_k) = sqrt(s_k (1 - s_k) / N)."""
+    spec = str(EXAMPLES / "jsq3_exponential.toml")
+    code, out, err = run(["solve", spec, "--format", "json", "--servers", "200"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    r = res["refined"]
+    assert r["n_servers"] == 200
+    np.testing.assert_allclose(r["tail"][1:], np.array(res["tail"][1:]) + np.array(r["tail_correction"]) / 200,
+                               rtol=1e-12, atol=1e-300)
+    assert abs(r["utilisation"] - res["utilisation"]) < 1e-12  # work conservation: no 1/N term in s_1
+    assert r["mean_queue_length"] > res["mean_queue_length"]  # a finite system is slower
+    d1 = tmp_path / "d1.toml"
+    d1.write_text('model = "jsq"\nlam = 0.6\nd = 1\n')
+    _, out, _ = run(["solve", str(d1), "--format", "json", "--servers", "50"], capsys)
+    res = json.loads(out)
+    s = np.array(res["tail"][1:6])
+    np.testing.assert_allclose(res["refined"]["tail"][1:6], s, rtol=1e-10)
+    np.testing.assert_allclose(res["refined"]["tail_std"][:5], np.sqrt(s * (1 - s) / 50), rtol=1e-8)
+    code, out, _ = run(["solve", spec, "--servers", "100"], capsys)
+    assert code == 0 and "refined mean field, N = 100 servers" in out
+    code, _, err = run(["solve", spec, "--servers", "100", "--as-published"], capsys)
+    assert code == 2 and "--servers" in err
+    code, _, err = run(["solve", spec, "--servers", "0"], capsys)
+    assert code == 2 and "--servers=0 must be >= 1" in err
+
+
 def test_as_published_switches_equations(capsys):
     spec = str(EXAMPLES / "jsq2_erlang2.toml")
     _, out_exact, _ = run(["solve", spec, "--format", "json"], capsys)
