@@ -93,6 +93,16 @@ def test_verification_two_cases(tmp_path):
     compute.main(argv)
     plot.main(["--quick", "--out", str(tmp_path)])
     _verification_checks(tmp_path, {"exponential", "erlang2"}, {0.8})
+    # The refined mean field against the stored simulations (no finite_n.json here: that part is skipped).
+    _load("verification", "refined").main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "refined.json").read_text())
+    _check_metadata(data["metadata"])
+    assert len(data["cases"]) == 2 and not data["finite_n"]  # d = 2, lam = 0.8, two services
+    for r in data["cases"]:
+        # s_1 has no 1/N term (work conservation); deeper tails and E[T] grow at finite N
+        assert abs(r["V1"]) < 1e-9 and r["V2"] > 0 and r["ET_refined"] > r["ET_mf"]
+        assert abs(r["ET_err_refined"]) < max(0.05, 3 * r["ET_ci"] / r["ET_sim"]), r
+    assert (tmp_path / "refined.md").read_text().count("\n| ") >= 4
 
 
 @pytest.mark.slow

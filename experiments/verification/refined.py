@@ -42,7 +42,7 @@ def refined(d: int, lam: float, service: str) -> dict:
     V = np.array(jsmkt.tails(model, rmf.correction))
     V[0] = 0.0
     EQ, VQ = float(np.sum(s[1:])), float(np.sum(V[1:]))
-    return dict(tails=s, V=V, ET=EQ / lam, V_ET=VQ / lam)
+    return dict(tails=s, V=V, ET=EQ / lam, V_ET=VQ / lam)  # E[T] by Little's law (throughput lam)
 
 
 def _rel(x, ref):
@@ -57,6 +57,7 @@ def main(argv=None) -> Path:
     N = src["metadata"]["parameters"]["n_servers"]
     meta = _common.run_metadata(f"{NAME}/refined", {"source": "verification.json, finite_n.json", "N": N},
                                 quick=args.quick)
+    clock = _common.Clock()
 
     rows = []
     for case in src["cases"]:
@@ -70,7 +71,8 @@ def main(argv=None) -> Path:
         for k in range(1, N_TAILS + 1):
             mf, ref = r["tails"][k], r["tails"][k] + r["V"][k] / N
             ssim, ci = sim["tails"][k], sim["tails_ci"][k]
-            row |= {f"s{k}_sim": ssim, f"s{k}_ci": ci, f"s{k}_mf": mf, f"s{k}_refined": ref, f"V{k}": r["V"][k]}
+            row |= {f"s{k}_sim": ssim, f"s{k}_ci": ci, f"s{k}_mf": float(mf), f"s{k}_refined": float(ref),
+                    f"V{k}": float(r["V"][k])}
             ok = ssim >= tail_min
             row[f"s{k}_err_mf"] = _rel(mf, ssim) if ok else float("nan")
             row[f"s{k}_err_refined"] = _rel(ref, ssim) if ok else float("nan")
@@ -100,8 +102,9 @@ def main(argv=None) -> Path:
     _common.write_csv(out / "refined.csv", rows)
     if fin_rows:
         _common.write_csv(out / "refined_finite_n.csv", fin_rows)
-    (out / "refined.json").write_text(json.dumps(
-        {"metadata": meta, "summary": summary, "cases": rows, "finite_n": fin_rows}, indent=1, default=float))
+    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    _common.write_json(out / "refined.json", {"metadata": meta, "summary": summary, "cases": rows,
+                                              "finite_n": fin_rows})
     (out / "refined.md").write_text(markdown(rows, fin_rows, summary, N))
     print(markdown(rows, fin_rows, summary, N))
     return out
