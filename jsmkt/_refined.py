@@ -28,8 +28,9 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float, PyTree
 
+from ._errors import is_concrete
 from ._models.base import AbstractSupermarketModel
-from ._solution import FixedPoint
+from ._solution import RESULTS, FixedPoint
 
 
 _SMITH_STEPS = 40  # doublings: sums 2**40 terms of the Stein series (contraction factor up to 1 - 2e-11 resolved)
@@ -150,14 +151,27 @@ def refined_mean_field(fixed_point: FixedPoint) -> RefinedMeanField:
     servers to order $1/N$, and `rmf.expectation(fn, 100)` the expectation of any smooth function of the state.
 
     Differentiable with respect to the model's parameters (through the fixed point's implicit adjoint), jittable and
-    vmappable. Cost: a few dense $n \times n$ factorisations and $n$ second directional derivatives of the drift,
+    vmappable. Concrete inputs are checked (a failed fixed point or a non-finite expansion raise `ValueError`);
+    under `jit`/`vmap`, check `fixed_point.result` yourself. Cost: a few dense $n \times n$ factorisations and $n$ second directional derivatives of the drift,
     $n$ = size of the reduced state ($K m$).
     """
     if not isinstance(fixed_point, FixedPoint):
         raise TypeError(
             f"fixed_point must be a jsmkt.FixedPoint (from jsmkt.solve_fixed_point), got {type(fixed_point).__name__}"
         )
-    return _refine(fixed_point.model, fixed_point.value)
+    concrete = is_concrete(*jax.tree_util.tree_leaves(fixed_point.value))
+    if concrete and fixed_point.result != RESULTS.successful:
+        raise ValueError(
+            "fixed_point did not converge (result: "
+            f"{RESULTS[fixed_point.result]}); the refined mean field expands around a converged fixed point"
+        )
+    out = _refine(fixed_point.model, fixed_point.value)
+    if concrete and not all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree_util.tree_leaves(out)):
+        raise ValueError(
+            "the refined mean field is not finite: the Jacobian of the drift at the fixed point is not stable "
+            "(some eigenvalue has a non-negative real part), so the 1/N expansion does not exist"
+        )
+    return out
 
 
 @eqx.filter_jit

@@ -134,3 +134,11 @@ def test_refined_against_simulation_small_n(getkey):
     assert max(gaps) > 4 * max(se(res.tails_ci[k]) for k in (2, 3, 4)) + allowance
     EQ_ref = float(jsmkt.mean_queue_length(model, rmf.state(N)))
     assert abs(res.mean_queue_length - EQ_ref) <= 4 * se(res.mean_queue_length_ci) + 3 * allowance
+
+
+def test_failed_fixed_point_is_refused():
+    model = jsmkt.JSQd(0.9, d=2, K=6)  # too small K: the solver reports truncation_too_small
+    fp = jsmkt.solve_fixed_point(model, throw=False)
+    assert fp.result != jsmkt.RESULTS.successful
+    with pytest.raises(ValueError, match="fixed_point did not converge"):
+        jsmkt.refined_mean_field(fp)
