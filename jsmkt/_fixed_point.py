@@ -15,6 +15,7 @@ import optimistix as optx
 from jaxtyping import Array, PyTree
 
 from ._errors import is_concrete
+from ._linalg import BlockTridiagonal
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, FixedPoint
 
@@ -40,10 +41,19 @@ def check_values(model: AbstractSupermarketModel, token, throw: bool):
     return token, result
 
 
+def linear_solver(model: AbstractSupermarketModel) -> lx.AbstractLinearSolver:
+    """Newton's (and the implicit adjoint's) linear solver: block-tridiagonal elimination where the model's
+    Jacobian has that structure, dense LU otherwise."""
+    m = model.jacobian_block_size
+    return lx.LU() if m is None else BlockTridiagonal(m)
+
+
 @eqx.filter_jit
 def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
     y0, result = check_values(model, y0, throw)
-    solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=lx.LU())
+    if adjoint is None:
+        adjoint = optx.ImplicitAdjoint(linear_solver=linear_solver(model))
+    solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=linear_solver(model))
     sol = optx.root_find(_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint, throw=False)
     y = sol.value
     residual = _max_abs(_residual_fn(y, model))
@@ -77,7 +87,7 @@ def solve_fixed_point(
     throw: bool = True,
     auto_K: bool = False,
     max_K: int = 4096,
-    adjoint: optx.AbstractAdjoint = optx.ImplicitAdjoint(),
+    adjoint: optx.AbstractAdjoint | None = None,
 ) -> FixedPoint:
     r"""Fixed point of the mean-field ODE of `model`.
 
@@ -93,7 +103,8 @@ def solve_fixed_point(
     - `tail_tol`: the largest acceptable fraction of servers at the truncation level `K`.
     - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead.
     - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol` (up to `max_K`).
-    - `adjoint`: how to differentiate; `optx.ImplicitAdjoint()` (one linear solve) by default.
+    - `adjoint`: how to differentiate; by default `optx.ImplicitAdjoint` (one linear solve, with the same
+      block-tridiagonal or dense solver as Newton).
 
     **Returns:** a `jsmkt.FixedPoint` (`value`, `result`, `tail_mass`, `residual`, `model`, `stats`).
 

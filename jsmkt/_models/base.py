@@ -63,6 +63,13 @@ class AbstractSupermarketModel(eqx.Module):
             dx = dx.at[tc.target].add(flow).at[tc.source].add(-flow)
         return dx
 
+    @property
+    def jacobian_block_size(self) -> int | None:
+        """Block size `m` if the Jacobian of `vector_field` on the flattened reduced state is block tridiagonal
+        (blocks of `m` entries per level, level `k` coupled only to levels `k - 1`, `k`, `k + 1`); the fixed-point
+        solver then eliminates block by block in $O(K m^3)$. `None` (the default): a general Jacobian, dense LU."""
+        return None
+
     # --- reduced coordinates ---------------------------------------------------------------------------------
     @abc.abstractmethod
     def occupancy(self, y: PyTree[Array]) -> Float[Array, " n"]:

@@ -93,6 +93,12 @@ class JSQd(AbstractSupermarketModel):
             TransitionClass("departure", k + 1, k, jnp.broadcast_to(self.mu, (self.K,))),
         ]
 
+    @property
+    def jacobian_block_size(self) -> int:
+        """Level `k` exchanges servers with levels `k - 1` and `k + 1` only: block tridiagonal, blocks of the
+        phases."""
+        return 1
+
     def occupancy(self, y):
         s = jnp.concatenate([jnp.ones(1), y, jnp.zeros(1)])
         return s[:-1] - s[1:]

@@ -118,6 +118,12 @@ class JSQdPH(AbstractSupermarketModel):
                                        jnp.tile(T0[ii] * alpha[jj], K - 1)))
         return out
 
+    @property
+    def jacobian_block_size(self) -> int:
+        """Level `k` exchanges servers with levels `k - 1` and `k + 1` only: block tridiagonal, blocks of the
+        phases."""
+        return self.m
+
     def occupancy(self, y):
         X = y - jnp.concatenate([y[1:], jnp.zeros((1, self.m))])
         return jnp.concatenate([1.0 - jnp.sum(y[0])[None], X.ravel()])
