@@ -18,8 +18,8 @@ import pytest
 import scipy.stats
 
 import jsmkt
-from jsmkt._simulate import core
-from jsmkt._simulate.driver import _compiled, t_quantile_975
+from jsmkt._simulate import core, driver
+from jsmkt._simulate.driver import _SEQUENTIAL_MAX_D, _compiled, t_quantile_975
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
@@ -248,23 +248,63 @@ def test_student_t_quantiles():
         assert t_quantile_975(nu) == pytest.approx(scipy.stats.t.ppf(0.975, nu), rel=1e-9)
 
 
-def test_event_loop_does_not_copy_buffers():
+def _run_hlo(cfg: core.Config) -> str:
+    weights = jnp.zeros(cfg.max_d).at[-1].set(1.0) if cfg.fixed_d else jnp.ones(cfg.max_d) / cfg.max_d
+    params = core.Params(lam=jnp.asarray(0.5), alpha=jnp.ones(cfg.m) / cfg.m, T=-jnp.eye(cfg.m), weights=weights,
+                         hist_lo=jnp.asarray(0, jnp.int64))
+    init, run = _compiled(cfg)
+    states = init(params, jr.split(jr.PRNGKey(0), 3))
+    return run.lower(params, states, jnp.asarray(1.0)).compile().as_text()
+
+
+@pytest.mark.parametrize("engine", ["block", "sequential", "general"])
+def test_event_loop_does_not_copy_buffers(engine):
     """Performance guard: XLA must update the per-server arrays in place. A copy of a server-sized or
     ring-buffer-sized array inside the loop costs O(N) per iteration (it made the loop 10x slower once)."""
-    for sampler in (None, jsmkt.deterministic(1.0).sampler):
-        cfg = core.Config(n=97, max_queue=13, m=1 if sampler else 2, max_d=2, fixed_d=True, replace=True, block=16,
-                          n_bins=64, sampler=sampler)
-        params = core.Params(lam=jnp.asarray(0.5), alpha=jnp.ones(cfg.m) / cfg.m, T=-jnp.eye(cfg.m),
-                             weights=jnp.array([0.0, 1.0]), hist_lo=jnp.asarray(0, jnp.int64))
-        init, run = _compiled(cfg)
-        states = init(params, jr.split(jr.PRNGKey(0), 3))
-        hlo = run.lower(params, states, jnp.asarray(1.0)).compile().as_text()
-        big = [line for line in hlo.splitlines() if re.search(rf"\[(3,)?({97 * 13}|97)\]\S* copy\(", line)]
-        # One copy of each donated input at entry is fine; none may sit in a loop body.
-        bodies = re.split(r"\n(?=%\S+ )|\nENTRY", hlo)
-        in_loops = [b for b in bodies if ("while" in b.split("\n", 1)[0] or "region" in b.split("\n", 1)[0])]
-        loop_copies = [line for b in in_loops for line in b.splitlines() if line in big]
-        assert not loop_copies, loop_copies
+    sampler = jsmkt.deterministic(1.0).sampler if engine == "general" else None
+    cfg = core.Config(n=97, max_queue=13, m=1 if sampler else 2, max_d=2, fixed_d=True, replace=True, block=16,
+                      n_bins=64, sampler=sampler, sequential=engine == "sequential")
+    hlo = _run_hlo(cfg)
+    big = [line for line in hlo.splitlines() if re.search(rf"\[(3,)?({97 * 13}|97)\]\S* copy\(", line)]
+    # One copy of each donated input at entry is fine; none may sit in a loop body.
+    bodies = re.split(r"\n(?=%\S+ )|\nENTRY", hlo)
+    in_loops = [b for b in bodies if ("while" in b.split("\n", 1)[0] or "region" in b.split("\n", 1)[0])]
+    loop_copies = [line for b in in_loops for line in b.splitlines() if line in big]
+    assert not loop_copies, loop_copies
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_sequential_event_loop_is_one_kernel(m):
+    """Performance guard: XLA compiles the sequential engine's event loop into a single kernel (a "small call",
+    ~50 ns per event instead of several hundred) as long as its body is small in XLA's cost model; the driver
+    counts on it up to `_SEQUENTIAL_MAX_D` sampled servers, here with a random choice number and distinct samples."""
+    cfg = core.Config(n=97, max_queue=13, m=m, max_d=_SEQUENTIAL_MAX_D, fixed_d=False, replace=False, block=16,
+                      n_bins=64, sampler=None, sequential=True)
+    assert 'xla_cpu_small_call="true"' in _run_hlo(cfg)
+
+
+@pytest.mark.parametrize(
+    ("model", "sampling"),
+    [
+        (jsmkt.JSQd(0.8, d=1), "with_replacement"),
+        (jsmkt.JSQdPH(0.85, jsmkt.hyperexponential2(1.0, 4.0), d=2), "with_replacement"),
+        (jsmkt.JSQdPH(0.8, jsmkt.erlang(3, 1.0), d=jnp.array([0.2, 0.3, 0.5])), "without_replacement"),
+    ],
+)
+def test_sequential_and_block_engines_follow_the_same_path(getkey, monkeypatch, model, sampling):
+    """The sequential PH engine (CPU) applies the events of the block engine (GPU) one by one, with the same random
+    numbers: the same key gives the same run, up to the rounding of event times summed from other block starts."""
+    kw = dict(key=getkey(), n_replications=2, sampling=sampling, max_queue=40)
+    runs = []
+    for sequential in (True, False):
+        monkeypatch.setattr(driver, "_sequential_engine", lambda max_d, s=sequential: s)
+        runs.append(jsmkt.simulate(model, 12, 300.0, **kw))
+    a, b = runs
+    assert a.events == b.events and a.n_jobs == b.n_jobs
+    np.testing.assert_allclose(a.tails, b.tails, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(a.phase_tails, b.phase_tails, rtol=1e-9, atol=1e-12)
+    assert a.mean_sojourn_time == pytest.approx(b.mean_sojourn_time, rel=1e-12)
+    assert a.sojourn_time_percentiles == pytest.approx(b.sojourn_time_percentiles, rel=1e-12)
 
 
 # --- long statistical checks ------------------------------------------------------------------------------------

@@ -29,9 +29,17 @@ those provably saw the same state as in one-by-one processing, and they change d
 are evaluated again in the next iteration with the same random numbers. With `N` servers about $1.2\sqrt{N}$
 events commit per iteration, so the fixed cost of an iteration of XLA's loop is shared by many events.
 
-**Batching.** The Markov engine is written for a batch of replications (leading axis of every state array), with
-flat gathers and scatters into the flattened per-server arrays; the general engine is a per-replication
-`lax.scan` under `jax.vmap`. Either way one `lax.while_loop` runs until every replication has reached `t_end`.
+**One event at a time (Markov engine on a CPU).** The blocks above suit a GPU, where a loop iteration costs
+microseconds. On a CPU, `_sequential_chunk` applies the same events, with the same random numbers and so along
+the same path, one per iteration of an inner loop that reads and writes single array elements only; XLA then
+compiles that loop into one kernel (a few tens of ns per event, against 100-200 ns per event for the blocks).
+The state-independent part of the events and their statistics are still computed a block at a time, vectorised,
+around the inner loop.
+
+**Batching.** The block Markov engine is written for a batch of replications (leading axis of every state array),
+with flat gathers and scatters into the flattened per-server arrays; the sequential one runs the replications one
+after another (`lax.map`); the general engine is a per-replication `lax.scan` under `jax.vmap`. Either way one
+compiled loop runs until every replication has reached `t_end`.
 
 **Chunks.** `run_chunk` advances to `t_end` and stops before the first event later than `t_end`, which stays
 pending (its time and random numbers are kept), so splitting a run into chunks does not change it.
@@ -70,9 +78,10 @@ class Config(NamedTuple):
     max_d: int  # largest choice number
     fixed_d: bool  # every arrival samples exactly max_d servers
     replace: bool  # sample with replacement
-    block: int  # events evaluated per loop iteration
+    block: int  # events evaluated per loop iteration (sequential PH engine: per iteration of the outer loop)
     n_bins: int  # sojourn-time histogram bins (plus one underflow and one overflow bin)
     sampler: Callable | None  # None: PH service (Markov engine); else general service sampler(key)
+    sequential: bool = False  # PH service: one event per loop iteration (CPU) instead of speculative blocks
 
     @property
     def n_cells(self) -> int:
@@ -115,7 +124,7 @@ class State(NamedTuple):
     comp: jax.Array  # (n,) completion times (general service), (0,) for PH
     next_arr: jax.Array  # next arrival time (general service)
     draw: "_Draw | None"  # random quantities of events ctr .. ctr + block - 1 (PH), None for general service
-    marks: jax.Array  # (n,) int64 stamps for interference checks (PH), (0,) for general service
+    marks: jax.Array  # (n,) int64 stamps for interference checks (block PH engine), else (0,)
     it: jax.Array  # int64 number of loop iterations so far
     acc: jax.Array  # (C,) time-integral corrections of the cell counts in the current chunk
     soj_sum: jax.Array  # sum of sojourn times of jobs that left in the current chunk
@@ -380,6 +389,112 @@ def _markov_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State)
     return _finish_block(cfg, params, state, tau, commit, cell, cell2, tau - arrived, commit & dep, commit & ovf)
 
 
+# --- PH service: uniformisation, one event at a time (CPU) ------------------------------------------------------
+
+# XLA's CPU compiler options for the sequential engine: with region analysis, copy insertion sees that the nested
+# loops update their carried arrays in place; without it XLA copies the draw in every outer iteration, and the
+# engine runs about 1.5 times slower.
+CPU_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+
+
+def _div(x, c: int):
+    """Truncating division by a constant (of `x`'s dtype). `//` on signed integers emits floor-division fix-ups
+    that XLA duplicates into every fusion using the result; the operands here are never negative."""
+    return lax.div(x, jnp.asarray(c, x.dtype))
+
+
+def _sequential_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: State) -> State:
+    """Advance one replication to `t_end`, one event per iteration of an inner loop.
+
+    An outer `lax.while_loop` iteration draws the state-independent part of the next `block` events at once
+    (`_markov_draw`, vectorised: event times, candidate servers with the unused ones of a smaller choice number
+    replaced by the first, the initial phase, and the outcome of a service event for every phase the server
+    may be in), runs the inner loop over those of them up to `t_end`, then accumulates their statistics at once
+    (`_finish_block`) from compact per-event records: the cells the server moved between and the arrival time of
+    the job at the head of its queue.
+
+    The inner loop only reads and writes single elements (`dynamic_slice`, `dynamic_update_slice`; no gather,
+    scatter or sort) and stays small, so XLA's CPU backend compiles the whole loop into one kernel
+    (`xla_cpu_small_call`: the bytes its body accesses in XLA's cost model must stay under 1024), a few tens of
+    nanoseconds per event instead of several hundred for a loop run op by op. It applies the events in their order
+    with the random numbers of the block engine, so both engines follow the same path. As there, the draw of the
+    next block is carried in the state: XLA would otherwise recompute it inside every fusion using it (this made
+    the engine twice slower)."""
+    B, m, C, Q, D = cfg.block, cfg.m, cfg.n_cells, cfg.max_queue, cfg.max_d
+
+    def queue_length(p):
+        return _div(lax.rem(p, jnp.asarray(C, p.dtype)), m)
+
+    def event(table, tau, i, carry):
+        """Apply event `i` of the block (row `i` of `table`: is_arr, the D candidates, new phase, outcomes)."""
+        packed, ring, rec, arrived = carry
+
+        def col(c):  # one element of row i: reading the whole row would count its size in every fusion using it
+            return lax.dynamic_slice(table, (i, jnp.asarray(c, i.dtype)), (1, 1))[0, 0]
+
+        is_arr = col(0) > 0
+        n = col(1)
+        if D > 1:  # the first of the shortest sampled queues
+            best, k_best = n, queue_length(packed[n])
+            for c in range(2, D + 1):
+                cand = col(c)
+                k_c = queue_length(packed[cand])
+                better = k_c < k_best
+                best, k_best = jnp.where(better, cand, best), jnp.where(better, k_c, k_best)
+            n = jnp.where(is_arr, best, n)
+        p = packed[n]
+        head = _div(p, C)
+        cell = p - head * C
+        k = _div(cell, m)
+        ph = cell - k * m
+        busy = k > 0
+        joins = is_arr & (k < Q)
+        o = col(2 + D + ph.astype(i.dtype))
+        service = ~is_arr & busy
+        dep = service & (o == m)
+        k2 = k + joins.astype(k.dtype) - dep.astype(k.dtype)
+        if m > 1:
+            ph = ph.astype(jnp.int32)  # o == ph: a self-loop
+            ph2 = jnp.where((joins & ~busy) | dep, col(1 + D), jnp.where(service & (o < m), o, ph))
+            ph2 = jnp.where(k2 > 0, ph2, 0).astype(k.dtype)
+        else:
+            ph2 = jnp.zeros_like(k)
+        head2 = jnp.where(dep, jnp.where(head + 1 == Q, 0, head + 1), head)
+        cell2 = k2 * m + ph2
+        # Append the arrival time where the job joins (slot head + k; other events rewrite that slot unchanged),
+        # then read the arrival time of the job at the head (used by departures; see `_ring_update`).
+        tail = head + k
+        slot = n * Q + jnp.where(tail >= Q, tail - Q, tail).astype(jnp.int32)
+        ring = ring.at[slot].set(jnp.where(joins, tau[i], ring[slot]))
+        arrived = arrived.at[i].set(ring[n * Q + head.astype(jnp.int32)])
+        packed = packed.at[n].set(head2 * C + cell2)
+        cells = jnp.stack([cell, cell2]).astype(jnp.int32)[None]
+        rec = lax.dynamic_update_slice(rec, cells, (i, jnp.zeros_like(i)))
+        return packed, ring, rec, arrived
+
+    def block(state):
+        tau, is_arr, u_move, new_phase, cands, n_choose = state.draw
+        if not cfg.fixed_d:  # a repeat of the first candidate never wins the first-minimum comparison
+            cands = jnp.where(jnp.arange(D, dtype=jnp.int32) < n_choose[:, None], cands, cands[:, :1])
+        outcomes = _categorical(u_move[:, None], prep.move_cum)  # (B, m): the outcome in each phase
+        table = jnp.concatenate([is_arr[:, None].astype(jnp.int32), cands, new_phase[:, None], outcomes], axis=1)
+        nv = jnp.sum(tau <= t_end, dtype=jnp.int32)  # events of the block up to t_end (tau is increasing)
+        carry = (state.packed, state.ring, jnp.zeros((B, 2), jnp.int32), jnp.zeros(B, jnp.float64))
+        packed, ring, rec, arrived = lax.fori_loop(0, nv, functools.partial(event, table, tau), carry)
+        done = jnp.arange(B, dtype=jnp.int32) < nv
+        cf, ct = rec[:, 0], rec[:, 1]
+        dep = done & ~is_arr & (ct // m < cf // m)
+        ovf = done & is_arr & (cf // m == Q)
+        ctr = state.ctr + nv.astype(jnp.uint64)
+        t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
+        state = state._replace(
+            ctr=ctr, t=t, packed=packed, ring=ring, draw=_markov_draw(cfg, prep, state.seed, ctr, t)
+        )
+        return _finish_block(cfg, params, state, tau, done, cf, ct, tau - arrived, dep, ovf)
+
+    return lax.while_loop(lambda s: _markov_next(prep, s) <= t_end, block, state)
+
+
 # --- general service: completion times --------------------------------------------------------------------------
 
 
@@ -477,7 +592,7 @@ def init_state(cfg: Config, params: Params, key) -> State:
         comp=jnp.full(cfg.n if general else 0, jnp.inf),
         next_arr=jr.exponential(k_arr, dtype=jnp.float64) / (cfg.n * params.lam) if general else zero,
         draw=None if general else _markov_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
-        marks=jnp.full(0 if general else cfg.n, -1, jnp.int64),
+        marks=jnp.full(0 if general or cfg.sequential else cfg.n, -1, jnp.int64),
         it=jnp.zeros((), jnp.int64),
         acc=jnp.zeros(cfg.n_cells, jnp.float64),
         soj_sum=zero,
@@ -512,6 +627,9 @@ def run_chunk(cfg: Config, params: Params, states: State, t_end) -> tuple[State,
     """Advance a batch of replications (leading axis) to `t_end` and return the chunk's statistics. The first
     event after `t_end` stays pending."""
     prep = _prepare(cfg, params)
+    if cfg.sampler is None and cfg.sequential:
+        states = lax.map(lambda s: _sequential_chunk(cfg, params, prep, t_end, s), states)
+        return jax.vmap(lambda s: _harvest(cfg, t_end, s))(states)
     if cfg.sampler is None:
 
         def body(s):
