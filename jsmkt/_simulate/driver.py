@@ -253,8 +253,8 @@ def simulate(
     rule's weights from `model`. It runs one compiled loop per time chunk (the warm-up, then each batch), on CPU
     or GPU, with memory independent of `t1`. PH service is simulated by uniformisation ($O(1)$ work per event,
     the phase of each server tracked): on a CPU one event at a time, the replications in groups, one host thread
-    per core; elsewhere in speculative blocks batched over replications. General service is simulated by per-server completion times
-    ($O(N)$ per event). All are exact: see `jsmkt._simulate.core`.
+    per core; elsewhere in speculative blocks batched over replications. General service is simulated by
+    per-server completion times ($O(N)$ per event). All are exact: see `jsmkt._simulate.core`.
 
     Random numbers: each replication gets a key from `jax.random.split(key, n_replications)`; its event loop
     draws from a counter-based SplitMix64 stream seeded from that key (event `e` always uses the same numbers, so
