@@ -7,7 +7,8 @@ field alone, with the simulation's 95 % confidence band (relative half-width) ar
 
 Reads `verification.csv` from `--out` (the folder `compute.py` wrote) and writes `verification.pdf` and
 `verification.png` there; if `finite_n.csv` (from `finite_n.py`) is there too, also `finite_n.pdf` and
-`finite_n.png` (N x the simulation-minus-mean-field gaps against N).
+`finite_n.png` (N x the simulation-minus-mean-field gaps against N, with the refined mean field's predicted 1/N
+coefficients from `refined_finite_n.csv` where `refined.py` has written it).
 """
 
 import sys
@@ -76,8 +77,9 @@ def figure(rows):
     return fig
 
 
-def figure_finite_n(rows):
-    """N x (simulation - mean field) against N: flat lines mean the gaps are O(1/N) finite-size effects."""
+def figure_finite_n(rows, predicted=None):
+    """N x (simulation - mean field) against N: flat lines mean the gaps are O(1/N) finite-size effects. With
+    `predicted` (rows of `refined_finite_n.csv`), the refined mean field's 1/N coefficients as dashed lines."""
     import matplotlib.pyplot as plt
 
     cases = sorted({(r["d"], r["lam"], r["service"]) for r in rows})
@@ -90,6 +92,10 @@ def figure_finite_n(rows):
             x = [n * (1 + 0.04 * (i - 1.5)) for n in ns]  # small horizontal offsets to separate error bars
             ax.errorbar(x, [r[col] for r in sel], yerr=[r[f"{col}_ci"] for r in sel], color=colour, marker="o",
                         ms=3, lw=1, capsize=2, label=label)
+            if predicted:
+                ref = next(r for r in predicted if (r["d"], r["lam"], r["service"]) == (d, lam, service))
+                key = "N_relgap_ET_predicted" if col == "N_relgap_ET" else f"V{col[-1]}"
+                ax.axhline(ref[key], color=colour, lw=0.9, ls="--")
         ax.axhline(0.0, color="0.5", lw=0.6)
         ax.set_xscale("log")
         ax.set_xticks(ns, [str(n) for n in ns])
@@ -97,6 +103,9 @@ def figure_finite_n(rows):
         ax.set_xlabel("N")
         ax.set_title(f"d = {d}, λ = {lam}, {SERVICE_STYLE[service][0]}")
     axes[0, 0].set_ylabel("N × (simulation − exact mean field)")
+    if predicted:
+        axes[0, -1].plot([], [], color="0.3", lw=0.9, ls="--", label="refined mean field: predicted")
+        axes[0, -1].legend(loc="best")
     axes[0, 0].legend(loc="best")
     fig.tight_layout()
     return fig
@@ -109,7 +118,9 @@ def main(argv=None) -> list[Path]:
     rows = _common.read_csv(out / "verification.csv")
     figures = {"verification": figure(rows)}
     if (out / "finite_n.csv").exists():
-        figures["finite_n"] = figure_finite_n(_common.read_csv(out / "finite_n.csv"))
+        ref = out / "refined_finite_n.csv"
+        figures["finite_n"] = figure_finite_n(_common.read_csv(out / "finite_n.csv"),
+                                              _common.read_csv(ref) if ref.exists() else None)
     paths = []
     for name, fig in figures.items():
         for ext in ("pdf", "png"):
