@@ -13,9 +13,12 @@ server moving from `source` to `target`, jump $\ell$ = `reduce`$(e_{\text{target
 
 $$A W + W A^\top + Q = 0 \qquad\text{and}\qquad A V = -\tfrac12\, D^2 f : W.$$
 
-`W` is the covariance of the central limit theorem (linear noise approximation); `V` is the bias of the mean. The
+`W` is the covariance of the central limit theorem (linear noise approximation); `V` is the bias of the mean.
+Sampling without replacement makes the finite-N rates $N\beta_c(x) + \beta_c^{(1)}(x) + O(1/N)$; their drift
+$f^{(1)}$ joins the bias: $A V = -\tfrac12 D^2 f : W - f^{(1)}$. The
 Lyapunov equation is solved by Smith's doubling iteration on its Cayley transform (pure JAX, so everything here
-is differentiable and vmappable); second derivatives enter only contracted with `W`, by nested forward-mode products (no Hessian tensor).
+is differentiable and vmappable); second derivatives enter only contracted with `W`, by nested forward-mode
+products (no Hessian tensor).
 """
 
 import math
@@ -26,8 +29,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, Float, PyTree
+from jaxtyping import Array, ArrayLike, Float, PyTree
 
+from ._choice import AbstractChoice, _divided_differences
 from ._errors import is_concrete
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, FixedPoint
@@ -92,6 +96,54 @@ def _contract_hessian(fn: Callable, z: Float[Array, " n"], W: Float[Array, "n n"
     return jnp.sum(jax.vmap(column, in_axes=(1, 1), out_axes=-1)(W, eye), axis=-1)
 
 
+class _SampledWithoutReplacement(AbstractChoice):
+    r"""The choice rule `base` with its `D` servers sampled *without* replacement from $N = 1/\varepsilon$: an
+    arrival finds all of them with at least $k$ jobs with probability
+    $\prod_{i<D} (s_k - i\varepsilon)/(1 - i\varepsilon)$ (exact for every $N$) instead of $s_k^D$, and joins a
+    uniformly chosen server among those with the fewest jobs, as with replacement. At $\varepsilon = 0$ this is
+    `base`; its $\varepsilon$-derivative is the $1/N$ term of the finite-N drift."""
+
+    base: AbstractChoice
+    eps: Float[Array, ""]
+
+    @property
+    def max_d(self) -> int:
+        return self.base.max_d
+
+    def weights(self) -> Array:
+        return self.base.weights()
+
+    def _polynomials(self) -> Array:
+        """Coefficients (in powers of s) of $\prod_{i<j} (s - i\varepsilon)/(1 - i\varepsilon)$, j = 1..max_d:
+        shape (max_d, max_d + 1)."""
+        D = self.max_d
+        poly = jnp.zeros(D + 1, self.eps.dtype).at[0].set(1.0)
+        rows = []
+        for i in range(D):
+            shifted = jnp.concatenate([jnp.zeros(1, poly.dtype), poly[:-1]])  # s * poly
+            poly = (shifted - i * self.eps * poly) / (1.0 - i * self.eps)
+            rows.append(poly)
+        return jnp.stack(rows)
+
+    def pgf(self, s: ArrayLike) -> Array:
+        s = jnp.asarray(s)
+        coeffs = self.weights() @ self._polynomials()  # (max_d + 1,)
+        return jnp.tensordot(coeffs, jnp.stack([s**l for l in range(self.max_d + 1)]), axes=1)
+
+    def join_factor(self, a: ArrayLike, b: ArrayLike) -> Array:
+        a, b = jnp.asarray(a), jnp.asarray(b)
+        coeffs = self.weights() @ self._polynomials()  # the constant term drops out of a divided difference
+        return jnp.tensordot(coeffs[1:], _divided_differences(a, b, self.max_d), axes=1)
+
+
+def _with_sampling_eps(model: AbstractSupermarketModel, eps: Array) -> AbstractSupermarketModel:
+    """`model` with every choice rule sampled without replacement from $N = 1/\varepsilon$ servers."""
+    is_choice = lambda x: isinstance(x, AbstractChoice)  # noqa: E731
+    return jax.tree_util.tree_map(
+        lambda x: _SampledWithoutReplacement(x, eps) if is_choice(x) else x, model, is_leaf=is_choice
+    )
+
+
 class RefinedMeanField(eqx.Module):
     r"""Refined mean field of a model at its fixed point: $E[Y^N] = y^* + V/N + o(1/N)$ and
     $N\,\mathrm{Cov}(Y^N) \to W$.
@@ -103,8 +155,7 @@ class RefinedMeanField(eqx.Module):
     - `covariance`: $W$, the limit of $N\,\mathrm{Cov}(Y^N)$ on the flattened reduced state, shape `(n, n)`.
     - `model`: the model.
 
-    Valid for finite-N rates that are exactly $N$ times the mean-field rates, as for sampling *with* replacement
-    (`jsmkt.simulate`'s default); sampling without replacement changes the rates at order $1/N$ and hence $V$.
+    `V` depends on how the finite system samples (`sampling` of `refined_mean_field`); `W` does not.
     """
 
     value: PyTree[Array]
@@ -140,12 +191,16 @@ class RefinedMeanField(eqx.Module):
         return jnp.sqrt(jnp.maximum(g @ self.covariance @ g, 0.0) / n)
 
 
-def refined_mean_field(fixed_point: FixedPoint) -> RefinedMeanField:
+def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacement") -> RefinedMeanField:
     r"""The refined mean field (the $1/N$ expansion of the steady state) at a solved fixed point.
 
     **Arguments:**
 
     - `fixed_point`: from `jsmkt.solve_fixed_point` (its `model` is used).
+    - `sampling`: how the finite system samples its `D` servers, as in `jsmkt.simulate`: `"with_replacement"`
+      (the mean-field model: its rates are exactly $N$ times the mean-field ones) or `"without_replacement"`
+      ($D$ distinct servers: all $D$ have at least $k$ jobs with probability
+      $\prod_{i<D}(s_k - i/N)/(1 - i/N)$, which adds the $1/N$ term of the drift to the bias `V`).
 
     **Returns:** a `RefinedMeanField`; e.g. `jsmkt.tails(model, rmf.state(100))` are the expected tails with 100
     servers to order $1/N$, and `rmf.expectation(fn, 100)` the expectation of any smooth function of the state.
@@ -168,7 +223,9 @@ def refined_mean_field(fixed_point: FixedPoint) -> RefinedMeanField:
             "fixed_point did not converge (result: "
             f"{RESULTS[fixed_point.result]}); the refined mean field expands around a converged fixed point"
         )
-    out = _refine(fixed_point.model, fixed_point.value)
+    if sampling not in ("with_replacement", "without_replacement"):
+        raise ValueError(f"sampling={sampling!r} must be 'with_replacement' or 'without_replacement'")
+    out = _refine(fixed_point.model, fixed_point.value, sampling == "with_replacement")
     if concrete and not all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree_util.tree_leaves(out)):
         raise ValueError(
             "the refined mean field is not finite: the Jacobian of the drift at the fixed point is not stable "
@@ -178,11 +235,16 @@ def refined_mean_field(fixed_point: FixedPoint) -> RefinedMeanField:
 
 
 @eqx.filter_jit
-def _refine(model: AbstractSupermarketModel, y: PyTree[Array]) -> RefinedMeanField:
+def _refine(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -> RefinedMeanField:
     flat, unravel = ravel_pytree(y)
     f = lambda z: ravel_pytree(model.vector_field(None, unravel(z)))[0]  # noqa: E731
     A = jax.jacfwd(f)(flat)
     Q = _jump_covariance(model, y)
     W = lyapunov(A, Q)
-    V = jnp.linalg.solve(A, -0.5 * _contract_hessian(f, flat, W))
+    bias = 0.5 * _contract_hessian(f, flat, W)
+    if not replace:  # the 1/N term of the finite-N drift itself: d/d(1/N) at 1/N = 0
+        f_eps = lambda eps: ravel_pytree(_with_sampling_eps(model, eps).vector_field(None, y))[0]  # noqa: E731
+        zero = jnp.zeros((), flat.dtype)
+        bias = bias + jax.jvp(f_eps, (zero,), (jnp.ones_like(zero),))[1]
+    V = jnp.linalg.solve(A, -bias)
     return RefinedMeanField(value=y, correction=unravel(V), covariance=W, model=model)

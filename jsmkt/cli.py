@@ -38,7 +38,9 @@ def _trim(tails: np.ndarray, floor: float = 1e-300) -> list[float]:
     return [float(x) for x in tails[:n]]
 
 
-def _solve_exact(model, auto_K: bool, servers: int | None = None) -> dict[str, Any]:
+def _solve_exact(
+    model, auto_K: bool, servers: int | None = None, sampling: str = "with_replacement"
+) -> dict[str, Any]:
     import jsmkt
 
     fp = jsmkt.solve_fixed_point(model, auto_K=auto_K)
@@ -65,20 +67,21 @@ def _solve_exact(model, auto_K: bool, servers: int | None = None) -> dict[str, A
         P = np.asarray(jsmkt.phase_tails(model, fp))
         out["phase_tails"] = [[float(v) for v in row] for row in P[: max(len(out["tail"]) - 1, 0)]]
     if servers is not None:
-        out["refined"] = _refined(model, fp, servers, len(out["tail"]))
+        out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling)
     return out
 
 
-def _refined(model, fp, n: int, n_tail: int) -> dict[str, Any]:
+def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
     """The 1/N-refined mean field with `n` servers (expected values to order 1/N)."""
     import jsmkt
 
-    rmf = jsmkt.refined_mean_field(fp)
+    rmf = jsmkt.refined_mean_field(fp, sampling)
     y = rmf.state(n)
     s = np.asarray(jsmkt.tails(model, y))
     EQ = float(jsmkt.mean_queue_length(model, y))
     return {
         "n_servers": n,
+        "sampling": sampling,
         "mean_queue_length": EQ,
         "mean_sojourn_time": EQ / float(model.lam),
         "prob_wait": float(rmf.expectation(lambda y: jsmkt.prob_wait(model, y), n)),
@@ -190,7 +193,8 @@ def _plot(out: dict[str, Any], path: str, title: str) -> None:
 
 def _print_refined(r: dict[str, Any]) -> None:
     n = r["n_servers"]
-    print(f"\nrefined mean field, N = {n} servers (expected values to order 1/N; sd = spread of the occupancy)")
+    print(f"\nrefined mean field, N = {n} servers, sampling {r['sampling'].replace('_', ' ')} (expected values to "
+          "order 1/N; sd = spread of the occupancy)")
     print(f"  {'mean queue length E[Q]':<26} {r['mean_queue_length']:.10g}")
     print(f"  {'mean sojourn time E[T]':<26} {r['mean_sojourn_time']:.10g}")
     print(f"  {'P(arrival waits)':<26} {r['prob_wait']:.10g}")
@@ -217,7 +221,9 @@ def _cmd_solve(args) -> int:
             raise SpecError("--servers (refined mean field) applies to the exact mean field, not --as-published")
         if args.servers < 1:
             raise SpecError(f"--servers={args.servers} must be >= 1")
-    out = _solve_published(model) if args.as_published else _solve_exact(model, args.auto_K, args.servers)
+    sampling = spec.get("simulation", {}).get("sampling", "with_replacement")  # as `jsmkt simulate` samples
+    out = (_solve_published(model) if args.as_published
+           else _solve_exact(model, args.auto_K, args.servers, sampling))
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:

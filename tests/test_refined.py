@@ -142,3 +142,103 @@ def test_failed_fixed_point_is_refused():
     assert fp.result != jsmkt.RESULTS.successful
     with pytest.raises(ValueError, match="fixed_point did not converge"):
         jsmkt.refined_mean_field(fp)
+
+
+def test_sampling_without_replacement_pgf():
+    """P(all D sampled servers have >= k jobs) without replacement from N servers, m of which have >= k jobs:
+    C(m, D) / C(N, D), written out here; the join factor is its divided difference."""
+    from math import comb
+
+    from jsmkt._refined import _SampledWithoutReplacement
+
+    N = 7
+    for base in (jsmkt.FixedChoice(2), jsmkt.FixedChoice(3), jsmkt.MixedChoice([0.2, 0.3, 0.5])):
+        c = _SampledWithoutReplacement(base, jnp.asarray(1.0 / N))
+        w = np.asarray(base.weights())
+        for m in range(N + 1):
+            exact = sum(w[j - 1] * comb(m, j) / comb(N, j) for j in range(1, len(w) + 1))
+            assert float(c.pgf(m / N)) == pytest.approx(exact, rel=1e-12, abs=1e-15)
+        a, b = 0.8, 0.3
+        assert float(c.join_factor(a, b)) == pytest.approx(float((c.pgf(a) - c.pgf(b)) / (a - b)), rel=1e-12)
+        # N -> infinity: sampling with replacement
+        c0 = _SampledWithoutReplacement(base, jnp.asarray(0.0))
+        assert float(c0.pgf(0.6)) == pytest.approx(float(base.pgf(0.6)), rel=1e-14)
+
+
+def test_without_replacement_lowers_the_bias():
+    """Distinct samples balance better: the 1/N excess of the tails is smaller without replacement, still zero for
+    s_1 (work conservation) and for d = 1 (one sample is the same either way)."""
+    model = jsmkt.JSQd(0.9, d=2)
+    fp = jsmkt.solve_fixed_point(model)
+    v_with = np.asarray(jsmkt.tails(model, jsmkt.refined_mean_field(fp).correction))
+    v_wo = np.asarray(jsmkt.tails(model, jsmkt.refined_mean_field(fp, "without_replacement").correction))
+    assert abs(v_wo[1]) < 1e-10
+    assert np.all(v_wo[2:5] < v_with[2:5]) and np.all(v_wo[2:5] > 0)
+    fp1 = jsmkt.solve_fixed_point(jsmkt.JSQd(0.7, d=1))
+    assert float(jnp.max(jnp.abs(jsmkt.refined_mean_field(fp1, "without_replacement").correction))) < 1e-12
+    with pytest.raises(ValueError, match="sampling='sometimes' must be"):
+        jsmkt.refined_mean_field(fp, "sometimes")
+
+
+def _exact_finite_n_tails(N, K, lam, d, replace):
+    """E[s_k], k = 0..K, of JSQ(d) with N exponential servers (rate 1) from the exact stationary law of the Markov
+    chain on the counts c_0..c_K of servers with k jobs (arrivals to a queue of K jobs are lost). An arrival finds
+    all d sampled servers with >= k jobs with probability (m/N)^d with replacement, C(m, d)/C(N, d) without,
+    m = number of such servers."""
+    import itertools
+    from math import comb
+
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as spla
+
+    states = []
+    for bars in itertools.combinations(range(N + K), K):  # stars and bars
+        edges = (-1, *bars, N + K)
+        states.append(tuple(edges[i + 1] - edges[i] - 1 for i in range(K + 1)))
+    index = {s: i for i, s in enumerate(states)}
+
+    def all_at_least(m):
+        return (m / N) ** d if replace else comb(m, d) / comb(N, d)
+
+    rows, cols, rates = [], [], []
+    for i, c in enumerate(states):
+        S = np.cumsum(c[::-1])[::-1]  # servers with >= k jobs
+        for k in range(K):
+            p = all_at_least(S[k]) - all_at_least(S[k + 1])
+            if p > 0:
+                n = list(c)
+                n[k] -= 1
+                n[k + 1] += 1
+                rows.append(i), cols.append(index[tuple(n)]), rates.append(N * lam * p)
+        for k in range(1, K + 1):
+            if c[k]:
+                n = list(c)
+                n[k] -= 1
+                n[k - 1] += 1
+                rows.append(i), cols.append(index[tuple(n)]), rates.append(float(c[k]))
+    n = len(states)
+    G = sp.csr_matrix((rates, (rows, cols)), shape=(n, n))
+    G = (G - sp.diags(np.asarray(G.sum(axis=1)).ravel())).T.tocsc()
+    pi = np.concatenate([[1.0], spla.spsolve(G[1:, 1:], -G[1:, 0].toarray().ravel())])
+    pi /= pi.sum()
+    C = np.array(states, dtype=float)
+    return pi @ (np.cumsum(C[:, ::-1], axis=1)[:, ::-1] / N)
+
+
+@pytest.mark.parametrize("sampling", ["with_replacement", "without_replacement"])
+def test_refined_against_exact_small_systems(sampling):
+    """The 1/N coefficient V against the exact stationary laws of systems of N = 5..11 servers: a fit of
+    N (E[s_k] - s_k) = V_k + a/N + b/N^2 recovers V_2, V_3 to about 1e-3 (JSQ(2), lam = 0.5)."""
+    lam, d, K = 0.5, 2, 6
+    model = jsmkt.JSQd(lam, d=d, K=12)
+    fp = jsmkt.solve_fixed_point(model)
+    mf = np.asarray(jsmkt.tails(model, fp))[: K + 1]
+    V = np.asarray(jsmkt.tails(model, jsmkt.refined_mean_field(fp, sampling).correction))[: K + 1]
+    Ns = np.arange(5, 12)
+    gaps = np.stack([N * (_exact_finite_n_tails(N, K, lam, d, sampling == "with_replacement") - mf) for N in Ns])
+    X = np.stack([np.ones_like(Ns, dtype=float), 1.0 / Ns, 1.0 / Ns**2], axis=1)
+    fit = np.linalg.lstsq(X, gaps, rcond=None)[0][0]
+    np.testing.assert_allclose(fit[2:4], V[2:4], rtol=3e-3)
+    assert abs(fit[1]) < 1e-4 and abs(V[1]) < 1e-12  # s_1 = lam exactly (up to the losses at K)
+    # the two sampling schemes differ by far more than this accuracy
+    assert V[2] > 0.04
