@@ -377,18 +377,20 @@ def simulate(
     chunks = ([(0.0, warmup, False)] if warmup > 0 else []) + [
         (lo, hi, True) for lo, hi in zip([warmup] + ends[:-1], ends, strict=True)
     ]
-    for i, (lo, hi, keep) in enumerate(chunks):
-        total = None
-        for j in range(sub):
-            t_end = hi if j == sub - 1 else lo + (hi - lo) * (j + 1) / sub
-            stats = groups.advance(t_end)
-            events += int(stats.events.sum())
-            total = stats if total is None else _add_stats(total, stats)
-            if progress:
-                _progress((i + (j + 1) / sub) / len(chunks), t_end, t1, events, start)
-        if keep:
-            per_batch.append(total)
-    groups.close()
+    try:
+        for i, (lo, hi, keep) in enumerate(chunks):
+            total = None
+            for j in range(sub):
+                t_end = hi if j == sub - 1 else lo + (hi - lo) * (j + 1) / sub
+                stats = groups.advance(t_end)
+                events += int(stats.events.sum())
+                total = stats if total is None else _add_stats(total, stats)
+                if progress:
+                    _progress((i + (j + 1) / sub) / len(chunks), t_end, t1, events, start)
+            if keep:
+                per_batch.append(total)
+    finally:
+        groups.close()
     if progress:
         sys.stderr.write("\n")
         sys.stderr.flush()
