@@ -130,6 +130,13 @@ def test_mitzenmacher_quick(tmp_path):
     pred = {r["lam"]: r["mean_field"] for r in rows if r["d"] == 2}
     for lam, v in {0.5: 1.2657, 0.7: 1.6145, 0.8: 1.9474, 0.9: 2.6141, 0.95: 3.3830, 0.99: 5.4320}.items():
         assert pred[lam] == pytest.approx(v, abs=6e-5)
+    # the refined mean field beside the stored simulations: its 1/n coefficient is positive and grows with lam
+    _load("mitzenmacher_table", "refined").main(["--quick", "--out", str(tmp_path)])
+    refined = json.loads((tmp_path / "refined.json").read_text())["rows"]
+    assert len(refined) == 18
+    for d in (2, 3, 5):
+        cs = [r["coefficient"] for r in refined if r["d"] == d]
+        assert all(c > 0 for c in cs) and cs == sorted(cs)
     simulated = [r for r in rows if "sim_100" in r]
     assert simulated
     for r in simulated:
