@@ -78,6 +78,8 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
     rmf = jsmkt.refined_mean_field(fp, sampling)
     y = rmf.state(n)
     s = np.asarray(jsmkt.tails(model, y))
+    v = np.asarray(jsmkt.tails(model, rmf.correction))[1:n_tail]  # 1/N coefficients (tails are linear)
+    s_mf = np.asarray(jsmkt.tails(model, fp))[1:n_tail]
     EQ = float(jsmkt.mean_queue_length(model, y))
     return {
         "n_servers": n,
@@ -87,12 +89,10 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
         "prob_wait": float(rmf.expectation(lambda y: jsmkt.prob_wait(model, y), n)),
         "utilisation": float(s[1]),
         "tail": [float(x) for x in s[:n_tail]],
-        "tail_correction": [float(x) for x in np.asarray(jsmkt.tails(model, rmf.correction))[1:n_tail]],
+        "tail_correction": [float(x) for x in v],
         "tail_std": [float(rmf.std(lambda y, k=k: jsmkt.tails(model, y)[k], n)) for k in range(1, n_tail)],
         # A relative correction beyond 30 % means N is too small for the expansion at this k.
-        "tail_in_range": [bool(abs(c) / n <= 0.3 * m) for c, m in
-                          zip(np.asarray(jsmkt.tails(model, rmf.correction))[1:n_tail], np.asarray(
-                              jsmkt.tails(model, fp))[1:n_tail], strict=True)],
+        "tail_in_range": [bool(x) for x in np.abs(v) / n <= 0.3 * s_mf],
     }
 
 
