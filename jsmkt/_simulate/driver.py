@@ -173,6 +173,9 @@ def _n_threads(cfg: core.Config, n_rep: int) -> int:
     return max(1, min(cores, n_rep))
 
 
+_COMPILED: set = set()  # (run, group size) pairs already compiled
+
+
 class _Groups:
     """Replications split into groups of contiguous replications, each advanced by `run` in its own thread."""
 
@@ -194,7 +197,14 @@ class _Groups:
         """Advance every replication to `t_end`; the chunk's statistics, replications in their original order."""
         t = jnp.asarray(t_end, jnp.float64)
         idx = range(len(self.states))
-        out = list(self.pool.map(lambda i: self._one(i, t), idx)) if self.pool else [self._one(0, t)]
+        # The first call of each group size compiles `run`: do that on this thread, one group after another (XLA's
+        # compiler crashed when two threads compiled the same function at once); later calls only execute.
+        keys = {(self.run, jax.tree_util.tree_leaves(st)[0].shape[0]) for st in self.states}
+        if self.pool is None or not keys <= _COMPILED:
+            out = [self._one(i, t) for i in idx]
+            _COMPILED.update(keys)
+        else:
+            out = list(self.pool.map(lambda i: self._one(i, t), idx))
         self.states = [state for state, _ in out]
         return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *[stats for _, stats in out])
 
