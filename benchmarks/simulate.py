@@ -6,9 +6,9 @@ Model: JSQ(2), N = 1000 servers, Poisson arrivals of rate N * 0.9, H2 service wi
 - the first-call time of `jsmkt.simulate` (trace + compile, once per configuration);
 - `jsmkt.simulate` with 1 replication and with 16 replications, over the same simulated time per replication:
   events/s (uniformisation events, self-loops included) and simulated time per wall second. On a CPU the PH
-  engine applies one event per iteration of a loop that XLA compiles into a single kernel, and runs groups of
-  replications in one host thread per core; on a GPU it evaluates speculative blocks of events batched over the
-  replications (the engine used is printed);
+  engine applies one event per iteration of a loop that XLA compiles into a single kernel, replication after
+  replication; on a GPU it evaluates speculative blocks of events batched over the replications (the engine used
+  is printed);
 - a plain-Python discrete-event loop (heapq of completion times, deques of arrival times, the same time-averaged
   queue-length distribution and per-job sojourn times), written below, over the same simulated time: events/s
   (arrivals + departures) and simulated time per wall second.
@@ -18,11 +18,11 @@ different events: uniformisation adds phase changes and self-loops (about 1.5 ev
 here). Medians of a few interleaved repeats. Run with `.venv/bin/python benchmarks/simulate.py` (`--quick` for a
 shorter run; `--replications 1 16 1024` to time other batch sizes, e.g. on a GPU).
 
-Measured on a 2-core CPU (XLA CPU, jax 0.10.2): plain Python 1.09e6 events/s; 1 replication 1.67e7 events/s
-(10.3x plain Python); 16 replications in two threads 3.56e7 events/s (22.0x). Before, in the same session: the
-speculative-block engine 5.5e6 and 7.3e6 events/s (3.5x and 4.6x); the sequential engine in one thread 1.65e7 and
-1.9e7 events/s (10.1x and 11.7x). The 100x target would need about 1.6e8 uniformisation events/s here, some 6 ns per
-event per core.
+Measured on a 2-core CPU (XLA CPU, jax 0.10.2): plain Python 1.09e6 events/s; the sequential engine 1.65e7 events/s
+with 1 replication (10.1x plain Python) and 1.9e7 with 16 (11.7x); the speculative-block engine, which the CPU ran
+before, 5.5e6 and 7.3e6 events/s (3.5x and 4.6x). Running groups of replications in one host thread per core gave
+3.56e7 events/s (22x) but crashed XLA now and then (in compilation), so it is not used. The 100x target would need
+about 1.6e8 uniformisation events/s here, some 6 ns per event per core.
 """
 
 import argparse

@@ -307,22 +307,6 @@ def test_sequential_and_block_engines_follow_the_same_path(getkey, monkeypatch, 
     assert a.sojourn_time_percentiles == pytest.approx(b.sojourn_time_percentiles, rel=1e-12)
 
 
-def test_thread_groups_do_not_change_the_run(getkey, monkeypatch):
-    """The sequential engine runs groups of replications in separate host threads; the result is the same as with
-    one group (each replication's random numbers come from its own key)."""
-    model = jsmkt.JSQdPH(0.8, jsmkt.coxian2(1.0, 2.0), d=2)
-    key = getkey()
-    monkeypatch.setattr(driver, "_n_threads", lambda cfg, n_rep: min(3, n_rep))
-    a = jsmkt.simulate(model, 50, 40.0, key=key, n_replications=5)
-    monkeypatch.setattr(driver, "_n_threads", lambda cfg, n_rep: 1)
-    b = jsmkt.simulate(model, 50, 40.0, key=key, n_replications=5)
-    assert a.events == b.events and a.n_jobs == b.n_jobs
-    np.testing.assert_array_equal(a.tails, b.tails)
-    np.testing.assert_array_equal(a.tails_ci, b.tails_ci)
-    assert a.mean_sojourn_time == b.mean_sojourn_time
-    assert a.sojourn_time_percentiles == b.sojourn_time_percentiles
-
-
 # --- long statistical checks ------------------------------------------------------------------------------------
 
 

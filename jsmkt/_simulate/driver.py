@@ -1,10 +1,8 @@
 """`simulate`: input checks, the chunked run and the statistics."""
 
-import concurrent.futures
 import functools
 import math
 import numbers
-import os
 import sys
 import time
 
@@ -163,56 +161,6 @@ def _compiled(cfg: core.Config):
     return init, run
 
 
-def _n_threads(cfg: core.Config, n_rep: int) -> int:
-    """Host threads to run the replications on. The sequential engine runs its replications one after another on
-    one core; groups of them in separate threads (each its own XLA execution) use the other cores: about 1.9x on
-    2 cores. The block engine batches its replications in one loop already."""
-    if not cfg.sequential:
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, n_rep))
-
-
-_COMPILED: set = set()  # (run, group size) pairs already compiled
-
-
-class _Groups:
-    """Replications split into groups of contiguous replications, each advanced by `run` in its own thread."""
-
-    def __init__(self, run, params, states, n_groups: int):
-        n_rep = jax.tree_util.tree_leaves(states)[0].shape[0]
-        bounds = np.linspace(0, n_rep, n_groups + 1).round().astype(int)
-        self.run, self.params = run, params
-        self.states = [
-            jax.tree_util.tree_map(lambda x, a=a, b=b: x[a:b], states)
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
-        self.pool = concurrent.futures.ThreadPoolExecutor(n_groups) if n_groups > 1 else None
-
-    def _one(self, i: int, t_end):
-        state, stats = self.run(self.params, self.states[i], t_end)
-        return state, jax.tree_util.tree_map(np.asarray, stats)  # waits for this group's execution
-
-    def advance(self, t_end: float) -> core.Stats:
-        """Advance every replication to `t_end`; the chunk's statistics, replications in their original order."""
-        t = jnp.asarray(t_end, jnp.float64)
-        idx = range(len(self.states))
-        # The first call of each group size compiles `run`: do that on this thread, one group after another (XLA's
-        # compiler crashed when two threads compiled the same function at once); later calls only execute.
-        keys = {(self.run, jax.tree_util.tree_leaves(st)[0].shape[0]) for st in self.states}
-        if self.pool is None or not keys <= _COMPILED:
-            out = [self._one(i, t) for i in idx]
-            _COMPILED.update(keys)
-        else:
-            out = list(self.pool.map(lambda i: self._one(i, t), idx))
-        self.states = [state for state, _ in out]
-        return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *[stats for _, stats in out])
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-
-
 def _add_stats(a: core.Stats, b: core.Stats) -> core.Stats:
     """Statistics of two consecutive chunks (the overflow count is cumulative already)."""
     return core.Stats(
@@ -262,9 +210,9 @@ def simulate(
     This code path is independent of the mean-field solvers: it only reads `lam`, `mu`/`service` and the choice
     rule's weights from `model`. It runs one compiled loop per time chunk (the warm-up, then each batch), on CPU
     or GPU, with memory independent of `t1`. PH service is simulated by uniformisation ($O(1)$ work per event,
-    the phase of each server tracked): on a CPU one event at a time, the replications in groups, one host thread
-    per core; elsewhere in speculative blocks batched over replications. General service is simulated by
-    per-server completion times ($O(N)$ per event). All are exact: see `jsmkt._simulate.core`.
+    the phase of each server tracked): on a CPU one event at a time, replication after replication; elsewhere in
+    speculative blocks batched over replications. General service is simulated by per-server completion times
+    ($O(N)$ per event). All are exact: see `jsmkt._simulate.core`.
 
     Random numbers: each replication gets a key from `jax.random.split(key, n_replications)`; its event loop
     draws from a counter-based SplitMix64 stream seeded from that key (event `e` always uses the same numbers, so
@@ -375,7 +323,7 @@ def simulate(
 
     # -- run, chunk by chunk: warm-up, then n_batches batches of equal length
     init, run = _compiled(cfg)
-    groups = _Groups(run, params, init(params, keys), _n_threads(cfg, n_rep))
+    states = init(params, keys)
     ends = [warmup + (t1 - warmup) * (i + 1) / n_batches for i in range(n_batches)]
     ends[-1] = t1
     # With a progress bar, each batch runs in a few sub-chunks (more updates; the run itself is unchanged, since
@@ -387,20 +335,18 @@ def simulate(
     chunks = ([(0.0, warmup, False)] if warmup > 0 else []) + [
         (lo, hi, True) for lo, hi in zip([warmup] + ends[:-1], ends, strict=True)
     ]
-    try:
-        for i, (lo, hi, keep) in enumerate(chunks):
-            total = None
-            for j in range(sub):
-                t_end = hi if j == sub - 1 else lo + (hi - lo) * (j + 1) / sub
-                stats = groups.advance(t_end)
-                events += int(stats.events.sum())
-                total = stats if total is None else _add_stats(total, stats)
-                if progress:
-                    _progress((i + (j + 1) / sub) / len(chunks), t_end, t1, events, start)
-            if keep:
-                per_batch.append(total)
-    finally:
-        groups.close()
+    for i, (lo, hi, keep) in enumerate(chunks):
+        total = None
+        for j in range(sub):
+            t_end = hi if j == sub - 1 else lo + (hi - lo) * (j + 1) / sub
+            states, stats = run(params, states, jnp.asarray(t_end, jnp.float64))
+            stats = jax.tree_util.tree_map(np.asarray, stats)
+            events += int(stats.events.sum())
+            total = stats if total is None else _add_stats(total, stats)
+            if progress:
+                _progress((i + (j + 1) / sub) / len(chunks), t_end, t1, events, start)
+        if keep:
+            per_batch.append(total)
     if progress:
         sys.stderr.write("\n")
         sys.stderr.flush()
