@@ -18,11 +18,12 @@ different events: uniformisation adds phase changes and self-loops (about 1.5 ev
 here). Medians of a few interleaved repeats. Run with `.venv/bin/python benchmarks/simulate.py` (`--quick` for a
 shorter run; `--replications 1 16 1024` to time other batch sizes, e.g. on a GPU).
 
-Measured on a 2-core CPU (XLA CPU, jax 0.10.2): plain Python 1.09e6 events/s; the sequential engine 1.65e7 events/s
-with 1 replication (10.1x plain Python) and 1.9e7 with 16 (11.7x); the speculative-block engine, which the CPU ran
-before, 5.5e6 and 7.3e6 events/s (3.5x and 4.6x). Running groups of replications in one host thread per core gave
-3.56e7 events/s (22x) but crashed XLA now and then (in compilation), so it is not used. The 100x target would need
-about 1.6e8 uniformisation events/s here, some 6 ns per event per core.
+Measured on a 2-core CPU (XLA CPU, jax 0.10.2): plain Python 1.1e6 events/s; the sequential engine 1.33-1.43e7
+events/s with 1 replication (8.1-8.6x plain Python) and 1.88e7 with 16 (11.3x); the speculative-block engine, which
+the CPU ran before, 5.5e6 and 7.3e6 events/s (3.5x and 4.6x). Two faster variants were dropped because full test
+runs then crashed now and then inside XLA compilations: XLA's `xla_cpu_copy_insertion_use_region_analysis` (about
+1.2x with 1 replication) and groups of replications in one host thread per core (22x with 16). The 100x target would
+need about 1.6e8 uniformisation events/s here, some 6 ns per event per core.
 """
 
 import argparse

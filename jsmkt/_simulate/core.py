@@ -391,11 +391,6 @@ def _markov_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State)
 
 # --- PH service: uniformisation, one event at a time (CPU) ------------------------------------------------------
 
-# XLA's CPU compiler options for the sequential engine: with region analysis, copy insertion sees that the nested
-# loops update their carried arrays in place; without it XLA copies the draw in every outer iteration, and the
-# engine runs about 1.5 times slower.
-CPU_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
-
 
 def _div(x, c: int):
     """Truncating division by a constant (of `x`'s dtype). `//` on signed integers emits floor-division fix-ups
