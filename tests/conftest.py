@@ -19,3 +19,11 @@ def getkey():
         return jr.PRNGKey(next(counter) + 12345)
 
     return _getkey
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_compilation_caches():
+    """Drop JAX's compiled executables after each test module: the suite compiles several hundred, and holding them
+    all in one process coincided with rare crashes inside later XLA compilations."""
+    yield
+    jax.clear_caches()
