@@ -30,13 +30,16 @@ import argparse
 import collections
 import heapq
 import math
+import os
 import random
 import statistics
 import time
 
+import jax
 import jax.random as jr
 
 import jsmkt
+from jsmkt._simulate import driver
 from jsmkt._simulate.driver import _sequential_engine
 
 
@@ -121,7 +124,12 @@ def main():
     parser.add_argument("--quick", action="store_true", help="shorter simulated time and fewer repeats")
     parser.add_argument("--replications", type=int, nargs="+", default=[1, 16], metavar="R",
                         help="replication counts to time (default: 1 16; e.g. 1 16 1024 on a GPU)")
+    parser.add_argument("--cpu-devices", type=int, default=os.cpu_count() or 1, metavar="K",
+                        help="CPU cores exposed as JAX devices, over which replications are split (default: all)")
     args = parser.parse_args()
+    if args.cpu_devices < 1:
+        parser.error(f"--cpu-devices={args.cpu_devices} must be >= 1")
+    jax.config.update("jax_num_cpu_devices", args.cpu_devices)  # before JAX's first computation
     reps_list = args.replications
     if any(r < 1 for r in reps_list):
         parser.error(f"--replications={reps_list} must all be >= 1")
@@ -132,7 +140,9 @@ def main():
     print(f"JSQ({D}), N = {N}, lam = {LAM}, H2 service (mean 1, SCV {SCV}); simulated time {t_sim:g} per "
           f"replication (warm-up 10 %), medians of {repeats} repeats")
     engine = "one event at a time (CPU)" if _sequential_engine(D) else "speculative blocks, batched"
-    print(f"jsmkt PH engine: {engine}\n")
+    devices = jax.devices()
+    print(f"jsmkt PH engine: {engine}; {len(devices)} {devices[0].platform} device(s), replications split among "
+          "as many as divide their number\n")
 
     compile_s = {}
     for r in reps_list:
@@ -160,11 +170,11 @@ def main():
         return wall, events / wall, reps * t_sim / wall
 
     py_wall, py_eps, py_tps = med("python")
-    header = f"{'':34} {'wall s':>8} {'events/s':>12} {'sim. time/s':>12} {'vs Python':>10}   E[Q], E[T]"
+    header = f"{'':42} {'wall s':>8} {'events/s':>12} {'sim. time/s':>12} {'vs Python':>10}   E[Q], E[T]"
     print(header)
     print("-" * len(header))
     eq, et, _ = results["python"]
-    print(f"{'plain Python (heapq), 1 run':34} {py_wall:8.2f} {py_eps:12.3e} {py_tps:12.4g} {1.0:9.2f}x   "
+    print(f"{'plain Python (heapq), 1 run':42} {py_wall:8.2f} {py_eps:12.3e} {py_tps:12.4g} {1.0:9.2f}x   "
           f"{eq:.3f}, {et:.3f}")
     speedups = {}
     for r in reps_list:
@@ -172,7 +182,8 @@ def main():
         speedups[r] = tps / py_tps
         eq, et, ci = results[r]
         label = f"jsmkt.simulate, {r} replication" + ("s" if r > 1 else "")
-        print(f"{label:34} {wall:8.2f} {eps:12.3e} {tps:12.4g} {speedups[r]:9.2f}x   {eq:.3f}, {et:.3f} ± {ci:.2g}")
+        label += f" ({driver._n_shards(r, len(devices))} dev.)"
+        print(f"{label:42} {wall:8.2f} {eps:12.3e} {tps:12.4g} {speedups[r]:9.2f}x   {eq:.3f}, {et:.3f} ± {ci:.2g}")
     print()
     for r in reps_list:
         print(f"first call (trace + compile + a 1-unit run), {r:2d} replication(s): {compile_s[r]:.2f} s")

@@ -3,6 +3,7 @@
 ```
 jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--auto-K] [--servers N]
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
+               [--cpu-devices K] [--progress]
 ```
 Bad specifications give one error line on stderr and exit code 2.
 """
@@ -236,7 +237,26 @@ def _cmd_solve(args) -> int:
     return 0
 
 
+def _use_cpu_devices(requested: int | None) -> None:
+    """Expose the CPU's cores as `requested` JAX devices (default: all cores), so that `simulate` runs
+    replications on them in parallel. Only possible before JAX's first computation in this process."""
+    import jax
+
+    k = requested if requested is not None else (os.cpu_count() or 1)
+    if requested is not None and requested < 1:
+        raise SpecError(f"--cpu-devices={requested} must be >= 1")
+    if k == 1:
+        return
+    try:
+        jax.config.update("jax_num_cpu_devices", k)
+    except RuntimeError:  # JAX already computed something in this process: its devices stay as they are
+        if requested is not None:
+            print(f"jsmkt: note: --cpu-devices={requested} ignored, JAX's devices were already set up",
+                  file=sys.stderr)
+
+
 def _cmd_simulate(args) -> int:
+    _use_cpu_devices(args.cpu_devices)
     import jax.random as jr
 
     import jsmkt
@@ -297,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--format", choices=("table", "json"), default="table")
     m.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    m.add_argument("--cpu-devices", type=int, default=None, metavar="K",
+                   help="on a CPU, run the replications on K cores in parallel (default: all cores)")
     m.set_defaults(func=_cmd_simulate)
     return p
 

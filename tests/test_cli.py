@@ -143,6 +143,7 @@ def test_simulate_json_keys_and_agreement(tmp_path, capsys):
 @pytest.mark.parametrize("args, needle", [
     (["--servers", "0", "--time", "10"], "--servers=0 must be >= 1"),
     (["--servers", "10", "--time", "-1"], "--time=-1.0 must be a positive"),
+    (["--servers", "10", "--time", "10", "--cpu-devices", "0"], "--cpu-devices=0 must be >= 1"),
 ])
 def test_simulate_bad_arguments(tmp_path, capsys, args, needle):
     spec = tmp_path / "m.toml"

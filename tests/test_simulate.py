@@ -307,6 +307,46 @@ def test_sequential_and_block_engines_follow_the_same_path(getkey, monkeypatch, 
     assert a.sojourn_time_percentiles == pytest.approx(b.sojourn_time_percentiles, rel=1e-12)
 
 
+_SHARDED_SCRIPT = """
+import json, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+jax.config.update("jax_enable_x64", True)
+import jax.random as jr
+import jsmkt
+service = jsmkt.lognormal(1.0, 2.0) if sys.argv[1] == "general" else None
+model = jsmkt.JSQdPH(0.85, jsmkt.hyperexponential2(1.0, 4.0), d=2)
+res = jsmkt.simulate(model, 30, 200.0, key=jr.PRNGKey(7), n_replications=4, service=service)
+print(json.dumps({"devices": len(jax.devices()), "events": res.events, "n_jobs": res.n_jobs,
+                  "tails": res.tails.tolist(), "soj": res.mean_sojourn_time}))
+"""
+
+
+@pytest.mark.parametrize("service", ["ph", "general"])
+def test_replications_sharded_over_devices_give_the_same_run(service):
+    """With several devices (here 2 CPU devices, in a subprocess) the replications are split among them; each
+    replication keeps its key, so the results equal those of one device."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT, service], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 2
+    model = jsmkt.JSQdPH(0.85, jsmkt.hyperexponential2(1.0, 4.0), d=2)
+    svc = jsmkt.lognormal(1.0, 2.0) if service == "general" else None
+    res = jsmkt.simulate(model, 30, 200.0, key=jr.PRNGKey(7), n_replications=4, service=svc)
+    assert (out["events"], out["n_jobs"]) == (res.events, res.n_jobs)
+    np.testing.assert_allclose(out["tails"], res.tails, rtol=1e-12, atol=1e-15)
+    assert out["soj"] == pytest.approx(res.mean_sojourn_time, rel=1e-12)
+
+
+def test_shard_counts():
+    assert [driver._n_shards(r, 2) for r in (1, 2, 3, 16)] == [1, 2, 1, 2]
+    assert [driver._n_shards(r, 8) for r in (6, 12, 7, 1024)] == [6, 6, 7, 8]
+
+
 # --- long statistical checks ------------------------------------------------------------------------------------
 
 

@@ -153,13 +153,28 @@ def _default_max_queue(rho: float, scv: float, d_min: int) -> int:
 # --- compiled pieces --------------------------------------------------------------------------------------------
 
 
+def _n_shards(n_rep: int, n_devices: int) -> int:
+    """Devices the replications are spread over: the largest count <= `n_devices` that divides `n_rep` (each
+    device then runs the same number of replications)."""
+    return max(k for k in range(1, min(n_rep, n_devices) + 1) if n_rep % k == 0)
+
+
 @functools.lru_cache(maxsize=32)
-def _compiled(cfg: core.Config):
-    init = jax.jit(jax.vmap(functools.partial(core.init_state, cfg), in_axes=(None, 0)))
+def _compiled(cfg: core.Config, devices: tuple = ()):
+    """`init(params, keys)` and `run(params, states, t_end)` for a batch of replications. With several `devices`
+    the replications are split evenly among them (`shard_map` over the leading axis): each device runs its share
+    of replications, in parallel with the others (several GPUs, or the cores of a CPU exposed as several devices
+    with `jax.config.update("jax_num_cpu_devices", n)`)."""
+    init = jax.vmap(functools.partial(core.init_state, cfg), in_axes=(None, 0))
+    run = functools.partial(core.run_chunk, cfg)
+    if len(devices) > 1:
+        mesh = jax.sharding.Mesh(np.array(devices), ("rep",))
+        rep, rest = jax.sharding.PartitionSpec("rep"), jax.sharding.PartitionSpec()
+        init = jax.shard_map(init, mesh=mesh, in_specs=(rest, rep), out_specs=rep, check_vma=False)
+        run = jax.shard_map(run, mesh=mesh, in_specs=(rest, rep, rest), out_specs=(rep, rep), check_vma=False)
     # XLA's non-default `xla_cpu_copy_insertion_use_region_analysis` made the sequential engine about 1.5x faster,
     # but full test runs then crashed now and then inside later compilations: default options only.
-    run = jax.jit(functools.partial(core.run_chunk, cfg), donate_argnums=1)
-    return init, run
+    return jax.jit(init), jax.jit(run, donate_argnums=1)
 
 
 def _add_stats(a: core.Stats, b: core.Stats) -> core.Stats:
@@ -213,7 +228,10 @@ def simulate(
     or GPU, with memory independent of `t1`. PH service is simulated by uniformisation ($O(1)$ work per event,
     the phase of each server tracked): on a CPU one event at a time, replication after replication; elsewhere in
     speculative blocks batched over replications. General service is simulated by per-server completion times
-    ($O(N)$ per event). All are exact: see `jsmkt._simulate.core`.
+    ($O(N)$ per event). All are exact: see `jsmkt._simulate.core`. With several JAX devices (GPUs, or a CPU's
+    cores exposed as devices by `jax.config.update("jax_num_cpu_devices", k)` right after `import jax`, as
+    `jsmkt simulate` does) the replications are split evenly among as many devices as divide their number, and
+    run in parallel; each replication's run does not depend on the split.
 
     Random numbers: each replication gets a key from `jax.random.split(key, n_replications)`; its event loop
     draws from a counter-based SplitMix64 stream seeded from that key (event `e` always uses the same numbers, so
@@ -323,7 +341,9 @@ def simulate(
     )
 
     # -- run, chunk by chunk: warm-up, then n_batches batches of equal length
-    init, run = _compiled(cfg)
+    devices = tuple(jax.devices())
+    devices = devices[: _n_shards(n_rep, len(devices))]
+    init, run = _compiled(cfg, devices)
     states = init(params, keys)
     ends = [warmup + (t1 - warmup) * (i + 1) / n_batches for i in range(n_batches)]
     ends[-1] = t1
