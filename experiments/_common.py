@@ -92,6 +92,17 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def use_all_cores() -> None:
+    """Expose every CPU core as a JAX device, so that `jsmkt.simulate` runs replications on them in parallel.
+    Effective only before JAX's first computation in the process (a no-op afterwards, e.g. inside the tests)."""
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
+    except RuntimeError:
+        pass
+
+
 def run_metadata(experiment: str, parameters: Mapping[str, Any], *, quick: bool) -> dict[str, Any]:
     """Everything needed to reproduce a run: parameters, git SHA (and whether the tree was dirty, with a hash of
     the package source), package versions, date, machine and command line."""
