@@ -7,12 +7,16 @@ finite-N simulation, takes gradients through the fixed point, and writes a plot 
 """
 
 import argparse
+import os
 import pathlib
 import time
 
 import jax
-import jax.random as jr
-import matplotlib
+
+
+jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)  # simulate's replications run on every core
+import jax.random as jr  # noqa: E402
+import matplotlib  # noqa: E402
 
 
 matplotlib.use("Agg")
