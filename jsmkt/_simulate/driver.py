@@ -30,7 +30,7 @@ _MAX_RING_SLOTS = 2**30  # 8 GiB of arrival times; also keeps the flat int32 ind
 def _sequential_engine(max_d: int) -> bool:
     """Whether PH service runs one event at a time (`core._sequential_chunk`) rather than in speculative blocks
     vectorised over replications (`core._markov_block`). On a CPU, XLA compiles the sequential engine's event loop
-    into a single kernel, about 70 ns per event against 100-200 ns for the block engine (N = 1000, d = 2); it
+    into a single kernel, about 50 ns per event against 100-200 ns for the block engine (N = 1000, d = 2); it
     does so while the loop body is small, which holds up to `_SEQUENTIAL_MAX_D` sampled servers (checked by the
     tests). Elsewhere (GPU) a loop iteration costs microseconds, and the block engine shares it among many events
     and replications."""
