@@ -314,6 +314,9 @@ jax.config.update("jax_num_cpu_devices", 2)
 jax.config.update("jax_enable_x64", True)
 import jax.random as jr
 import jsmkt
+from jsmkt._simulate import driver
+if sys.argv[1] == "block":
+    driver._sequential_engine = lambda max_d: False
 service = jsmkt.lognormal(1.0, 2.0) if sys.argv[1] == "general" else None
 model = jsmkt.JSQdPH(0.85, jsmkt.hyperexponential2(1.0, 4.0), d=2)
 res = jsmkt.simulate(model, 30, 200.0, key=jr.PRNGKey(7), n_replications=4, service=service)
@@ -322,10 +325,10 @@ print(json.dumps({"devices": len(jax.devices()), "events": res.events, "n_jobs":
 """
 
 
-@pytest.mark.parametrize("service", ["ph", "general"])
-def test_replications_sharded_over_devices_give_the_same_run(service):
+@pytest.mark.parametrize("service", ["ph", "block", "general"])
+def test_replications_sharded_over_devices_give_the_same_run(monkeypatch, service):
     """With several devices (here 2 CPU devices, in a subprocess) the replications are split among them; each
-    replication keeps its key, so the results equal those of one device."""
+    replication keeps its key, so the results equal those of one device (each engine)."""
     import subprocess
     import sys
 
@@ -336,6 +339,8 @@ def test_replications_sharded_over_devices_give_the_same_run(service):
     assert out["devices"] == 2
     model = jsmkt.JSQdPH(0.85, jsmkt.hyperexponential2(1.0, 4.0), d=2)
     svc = jsmkt.lognormal(1.0, 2.0) if service == "general" else None
+    if service == "block":  # the speculative-block engine (the GPU default)
+        monkeypatch.setattr(driver, "_sequential_engine", lambda max_d: False)
     res = jsmkt.simulate(model, 30, 200.0, key=jr.PRNGKey(7), n_replications=4, service=svc)
     assert (out["events"], out["n_jobs"]) == (res.events, res.n_jobs)
     np.testing.assert_allclose(out["tails"], res.tails, rtol=1e-12, atol=1e-15)
