@@ -14,6 +14,7 @@ import lineax as lx
 import optimistix as optx
 from jaxtyping import Array, PyTree
 
+from . import _maps
 from ._errors import is_concrete
 from ._linalg import BlockTridiagonal
 from ._models.base import AbstractSupermarketModel
@@ -127,6 +128,7 @@ def solve_fixed_point(
     # Concrete inputs: plain Python errors with the offending values.
     if throw:
         model.check_values()
+    _maps.before_compiling("jsmkt.solve_fixed_point", _maps.signature((model, x0)))
     while True:
         fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint)
         if fp.result in (RESULTS.nonlinear_max_steps_reached, RESULTS.nonlinear_divergence, RESULTS.nonfinite_solution,

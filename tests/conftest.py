@@ -23,7 +23,10 @@ def getkey():
 
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_compilation_caches():
-    """Drop JAX's compiled executables after each test module: the suite compiles several hundred, and holding them
-    all in one process coincided with rare crashes inside later XLA compilations."""
+    """Drop JAX's compiled executables after each test module. XLA's CPU backend maps every compiled kernel into
+    memory separately (three maps each); holding all of the suite's executables took the process to about 64,300
+    memory maps, just under Linux's default limit of 65,530 (`vm.max_map_count`), past which the next compilation
+    crashes the process (`jsmkt._maps`). That was the rare crash of full test runs. Cleared per module, the suite
+    stays far below the limit."""
     yield
     jax.clear_caches()

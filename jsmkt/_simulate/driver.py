@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 
+from .. import _maps
 from .._distributions.ph import PH
 from . import core
 from .result import SimulationResult
@@ -164,7 +165,9 @@ def _compiled(cfg: core.Config, devices: tuple = ()):
     """`init(params, keys)` and `run(params, states, t_end)` for a batch of replications. With several `devices`
     the replications are split evenly among them (`shard_map` over the leading axis): each device runs its share
     of replications, in parallel with the others (several GPUs, or the cores of a CPU exposed as several devices
-    with `jax.config.update("jax_num_cpu_devices", n)`)."""
+    with `jax.config.update("jax_num_cpu_devices", n)`). Called once per configuration, just before it compiles:
+    it first makes sure the process has memory maps to spare (`jsmkt._maps`)."""
+    _maps.make_room("jsmkt.simulate")
     init = jax.vmap(functools.partial(core.init_state, cfg), in_axes=(None, 0))
     run = functools.partial(core.run_chunk, cfg)
     if len(devices) > 1:
@@ -176,6 +179,9 @@ def _compiled(cfg: core.Config, devices: tuple = ()):
     # may update the server array in place: about 1.6x faster (49 against 77 ns per event, N = 1000, d = 2, H2).
     opts = {"xla_cpu_copy_insertion_use_region_analysis": True} if cfg.sequential else None
     return jax.jit(init), jax.jit(run, donate_argnums=1, compiler_options=opts)
+
+
+_maps.on_clear(_compiled.cache_clear)
 
 
 def _add_stats(a: core.Stats, b: core.Stats) -> core.Stats:
@@ -232,7 +238,9 @@ def simulate(
     ($O(N)$ per event). All are exact: see `jsmkt._simulate.core`. With several JAX devices (GPUs, or a CPU's
     cores exposed as devices by `jax.config.update("jax_num_cpu_devices", k)` right after `import jax`, as
     `jsmkt simulate` does) the replications are split evenly among as many devices as divide their number, and
-    run in parallel; each replication's run does not depend on the split.
+    run in parallel; each replication's run does not depend on the split. Each new configuration compiles anew;
+    near the kernel's memory-map limit, which XLA's compiled kernels use up, JAX's caches are cleared first with a
+    `RuntimeWarning` (`jsmkt._maps`).
 
     Random numbers: each replication gets a key from `jax.random.split(key, n_replications)`; its event loop
     draws from a counter-based SplitMix64 stream seeded from that key (event `e` always uses the same numbers, so
