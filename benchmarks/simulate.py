@@ -134,7 +134,7 @@ def main():
     args = parser.parse_args()
     if args.cpu_devices < 1:
         parser.error(f"--cpu-devices={args.cpu_devices} must be >= 1")
-    jax.config.update("jax_num_cpu_devices", args.cpu_devices)  # before JAX's first computation
+    jsmkt.use_cpu_cores(args.cpu_devices)  # before JAX's first computation
     reps_list = args.replications
     if any(r < 1 for r in reps_list):
         parser.error(f"--replications={reps_list} must all be >= 1")

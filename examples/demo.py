@@ -7,16 +7,12 @@ finite-N simulation, takes gradients through the fixed point, and writes a plot 
 """
 
 import argparse
-import os
 import pathlib
 import time
 
 import jax
-
-
-jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)  # simulate's replications run on every core
-import jax.random as jr  # noqa: E402
-import matplotlib  # noqa: E402
+import jax.random as jr
+import matplotlib
 
 
 matplotlib.use("Agg")
@@ -25,6 +21,9 @@ import numpy as np  # noqa: E402
 
 import jsmkt  # noqa: E402
 from jsmkt.plotting import plot_tails  # noqa: E402
+
+
+jsmkt.use_cpu_cores()  # the simulations' replications run on every core
 
 
 def main():

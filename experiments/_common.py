@@ -93,14 +93,11 @@ def versions() -> dict[str, str | None]:
 
 
 def use_all_cores() -> None:
-    """Expose every CPU core as a JAX device, so that `jsmkt.simulate` runs replications on them in parallel.
-    Effective only before JAX's first computation in the process (a no-op afterwards, e.g. inside the tests)."""
-    import jax
+    """Expose every CPU core as a JAX device, so that `jsmkt.simulate` runs replications on them in parallel
+    (`jsmkt.use_cpu_cores`; a no-op after JAX's first computation, e.g. inside the tests)."""
+    import jsmkt
 
-    try:
-        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
-    except RuntimeError:
-        pass
+    jsmkt.use_cpu_cores()
 
 
 def run_metadata(experiment: str, parameters: Mapping[str, Any], *, quick: bool) -> dict[str, Any]:

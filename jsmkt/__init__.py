@@ -3,6 +3,7 @@
 import importlib.metadata
 
 from . import _config  # noqa: F401  (float64 everywhere)
+from ._config import use_cpu_cores as use_cpu_cores
 from . import _published as published
 from ._choice import AbstractChoice as AbstractChoice
 from ._choice import FixedChoice as FixedChoice

@@ -239,20 +239,13 @@ def _cmd_solve(args) -> int:
 
 def _use_cpu_devices(requested: int | None) -> None:
     """Expose the CPU's cores as `requested` JAX devices (default: all cores), so that `simulate` runs
-    replications on them in parallel. Only possible before JAX's first computation in this process."""
-    import jax
+    replications on them in parallel."""
+    from ._config import use_cpu_cores
 
-    k = requested if requested is not None else (os.cpu_count() or 1)
     if requested is not None and requested < 1:
         raise SpecError(f"--cpu-devices={requested} must be >= 1")
-    if k == 1:
-        return
-    try:
-        jax.config.update("jax_num_cpu_devices", k)
-    except RuntimeError:  # JAX already computed something in this process: its devices stay as they are
-        if requested is not None:
-            print(f"jsmkt: note: --cpu-devices={requested} ignored, JAX's devices were already set up",
-                  file=sys.stderr)
+    if not use_cpu_cores(requested) and requested is not None:
+        print(f"jsmkt: note: --cpu-devices={requested} ignored, JAX's devices were already set up", file=sys.stderr)
 
 
 def _cmd_simulate(args) -> int:

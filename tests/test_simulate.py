@@ -310,10 +310,9 @@ def test_sequential_and_block_engines_follow_the_same_path(getkey, monkeypatch, 
 _SHARDED_SCRIPT = """
 import json, sys
 import jax
-jax.config.update("jax_num_cpu_devices", 2)
-jax.config.update("jax_enable_x64", True)
 import jax.random as jr
 import jsmkt
+assert jsmkt.use_cpu_cores(2)
 from jsmkt._simulate import driver
 if sys.argv[1] == "block":
     driver._sequential_engine = lambda max_d: False
@@ -345,6 +344,14 @@ def test_replications_sharded_over_devices_give_the_same_run(monkeypatch, servic
     assert (out["events"], out["n_jobs"]) == (res.events, res.n_jobs)
     np.testing.assert_allclose(out["tails"], res.tails, rtol=1e-12, atol=1e-15)
     assert out["soj"] == pytest.approx(res.mean_sojourn_time, rel=1e-12)
+
+
+def test_use_cpu_cores_after_the_first_computation_and_bad_input():
+    jnp.ones(2).block_until_ready()
+    assert jsmkt.use_cpu_cores() is False  # JAX's devices are set up already in this process
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"n=.* must be an integer >= 1"):
+            jsmkt.use_cpu_cores(bad)
 
 
 def test_shard_counts():

@@ -165,7 +165,7 @@ def _compiled(cfg: core.Config, devices: tuple = ()):
     """`init(params, keys)` and `run(params, states, t_end)` for a batch of replications. With several `devices`
     the replications are split evenly among them (`shard_map` over the leading axis): each device runs its share
     of replications, in parallel with the others (several GPUs, or the cores of a CPU exposed as several devices
-    with `jax.config.update("jax_num_cpu_devices", n)`). Called once per configuration, just before it compiles:
+    with `jsmkt.use_cpu_cores`). Called once per configuration, just before it compiles:
     it first makes sure the process has memory maps to spare (`jsmkt._maps`)."""
     _maps.make_room("jsmkt.simulate")
     init = jax.vmap(functools.partial(core.init_state, cfg), in_axes=(None, 0))
@@ -236,8 +236,8 @@ def simulate(
     the phase of each server tracked): on a CPU one event at a time, replication after replication; elsewhere in
     speculative blocks batched over replications. General service is simulated by per-server completion times
     ($O(N)$ per event). All are exact: see `jsmkt._simulate.core`. With several JAX devices (GPUs, or a CPU's
-    cores exposed as devices by `jax.config.update("jax_num_cpu_devices", k)` right after `import jax`, as
-    `jsmkt simulate` does) the replications are split evenly among as many devices as divide their number, and
+    cores exposed as devices by `jsmkt.use_cpu_cores()` before JAX's first computation, as `jsmkt simulate`
+    does) the replications are split evenly among as many devices as divide their number, and
     run in parallel; each replication's run does not depend on the split. Each new configuration compiles anew;
     near the kernel's memory-map limit, which XLA's compiled kernels use up, JAX's caches are cleared first with a
     `RuntimeWarning` (`jsmkt._maps`).
