@@ -128,7 +128,7 @@ def solve_fixed_point(
     # Concrete inputs: plain Python errors with the offending values.
     if throw:
         model.check_values()
-    _maps.before_compiling("jsmkt.solve_fixed_point", _maps.signature((model, x0)))
+    _maps.before_compiling("jsmkt.solve_fixed_point", ("fixed_point", _maps.signature((model, x0))))
     while True:
         fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint)
         if fp.result in (RESULTS.nonlinear_max_steps_reached, RESULTS.nonlinear_divergence, RESULTS.nonfinite_solution,

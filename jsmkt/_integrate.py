@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, PyTree
 
+from . import _maps
 from ._errors import is_concrete
 from ._fixed_point import check_values
 from ._models.base import AbstractSupermarketModel
@@ -72,6 +73,7 @@ def integrate(
         raise ValueError(f"t1={t1!r} must be a positive finite time")
     if is_concrete(model):
         model.check_values()
+        _maps.before_compiling("jsmkt.integrate", ("integrate", _maps.signature((model, x0, ts)), type(solver)))
     y0 = model.initial_state() if x0 is None else x0
     if ts is not None:
         ts = jnp.asarray(ts, dtype=float)
@@ -122,6 +124,7 @@ def steady_state(
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
     if is_concrete(model):
         model.check_values()
+        _maps.before_compiling("jsmkt.steady_state", ("steady_state", _maps.signature((model, x0))))
     y0 = model.initial_state() if x0 is None else x0
     y, result = _steady_state(model, y0, rtol, atol, max_steps)
     if throw:

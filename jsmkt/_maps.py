@@ -5,8 +5,9 @@ constants, data). A fixed point of a new model shape costs about 300 maps, a sim
 Linux allows a process `vm.max_map_count` maps (65530 by default); past it, the next compilation cannot map its
 code and the process dies with a segmentation fault ("LLVM compilation error: Cannot allocate memory"). A
 process that compiles a few hundred distinct shapes or configurations, e.g. a sweep over `K`, `N` or the service
-law, gets there. jsmkt checks before it compiles something new: near the limit it clears JAX's compilation caches,
-with a warning, and raises a clear error if that does not free enough.
+law, gets there. jsmkt checks before it compiles something new (`simulate` per configuration; `solve_fixed_point`,
+`refined_mean_field`, `integrate` and `steady_state` per new shape of their inputs): near the limit it clears
+JAX's compilation caches, with a warning, and raises a clear error if that does not free enough.
 """
 
 import warnings

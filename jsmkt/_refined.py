@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
+from . import _maps
 from ._choice import AbstractChoice, _divided_differences
 from ._errors import is_concrete
 from ._models.base import AbstractSupermarketModel
@@ -225,6 +226,8 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
         )
     if sampling not in ("with_replacement", "without_replacement"):
         raise ValueError(f"sampling={sampling!r} must be 'with_replacement' or 'without_replacement'")
+    if concrete:
+        _maps.before_compiling("jsmkt.refined_mean_field", ("refine", _maps.signature(fixed_point.model), sampling))
     out = _refine(fixed_point.model, fixed_point.value, sampling == "with_replacement")
     if concrete and not all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree_util.tree_leaves(out)):
         raise ValueError(

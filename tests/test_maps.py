@@ -59,3 +59,16 @@ def test_solve_fixed_point_clears_the_caches_near_the_limit(linux, monkeypatch):
         fp = jsmkt.solve_fixed_point(model)
     # s_k = lam^(2^k - 1) (Mitzenmacher), after recompiling
     assert [float(x) for x in jsmkt.tails(model, fp)[1:4]] == pytest.approx([0.5, 0.125, 0.5**7], rel=1e-12)
+
+
+def test_other_entry_points_check_once_per_new_shape(linux, monkeypatch):
+    calls = []
+    monkeypatch.setattr(_maps, "make_room", lambda who: calls.append(who))
+    monkeypatch.setattr(_maps, "_seen", set())
+    model = jsmkt.JSQd(0.6, d=2, K=45)
+    fp = jsmkt.solve_fixed_point(model)
+    for _ in range(2):
+        jsmkt.refined_mean_field(fp)
+        jsmkt.steady_state(model)
+        jsmkt.integrate(model, 1.0)
+    assert calls == ["jsmkt.solve_fixed_point", "jsmkt.refined_mean_field", "jsmkt.steady_state", "jsmkt.integrate"]
