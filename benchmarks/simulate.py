@@ -22,9 +22,10 @@ shorter run; `--replications 1 16 1024` to time other batch sizes, e.g. on a GPU
 Measured on a 2-core CPU (XLA CPU, jax 0.10.2, 2 CPU devices): plain Python 1.06-1.11e6 events/s; jsmkt
 1.53-1.79e7 events/s with 1 replication (9.7-10.8x plain Python; about 49 ns per event, of which about 7 ns for
 the vectorised random numbers and 5 ns for the statistics' scatters), 2.51e7 with 2 (15.2x) and 3.34-3.50e7 with
-16 (21.1-21.2x). The 1e6 events/s target passes; the 100x target does not. It would need about 1.6e8 uniformisation events/s here,
-12 ns per event per core with everything included, whereas XLA's CPU backend spends about 30 ns on the
-event's chain of dependent single-element loads and stores even with the whole loop compiled into one kernel.
+16 (21.1-21.2x). The 1e6 events/s target passes; the 100x target does not. It would need about 1.6e8
+uniformisation events/s here, 12 ns per event per core with everything included, whereas XLA's CPU backend spends
+about 30 ns on the event's chain of dependent single-element loads and stores even with the whole loop compiled
+into one kernel.
 Tried and measured: statistics accumulated inside the kernel (no faster once the server array is updated in
 place), and events of 2-8 replications interleaved in one loop iteration, so that the processor could overlap
 their chains (the loop no longer fits XLA's one-kernel size limit; 2.5-6.5x slower per event even with the limit

@@ -92,14 +92,6 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def use_all_cores() -> None:
-    """Expose every CPU core as a JAX device, so that `jsmkt.simulate` runs replications on them in parallel
-    (`jsmkt.use_cpu_cores`; a no-op after JAX's first computation, e.g. inside the tests)."""
-    import jsmkt
-
-    jsmkt.use_cpu_cores()
-
-
 def run_metadata(experiment: str, parameters: Mapping[str, Any], *, quick: bool) -> dict[str, Any]:
     """Everything needed to reproduce a run: parameters, git SHA (and whether the tree was dirty, with a hash of
     the package source), package versions, date, machine and command line."""

@@ -71,7 +71,7 @@ def closed_form(lam: float, d: int) -> float:
 
 
 def main(argv=None) -> Path:
-    _common.use_all_cores()  # replications in parallel on every core
+    jsmkt.use_cpu_cores()  # replications in parallel on every core (before JAX's first computation)
     ap = _common.parser(__doc__.splitlines()[0])
     ap.add_argument("--budget-cpu", type=float, default=None, help="simulation CPU seconds for all cases")
     args = ap.parse_args(argv)

@@ -271,7 +271,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> Path:
-    _common.use_all_cores()  # replications in parallel on every core
+    jsmkt.use_cpu_cores()  # replications in parallel on every core (before JAX's first computation)
     ap = _common.parser(__doc__.splitlines()[0])
     ap.add_argument("--budget-cpu", type=float, default=None, help="simulation CPU seconds for all cases")
     ap.add_argument("--target", type=float, default=None, help="target 95 %% half-width of E[T] / E[T]")

@@ -46,7 +46,7 @@ QUICK = dict(FULL, cases=[[3, 0.8, "hyperexp2"]], ns=[125, 500], target=0.02, mi
 
 
 def main(argv=None) -> Path:
-    _common.use_all_cores()  # replications in parallel on every core
+    jsmkt.use_cpu_cores()  # replications in parallel on every core (before JAX's first computation)
     args = _common.parser(__doc__.splitlines()[0]).parse_args(argv)
     p = dict(QUICK if args.quick else FULL)
     out = _common.output_dir(NAME, args.out, args.quick)
