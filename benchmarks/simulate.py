@@ -22,11 +22,12 @@ count different events: uniformisation adds phase changes and self-loops (about 
 departure here). Medians of a few interleaved repeats. Run with `.venv/bin/python benchmarks/simulate.py`
 (`--quick` for a shorter run; `--replications 1 16 1024` to time other batch sizes, e.g. on a GPU).
 
-Measured on a 2-core CPU (AMD EPYC, XLA CPU, jax 0.10.2, 2 CPU devices), full run: plain Python 1.07e6 events/s;
-jsmkt 1.62e7 events/s with 1 replication (10.2x plain Python) and 3.54e7 with 16 (22.3x); the C loop of the same
-algorithm 4.26e7 events/s in one process (26.8x) and 8.34e7 in two (52.5x), with the same E[Q] and E[T] within
-noise. jsmkt runs at 0.42 of the speed of native code. The 1e6 events/s target passes; the 100x target does not,
-and is out of reach of this algorithm on this machine: even the C loop gets half way. 100x would take about 1.6e8
+Measured on a 2-core CPU (AMD EPYC, XLA CPU, jax 0.10.2, 2 CPU devices), three full runs: plain Python
+1.07-1.13e6 events/s; jsmkt 1.62-1.84e7 events/s with 1 replication (10.2-10.9x plain Python) and 3.47-3.65e7
+with 16 (21.0-22.3x); the C loop of the same algorithm 4.15-4.26e7 events/s in one process (24.7-26.8x) and
+8.26-8.34e7 in two (48.4-52.5x), with the same E[Q] and E[T] within noise. jsmkt runs at 0.42-0.44 of the speed
+of native code. The 1e6 events/s target passes; the 100x target does not, and is out of reach of this algorithm
+on this machine: even the C loop gets half way. 100x would take about 1.6e8
 uniformisation events/s, 12 ns per event per core with everything included. The C loop takes about 24 ns (an
 exact event selection without self-loops would remove at most a third of the events); jsmkt takes about 50 ns, of
 which about 30 ns in the one-kernel event loop that XLA compiles, 7 ns for the vectorised random numbers and 5 ns
