@@ -27,11 +27,11 @@ Measured on a 2-core CPU (AMD EPYC, XLA CPU, jax 0.10.2, 2 CPU devices), three f
 with 16 (21.0-22.3x); the C loop of the same algorithm 4.15-4.26e7 events/s in one process (24.7-26.8x) and
 8.26-8.34e7 in two (48.4-52.5x), with the same E[Q] and E[T] within noise. jsmkt runs at 0.42-0.44 of the speed
 of native code. The 1e6 events/s target passes; the 100x target does not, and is out of reach of this algorithm
-on this machine: even the C loop gets half way. 100x would take about 1.6e8
-uniformisation events/s, 12 ns per event per core with everything included. The C loop takes about 24 ns (an
-exact event selection without self-loops would remove at most a third of the events); jsmkt takes about 50 ns, of
-which about 30 ns in the one-kernel event loop that XLA compiles, 7 ns for the vectorised random numbers and 5 ns
-for the statistics' scatters.
+on this machine: even the C loop gets half way. 100x would take about 1.6e8 uniformisation events/s, 12 ns per
+event per core with everything included. The C loop takes about 24 ns (an exact event selection without
+self-loops would remove at most a third of the events); jsmkt takes about 50 ns, of which about 30 ns in the
+one-kernel event loop that XLA compiles, 7 ns for the vectorised random numbers and 5 ns for the statistics'
+scatters.
 Tried and measured: statistics accumulated inside the kernel (no faster once the server array is updated in
 place); events of 2-8 replications interleaved in one loop iteration, so that the processor could overlap their
 chains (the loop no longer fits XLA's one-kernel size limit; 2.5-6.5x slower per event even with the limit
