@@ -33,10 +33,11 @@ self-loops would remove at most a third of the events); jsmkt takes about 50 ns,
 one-kernel event loop that XLA compiles, 7 ns for the vectorised random numbers and 5 ns for the statistics'
 scatters.
 Tried and measured: statistics accumulated inside the kernel (the cells' time integrals, or the block's sums of
-sojourn times, departures and refused arrivals: no faster); events of 2-8 replications interleaved in one loop iteration, so that the processor could overlap their
-chains (the loop no longer fits XLA's one-kernel size limit; 2.5-6.5x slower per event even with the limit
-raised); power-of-two cell packing, so that decoding a server's state takes shifts instead of multiplications
-(max_queue 31 or 63 instead of 55: 75-77 against 58 ns per event, XLA compiles the loop worse).
+sojourn times, departures and refused arrivals: no faster); events of 2-8 replications interleaved in one loop
+iteration, so that the processor could overlap their chains (the loop no longer fits XLA's one-kernel size limit;
+2.5-6.5x slower per event even with the limit raised); power-of-two cell packing, so that decoding a server's
+state takes shifts instead of multiplications (max_queue 31 or 63 instead of 55: 75-77 against 58 ns per event,
+XLA compiles the loop worse); 256, 1024 or 2048 events per block instead of 512 (60, 68, 65 against 58 ns).
 """
 
 import argparse
