@@ -46,8 +46,12 @@ int main(int argc, char **argv) {
     const int n = atoi(argv[1]), d = atoi(argv[3]), q = atoi(argv[8]);
     const double lam = atof(argv[2]), scv = atof(argv[4]), t_end = atof(argv[5]), warmup = atof(argv[6]);
     const uint64_t seed = strtoull(argv[7], NULL, 10) * GAMMA + 1;
-    if (n < 1 || d < 1 || q < 1 || !(lam > 0) || !(scv > 1) || !(t_end > warmup) || warmup < 0) {
-        fprintf(stderr, "bad arguments\n");
+    const char *bad = n < 1 ? "N must be >= 1" : d < 1 ? "D must be >= 1" : q < 1 ? "MAX_QUEUE must be >= 1"
+                    : !(lam > 0) ? "LAM must be > 0" : !(scv > 1) ? "SCV must be > 1 (H2 service)"
+                    : !(warmup >= 0) ? "WARMUP must be >= 0" : !(t_end > warmup) ? "T_END must exceed WARMUP" : NULL;
+    if (bad) {
+        fprintf(stderr, "bad arguments: %s (got N=%s LAM=%s D=%s SCV=%s T_END=%s WARMUP=%s MAX_QUEUE=%s)\n", bad,
+                argv[1], argv[2], argv[3], argv[4], argv[5], argv[6], argv[8]);
         return 2;
     }
     const int m = 2, words = 4 + d, n_cells = (q + 1) * m;
