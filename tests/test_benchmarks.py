@@ -33,7 +33,8 @@ def run(exe, *args):
     return int(events), float(queue), float(sojourn), int(overflow)
 
 
-def test_c_reference_matches_the_mean_field(reference):
+@pytest.mark.parametrize("select", ["uniform", "exact"])
+def test_c_reference_matches_the_mean_field(reference, select):
     lam, scv = 0.9, 4.0
     model = jsmkt.JSQdPH(lam, jsmkt.hyperexponential2(1.0, scv), d=2)
     state = jsmkt.solve_fixed_point(model)
@@ -41,10 +42,12 @@ def test_c_reference_matches_the_mean_field(reference):
     t_end, warmup = 6000.0, 300.0
     queues, sojourns = [], []
     for seed in range(4):
-        events, queue, sojourn, overflow = run(reference, 1000, lam, 2, scv, t_end, warmup, seed, 55)
+        events, queue, sojourn, overflow = run(reference, 1000, lam, 2, scv, t_end, warmup, seed, 55, select)
         assert overflow == 0
-        # Uniformisation at rate N (lam + qbar), qbar = 2 p1 = 1.775: events counted with self-loops.
-        assert events == pytest.approx(1000 * (lam + 1.7745966692414834) * t_end, rel=0.01)
+        # Uniformisation at rate N (lam + qbar), qbar = 2 p1 = 1.775: events counted with self-loops. Without
+        # them (exact selection), arrivals and departures only: 2 N lam per unit time.
+        rate = lam + 1.7745966692414834 if select == "uniform" else 2 * lam
+        assert events == pytest.approx(1000 * rate * t_end, rel=0.01)
         queues.append(queue)
         sojourns.append(sojourn)
     mean_t = sum(sojourns) / len(sojourns)
@@ -59,4 +62,7 @@ def test_c_reference_rejects_bad_arguments(reference):
     assert res.returncode == 2 and "usage" in res.stderr
     res = subprocess.run([str(reference), "1000", "0.9", "2", "0.5", "100", "10", "1", "55"], capture_output=True,
                          text=True)
-    assert res.returncode == 2 and "bad arguments" in res.stderr
+    assert res.returncode == 2 and "bad arguments" in res.stderr and "SCV=0.5" in res.stderr
+    res = subprocess.run([str(reference), "1000", "0.9", "2", "4", "100", "10", "1", "55", "fast"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "SELECT must be uniform or exact" in res.stderr and "SELECT=fast" in res.stderr
