@@ -22,6 +22,10 @@ from jsmkt._simulate import core, driver
 from jsmkt._simulate.driver import _SEQUENTIAL_MAX_D, _compiled, t_quantile_975
 
 
+# Checks of XLA's CPU backend and of CPU cores as devices; elsewhere (`benchmarks/gpu_check.sh`) they do not apply.
+cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA's CPU backend")
+
+
 # --- helpers ----------------------------------------------------------------------------------------------------
 
 
@@ -151,15 +155,21 @@ def test_without_replacement_is_better_at_small_n(getkey):
 
 @pytest.mark.parametrize("service", [None, "lognormal"])
 def test_chunking_does_not_change_the_run(getkey, service):
-    """Batch boundaries only split the statistics: pending events keep their times and random numbers, so the
-    whole-run averages do not depend on n_batches (both engines)."""
+    """Chunk boundaries only split the statistics: pending events keep their times and random numbers, so the
+    whole-run averages depend neither on n_batches (one replication) nor on the progress bar's sub-chunks (several
+    replications, whose run after the warm-up is one batch), for both engines."""
     svc = jsmkt.lognormal(1.0, 2.0) if service else None
-    kw = dict(key=getkey(), service=svc, n_replications=2)
-    a = jsmkt.simulate(jsmkt.JSQd(0.8, d=2), 40, 300.0, n_batches=5, **kw)
-    b = jsmkt.simulate(jsmkt.JSQd(0.8, d=2), 40, 300.0, n_batches=13, **kw)
-    assert a.events == b.events and a.n_jobs == b.n_jobs
-    np.testing.assert_allclose(a.tails, b.tails, rtol=1e-9, atol=1e-12)
-    assert a.mean_sojourn_time == pytest.approx(b.mean_sojourn_time, rel=1e-12)
+    model = jsmkt.JSQd(0.8, d=2)
+    kw = dict(key=getkey(), service=svc)
+    pairs = [
+        (jsmkt.simulate(model, 40, 300.0, n_batches=5, **kw), jsmkt.simulate(model, 40, 300.0, n_batches=13, **kw)),
+        (jsmkt.simulate(model, 40, 300.0, n_replications=2, **kw),
+         jsmkt.simulate(model, 40, 300.0, n_replications=2, progress=True, **kw)),
+    ]
+    for a, b in pairs:
+        assert a.events == b.events and a.n_jobs == b.n_jobs
+        np.testing.assert_allclose(a.tails, b.tails, rtol=1e-9, atol=1e-12)
+        assert a.mean_sojourn_time == pytest.approx(b.mean_sojourn_time, rel=1e-12)
 
 
 def test_reproducible_and_key_dependent(getkey, capsys):
@@ -220,6 +230,7 @@ def test_overflow_raises(getkey):
         (dict(n_servers=2, sampling="without_replacement"), r"d=3 exceeds n_servers=2"),
         (dict(model="JSQd"), r"model='JSQd' must be a jsmkt.JSQd or jsmkt.JSQdPH"),
         (dict(n_servers=10**6, max_queue=10**4), r"arrival-time slots .* exceed the limit"),
+        (dict(n_servers=1, max_queue=1, n_replications=300_000), r"n_replications=300000 exceeds 209\d+, the most"),
     ],
 )
 def test_bad_input(kwargs, match):
@@ -265,7 +276,8 @@ def test_event_loop_does_not_copy_buffers(engine):
     cfg = core.Config(n=97, max_queue=13, m=1 if sampler else 2, max_d=2, fixed_d=True, replace=True, block=16,
                       n_bins=64, sampler=sampler, sequential=engine == "sequential")
     hlo = _run_hlo(cfg)
-    big = [line for line in hlo.splitlines() if re.search(rf"\[(3,)?({97 * 13}|97)\]\S* copy\(", line)]
+    big = [line for line in hlo.splitlines()
+           if re.search(rf"\[((3,)?({97 * 13}|97)|{3 * 97 * 13}|{3 * 97})\]\S* copy\(", line)]
     # One copy of each donated input at entry is fine; none may sit in a loop body.
     bodies = re.split(r"\n(?=%\S+ )|\nENTRY", hlo)
     in_loops = [b for b in bodies if ("while" in b.split("\n", 1)[0] or "region" in b.split("\n", 1)[0])]
@@ -273,6 +285,7 @@ def test_event_loop_does_not_copy_buffers(engine):
     assert not loop_copies, loop_copies
 
 
+@cpu_only
 @pytest.mark.parametrize("m", [1, 8])
 def test_sequential_event_loop_is_one_kernel(m):
     """Performance guard: XLA compiles the sequential engine's event loop into a single kernel (a "small call",
@@ -324,6 +337,7 @@ print(json.dumps({"devices": len(jax.devices()), "events": res.events, "n_jobs":
 """
 
 
+@cpu_only
 @pytest.mark.parametrize("service", ["ph", "block", "general"])
 def test_replications_sharded_over_devices_give_the_same_run(monkeypatch, service):
     """With several devices (here 2 CPU devices, in a subprocess) the replications are split among them; each

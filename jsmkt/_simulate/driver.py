@@ -259,7 +259,7 @@ def simulate(
     - `max_queue`: largest queue length a server may hold (ring-buffer size). Chosen from the load when omitted;
       a `ValueError` is raised after the run if an arrival found a full queue.
     - `n_batches`: number of batch means (of equal length, $\ge 30$ recommended) for confidence intervals of a
-      single replication.
+      single replication (with several, the run after the warm-up is not split).
     - `progress`: print a progress bar on stderr (the results do not depend on it).
 
     **Returns:** a `jsmkt.SimulationResult`. Sojourn times are those of the jobs that leave during
@@ -327,6 +327,11 @@ def simulate(
             f"({8 * n_rep * n * max_queue / 2**30:.1f} GiB) exceed the limit of {_MAX_RING_SLOTS:.3g}; lower "
             "max_queue or n_replications (run replications in several calls)"
         )
+    if n_rep * (_N_BINS + 2) >= 2**31:
+        raise ValueError(
+            f"n_replications={n_rep} exceeds {(2**31 - 1) // (_N_BINS + 2)}, the most whose sojourn-time histograms "
+            f"({8 * (_N_BINS + 2) / 1024:.0f} kB each) one call holds; run replications in several calls"
+        )
 
     if kind == "ph":
         alpha, T = serv
@@ -349,16 +354,20 @@ def simulate(
         hist_lo=jnp.asarray(hist_lo, jnp.int64),
     )
 
-    # -- run, chunk by chunk: warm-up, then n_batches batches of equal length
+    # -- run, chunk by chunk: warm-up, then n_batches batches of equal length. With several replications the
+    # confidence intervals come from them and the whole-run averages do not depend on the batches, so the run after
+    # the warm-up is one batch: at each chunk boundary every replication restarts with its buffers out of the
+    # processor's caches.
     devices = tuple(jax.devices())
     devices = devices[: _n_shards(n_rep, len(devices))]
     init, run = _compiled(cfg, devices)
     states = init(params, keys)
-    ends = [warmup + (t1 - warmup) * (i + 1) / n_batches for i in range(n_batches)]
+    n_run_batches = n_batches if n_rep == 1 else 1
+    ends = [warmup + (t1 - warmup) * (i + 1) / n_run_batches for i in range(n_run_batches)]
     ends[-1] = t1
     # With a progress bar, each batch runs in a few sub-chunks (more updates; the run itself is unchanged, since
     # pending events keep their times and random numbers across chunk boundaries).
-    sub = max(1, math.ceil(_PROGRESS_UPDATES / (n_batches + 1))) if progress else 1
+    sub = max(1, math.ceil(_PROGRESS_UPDATES / (n_run_batches + 1))) if progress else 1
     start = time.perf_counter()
     events = 0
     per_batch = []
@@ -390,7 +399,7 @@ def simulate(
     # -- statistics: per replication r and batch b
     batch_len = np.diff(np.asarray([warmup] + ends))  # (B,)
     area = np.stack([s.area for s in per_batch], axis=1)  # (R, B, C)
-    p = (area / (n * batch_len[None, :, None])).reshape(n_rep, n_batches, max_queue + 1, m)
+    p = (area / (n * batch_len[None, :, None])).reshape(n_rep, n_run_batches, max_queue + 1, m)
     levels = p.sum(axis=3)  # (R, B, K+1): fraction with exactly k jobs
     tails_rb = np.cumsum(levels[..., ::-1], axis=2)[..., ::-1]
     phase_rb = np.cumsum(p[..., ::-1, :], axis=2)[..., ::-1, :][:, :, 1:, :]  # (R, B, K, m)
