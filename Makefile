@@ -34,6 +34,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/fixed_point.py
 	$(BIN)/python benchmarks/simulate.py
+	$(BIN)/python benchmarks/replications.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

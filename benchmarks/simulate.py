@@ -25,17 +25,18 @@ departure here). Medians of a few interleaved repeats. Run with `.venv/bin/pytho
 (`--quick` for a shorter run; `--replications 1 16 1024` to time other batch sizes, e.g. on a GPU).
 
 Measured on a 2-core CPU (AMD EPYC, XLA CPU, jax 0.10.2, 2 CPU devices), three full runs: plain Python
-1.10-1.13e6 events/s; jsmkt 1.84-1.88e7 events/s with 1 replication (11.1-11.5x plain Python) and 3.58-3.65e7
-with 16 (21.4-21.9x); the C loop of the same algorithm 4.37-4.45e7 events/s in one process (26.4-26.8x) and
-8.77-8.84e7 in two (52.5-53.8x), with the same E[Q] and E[T] within noise; the C loop with exact selection
-2.76-2.77e7 events/s in one process (24.6-25.1x) and 5.39-5.50e7 in two (48.0-49.9x). jsmkt runs at 0.40-0.42
+1.11-1.13e6 events/s; jsmkt 1.83-1.87e7 events/s with 1 replication (11.0-11.2x plain Python) and 3.96-4.01e7
+with 16 (23.7-24.0x); the C loop of the same algorithm 4.43-4.49e7 events/s in one process (26.6-26.8x) and
+8.66-8.85e7 in two (52.2-52.4x), with the same E[Q] and E[T] within noise; the C loop with exact selection
+2.75-2.81e7 events/s in one process (24.7-24.8x) and 5.38-5.53e7 in two (47.9-49.4x). jsmkt runs at 0.45-0.46
 of the speed of native code. The 1e6 events/s target passes; the 100x target does not, and is out of reach of
 this algorithm on this machine: even the C loop gets half way. 100x would take about 1.6e8 uniformisation
 events/s, 12 ns per event per core with everything included. The C loop takes about 23 ns; dropping the
 self-loops removes a third of the events but makes each of the others dearer (a state-dependent rate, the
-rejection draws), so the exact selection is no faster per simulated time, even in C. jsmkt takes about 54 ns per
+rejection draws), so the exact selection is no faster per simulated time, even in C. jsmkt takes about 50 ns per
 event, of which about 30 ns in the one-kernel event loop that XLA compiles, 7 ns for the vectorised random
-numbers and 5 ns for the statistics' scatters.
+numbers and 5 ns for the statistics' scatters. (Before the engine ran the replications in place in the batch's
+buffers and ran one batch after the warm-up when there are several, 16 replications gave 21.4-21.9x.)
 Tried and measured: statistics accumulated inside the kernel (the cells' time integrals, or the block's sums of
 sojourn times, departures and refused arrivals: no faster); events of 2-8 replications interleaved in one loop
 iteration, so that the processor could overlap their chains (the loop no longer fits XLA's one-kernel size limit;
