@@ -10,7 +10,8 @@
 #   simulate_tests.log    tests/test_simulate.py with the slow statistical checks, on the GPU: there the PH engine
 #                         is the speculative-block one, batched over replications (checks of XLA's CPU backend
 #                         skip themselves);
-#   simulate_bench.log    benchmarks/simulate.py with 1, 16, 1024 and 8192 replications;
+#   simulate_bench.log    benchmarks/simulate.py --quick with 1, 16, 1024 and 8192 replications (REPLICATIONS
+#                         overrides the list);
 #   fixed_point_bench.log benchmarks/fixed_point.py --quick (the batched fixed-point solve among others).
 # Exit status 0 if every step passed. Set PYTHON to use another interpreter than python3.
 set -uo pipefail
@@ -32,6 +33,7 @@ step() {  # step NAME LIMIT_S COMMAND...
 
 step devices 60 "$py" -c "import jax, jsmkt; print('jax', jax.__version__, jax.devices(), jax.default_backend())"
 step simulate_tests 200 "$py" -m pytest -q -p no:cacheprovider -m "" tests/test_simulate.py
-step simulate_bench 150 "$py" benchmarks/simulate.py --no-native --replications 1 16 1024 8192
+# shellcheck disable=SC2086  # the list is split on purpose
+step simulate_bench 150 "$py" benchmarks/simulate.py --quick --no-native --replications ${REPLICATIONS:-1 16 1024 8192}
 step fixed_point_bench 60 "$py" benchmarks/fixed_point.py --quick
 exit $status
