@@ -50,7 +50,8 @@ def main():
         parser.error(f"--replications={args.replications} must all be >= 1")
     total = 150.0 if args.quick else 600.0
     print(f"JSQ(2), N = 1000, lam = 0.9, H2 (SCV 4); R replications of {total:g} / R time units each, one CPU device")
-    header = f"{'R':>6} {'t1':>8} {'wall s':>8} {'events':>11} {'ns/event':>9} {'vs R=1':>7} {'MB/rep':>8} {'ring MB':>8}"
+    header = (f"{'R':>6} {'t1':>8} {'wall s':>8} {'events':>11} {'ns/event':>9} {'vs R=1':>7} {'MB/rep':>8} "
+              f"{'ring MB':>8}")
     print(header)
     print("-" * len(header))
     base = None

@@ -38,9 +38,10 @@ around the inner loop.
 
 **Batching.** The block Markov engine is written for a batch of replications (leading axis of every state array),
 with flat gathers and scatters into the flattened per-server arrays; the sequential one runs the replications one
-after another, in place in the batch's flattened ring buffers and histograms (`_sequential_batch`); the general engine is a per-replication `lax.scan` under `jax.vmap`. Either way one
-compiled loop runs until every replication has reached `t_end`. With several devices the driver gives each
-device an equal share of the batch (`shard_map`), so these loops run side by side.
+after another, in place in the batch's flattened ring buffers and histograms (`_sequential_batch`); the general
+engine is a per-replication `lax.scan` under `jax.vmap`. Either way one compiled loop runs until every
+replication has reached `t_end`. With several devices the driver gives each device an equal share of the batch
+(`shard_map`), so these loops run side by side.
 
 **Chunks.** `run_chunk` advances to `t_end` and stops before the first event later than `t_end`, which stays
 pending (its time and random numbers are kept), so splitting a run into chunks does not change it.
