@@ -166,6 +166,7 @@ def test_chunking_does_not_change_the_run(getkey, service):
         (jsmkt.simulate(model, 40, 300.0, n_replications=2, **kw),
          jsmkt.simulate(model, 40, 300.0, n_replications=2, progress=True, **kw)),
     ]
+    assert [r.n_batches for pair in pairs for r in pair] == [5, 13, 1, 1]
     for a, b in pairs:
         assert a.events == b.events and a.n_jobs == b.n_jobs
         np.testing.assert_allclose(a.tails, b.tails, rtol=1e-9, atol=1e-12)
@@ -201,7 +202,7 @@ def test_result_fields_and_to_dict(getkey):
     assert set(d["sojourn_time_percentiles"]) == {"p50", "p90", "p99"}
     assert d["tail"][0] == pytest.approx(1.0) and d["tail"][-1] > 0 and len(d["tail"]) == len(d["tail_ci"])
     assert len(d["tail"]) < res.max_queue + 1  # trimmed where s_k is 0 for good
-    assert (d["n_servers"], d["t1"], d["warmup"], d["n_replications"]) == (30, 200.0, 50.0, 1)
+    assert (d["n_servers"], d["t1"], d["warmup"], d["n_replications"], d["n_batches"]) == (30, 200.0, 50.0, 1, 30)
     p = res.sojourn_time_percentiles
     assert 0 < p[50] < p[90] < p[99]
 

@@ -330,7 +330,7 @@ def simulate(
     if n_rep * (_N_BINS + 2) >= 2**31:
         raise ValueError(
             f"n_replications={n_rep} exceeds {(2**31 - 1) // (_N_BINS + 2)}, the most whose sojourn-time histograms "
-            f"({8 * (_N_BINS + 2) / 1024:.0f} kB each) one call holds; run replications in several calls"
+            f"({8 * (_N_BINS + 2) / 2**10:.0f} KiB each) one call holds; run replications in several calls"
         )
 
     if kind == "ph":
@@ -443,7 +443,7 @@ def simulate(
         t1=t1,
         warmup=warmup,
         n_replications=n_rep,
-        n_batches=n_batches,
+        n_batches=n_run_batches,
         max_queue=max_queue,
         sampling=sampling,
         ci_method=ci_method,

@@ -30,7 +30,8 @@ class SimulationResult:
       uniformisation included).
     - `n_jobs`: jobs whose sojourn times were recorded, summed over replications.
     - `overflow`: arrivals that found a queue of `max_queue` jobs (always 0: `simulate` raises otherwise).
-    - `n_servers`, `t1`, `warmup`, `n_replications`, `n_batches`, `max_queue`, `sampling`, `ci_method`: the run.
+    - `n_servers`, `t1`, `warmup`, `n_replications`, `n_batches`, `max_queue`, `sampling`, `ci_method`: the run
+      (`n_batches` is 1 with several replications, whose runs after the warm-up are not split).
     """
 
     tails: np.ndarray
