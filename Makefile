@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/fixed_point.py
 	$(BIN)/python benchmarks/simulate.py
 	$(BIN)/python benchmarks/replications.py
+	$(BIN)/python benchmarks/general_service.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache
