@@ -10,6 +10,12 @@ comparison. Medians of 5 repeats, compilation excluded.
 
 Measured on a 2-core CPU (AMD EPYC, XLA CPU, jax 0.10.2): N = 1000: 2.2 us per event against 6.2 us with argmin
 (2.7x); N = 100: 1.35 against 1.78 us (1.3x). Run: `.venv/bin/python benchmarks/general_service.py`.
+
+Tried and not adopted: a tournament tree of first-minimum indices (O(log N) per event, rebuilt per block of 64
+events), with the events of each replication applied by a loop of single-element reads and writes as in the
+sequential PH engine. It gave the same runs, but the tree's update path makes the loop body too large for XLA to
+compile the event loop into one kernel, so the loop still ran op by op: 1.5 against 2.2 us per event at N = 1000,
+1.3 against 1.35 us at N = 100 (one prototype run), not worth a second general-service engine.
 """
 
 import statistics
