@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import jsmkt
@@ -230,6 +230,9 @@ def test_transitions_physical_structure(name):
     rho=st.floats(0.1, 0.92),
     d=st.sampled_from([1, 2, 3]),
 )
+# A rare slow phase: d = 1 (M/PH/1) has a geometric tail of ratio 0.80, longer than the SCV of 1.8 suggests (the
+# default K was 86 before it used that ratio; the tail mass there was 2.9e-10).
+@example(rates=[4.0, 0.5], cont=0.0078125, rho=0.5, d=1)
 def test_property_random_coxian(rates, cont, rho, d):
     probs = [cont] * (len(rates) - 1)
     svc = jsmkt.coxian(rates, probs)
@@ -293,3 +296,36 @@ def test_vmap_over_parameters_equals_loop():
     batched = jax.vmap(solve)(lams)
     looped = [float(solve(lam)) for lam in lams]
     np.testing.assert_allclose(batched, looped, rtol=1e-12)
+
+
+def test_mph1_tail_decay_closed_forms():
+    """The M/PH/1 tail ratio that sizes the default K: the load for exponential service, and for H2 the root in
+    (1, 1 + mu_2 / lam) of z = sum_i p_i mu_i / (mu_i + lam (1 - z)), here from the cubic it multiplies out to."""
+    from jsmkt._models.base import mph1_tail_decay
+
+    assert mph1_tail_decay(0.7, np.ones(1), -2.0 * np.ones((1, 1))) == pytest.approx(0.35, rel=1e-12)
+    svc, lam = jsmkt.hyperexponential2(1.0, 4.0), 0.8
+    p1 = 0.5 * (1 + math.sqrt(3 / 5))
+    (mu1, mu2), (q1, q2) = (2 * p1, 2 * (1 - p1)), (p1, 1 - p1)
+    a1, a2 = np.polynomial.Polynomial([mu1 + lam, -lam]), np.polynomial.Polynomial([mu2 + lam, -lam])
+    z = np.polynomial.Polynomial([0, 1])
+    cubic = z * a1 * a2 - q1 * mu1 * a2 - q2 * mu2 * a1
+    roots = [r.real for r in cubic.roots() if abs(r.imag) < 1e-12 and 1 + 1e-9 < r.real < 1 + mu2 / lam]
+    assert len(roots) == 1
+    eta = mph1_tail_decay(lam, np.asarray(svc.alpha), np.asarray(svc.T))
+    assert eta == pytest.approx(1 / roots[0], rel=1e-10)
+
+
+def test_default_K_follows_the_geometric_tail_of_single_choice_arrivals():
+    """With D = 1 the mean field is the M/PH/1 queue: its solved tail ratio s_{k+1}/s_k tends to the decay rate
+    that sizes the default K, and the default K holds the tail below tail_tol."""
+    from jsmkt._models.base import mph1_tail_decay
+
+    svc = jsmkt.coxian([4.0, 0.5], [0.0078125])
+    lam = 0.5 / float(svc.mean)
+    model = jsmkt.JSQdPH(lam, svc, d=1)
+    fp = jsmkt.solve_fixed_point(model)
+    s = np.asarray(fp.value).sum(axis=1)
+    eta = mph1_tail_decay(lam, np.asarray(svc.alpha), np.asarray(svc.T))
+    assert s[100] / s[99] == pytest.approx(eta, rel=1e-6)
+    assert s[-1] < 1e-10

@@ -143,14 +143,47 @@ def check_K(K: Any) -> int:
     return int(K)
 
 
-def default_K(rho: float, weights: np.ndarray, scv: float = 1.0, tol: float = 1e-14) -> int:
+def default_K(
+    rho: float, weights: np.ndarray, scv: float = 1.0, tol: float = 1e-14, decay: float | None = None
+) -> int:
     """Heuristic truncation level for concrete parameters: iterate the exponential tail recursion
-    `s_k = rho * g(s_{k-1})` until `s_k < tol`, then widen for service variability (SCV). The solvers check the
-    actual tail mass at `K` and say when `K` must grow."""
+    `s_k = rho * g(s_{k-1})` until `s_k < tol`, then widen for service variability (SCV). Where arrivals sample
+    a single server with positive probability, the tail ends geometric; `decay` is its ratio per level when known
+    (`mph1_tail_decay`), and `K` is then at least the number of levels it takes to fall below `tol`. The solvers
+    check the actual tail mass at `K` and say when `K` must grow."""
     g = np.polynomial.Polynomial(np.concatenate([[0.0], weights]))
     rho = min(max(float(rho), 0.0), 0.999)
     s, k = 1.0, 0
     while s > tol and k < 100_000:
         s = rho * g(s)
         k += 1
-    return max(8, int(np.ceil(k * max(1.0, (1.0 + float(scv)) / 2.0) * 1.25)) + 4)
+    levels = k * max(1.0, (1.0 + float(scv)) / 2.0)
+    if decay is not None and 0.0 < decay < 1.0:
+        levels = max(levels, np.log(tol) / np.log(decay))
+    return max(8, int(np.ceil(levels * 1.25)) + 4)
+
+
+def mph1_tail_decay(lam: float, alpha: np.ndarray, T: np.ndarray) -> float:
+    r"""Geometric decay rate $\eta$ of the queue-length tail of an M/PH/1 queue with arrival rate `lam` and
+    $\mathrm{PH}(\alpha, T)$ service, $P(Q \ge k) \sim c\,\eta^k$ (requires $\lambda E[S] < 1$): $\eta = 1/z$
+    for the root $z > 1$ of $z = \tilde B(\lambda(1 - z))$, $\tilde B(s) = \alpha (sI - T)^{-1} t$ the service
+    time's Laplace transform, found by bisection below the pole at $1 + \delta/\lambda$ ($-\delta$ the largest
+    eigenvalue of $T$). For exponential service it is the load $\rho$."""
+    alpha, T = np.asarray(alpha, float), np.asarray(T, float)
+    t = -T.sum(axis=1)
+    eye = np.eye(len(alpha))
+    delta = -float(np.max(np.linalg.eigvals(T).real))
+
+    def excess(z):  # B(lam (1 - z)) - z: negative just above 1 when rho < 1, +inf at the pole
+        return float(alpha @ np.linalg.solve(lam * (1.0 - z) * eye - T, t)) - z
+
+    lo, hi = 1.0, 1.0 + delta / lam
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if excess(mid) < 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return 1.0 / hi

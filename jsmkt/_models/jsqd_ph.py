@@ -10,7 +10,7 @@ from .._choice import AbstractChoice, as_choice
 from .._distributions.ph import PH
 from .._errors import as_float_array, concrete_array
 from .._linalg import mmatrix_solve
-from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt
+from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt, mph1_tail_decay
 
 
 class JSQdPH(AbstractSupermarketModel):
@@ -59,7 +59,13 @@ class JSQdPH(AbstractSupermarketModel):
             wc = concrete_array(self.choice.weights())
             if lc is None or wc is None or concrete_array(service.T) is None:
                 raise ValueError("K must be given when lam, service or d are traced (inside jit/grad/vmap)")
-            K = default_K(lc * float(service.mean), wc, float(service.scv))
+            rho = float(lc) * float(service.mean)
+            w1 = float(np.asarray(wc)[0])  # P(D = 1): those arrivals leave a geometric tail (M/PH/1 at rate lam w1)
+            decay = None
+            if w1 > 0 and rho * w1 < 1:
+                decay = mph1_tail_decay(float(lc) * w1, np.asarray(concrete_array(service.alpha)),
+                                        np.asarray(concrete_array(service.T)))
+            K = default_K(rho, wc, float(service.scv), decay=decay)
         self.K = check_K(K)
 
     @property
