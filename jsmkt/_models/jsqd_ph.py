@@ -60,11 +60,10 @@ class JSQdPH(AbstractSupermarketModel):
             if lc is None or wc is None or concrete_array(service.T) is None:
                 raise ValueError("K must be given when lam, service or d are traced (inside jit/grad/vmap)")
             rho = float(lc) * float(service.mean)
-            w1 = float(np.asarray(wc)[0])  # P(D = 1): those arrivals leave a geometric tail (M/PH/1 at rate lam w1)
+            w1 = float(wc[0])  # P(D = 1): those arrivals leave a geometric tail (M/PH/1 at rate lam w1)
             decay = None
             if w1 > 0 and rho * w1 < 1:
-                decay = mph1_tail_decay(float(lc) * w1, np.asarray(concrete_array(service.alpha)),
-                                        np.asarray(concrete_array(service.T)))
+                decay = mph1_tail_decay(float(lc) * w1, concrete_array(service.alpha), concrete_array(service.T))
             K = default_K(rho, wc, float(service.scv), decay=decay)
         self.K = check_K(K)
 
