@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The GPU check of jsmkt's batched evaluation, prepared to run in one go (under 8 minutes) on a machine with a CUDA
 # GPU that already has JAX (with its CUDA plugin), Equinox, Diffrax, Optimistix, Lineax, optax, jaxtyping,
-# matplotlib, pytest, hypothesis and scipy: it installs nothing and needs no network. From the repository root:
+# matplotlib, pytest, hypothesis and scipy: it installs nothing, needs no network, and runs jsmkt from the checkout
+# (not installed). From the repository root:
 #
 #     bash benchmarks/gpu_check.sh [OUTDIR]      # default: $OUT if set, else out/gpu_check
 #
-# Each step has its own time limit, so that a slow step does not stop the others, and writes its log to OUTDIR:
-#   devices.log           JAX's version, devices and default backend;
-#   simulate_tests.log    tests/test_simulate.py with the slow statistical checks, on the GPU: there the PH engine
-#                         is the speculative-block one, batched over replications (checks of XLA's CPU backend
-#                         skip themselves);
-#   simulate_bench.log    benchmarks/simulate.py --quick with 1, 16, 1024 and 8192 replications (REPLICATIONS
-#                         overrides the list);
-#   fixed_point_bench.log benchmarks/fixed_point.py --quick (the batched fixed-point solve among others).
+# Each step has its own time limit, so that a slow step does not stop the others, and writes its log to OUTDIR.
+# Most important first:
+#   devices.log              JAX's version, devices and default backend, and nvidia-smi;
+#   simulate_bench_many.log  benchmarks/simulate.py with 1024, 4096 and 16384 replications (40 time units each,
+#                            the most that one call's arrival-time buffers allow at N = 1000 is about 19500);
+#   simulate_bench.log       benchmarks/simulate.py with 1 and 16 replications (100 time units each);
+#   simulate_block16.log     4096 replications with 16 instead of 8 events per iteration of the block engine;
+#   simulate_tests.log       tests/test_simulate.py, fast checks, on the GPU: there the PH engine is the
+#                            speculative-block one, batched over replications (checks of XLA's CPU backend skip
+#                            themselves); then the slow statistical checks (simulate_tests_slow.log);
+#   fixed_point_bench.log    benchmarks/fixed_point.py --quick (the batched fixed-point solve among others).
 # Exit status 0 if every step passed. Set PYTHON to use another interpreter than python3.
 set -uo pipefail
 out=${1:-${OUT:-out/gpu_check}}
@@ -31,9 +35,14 @@ step() {  # step NAME LIMIT_S COMMAND...
     [ "$rc" -eq 0 ] || status=1
 }
 
-step devices 60 "$py" -c "import jax, jsmkt; print('jax', jax.__version__, jax.devices(), jax.default_backend())"
-step simulate_tests 200 "$py" -m pytest -q -p no:cacheprovider -m "" tests/test_simulate.py
-# shellcheck disable=SC2086  # the list is split on purpose
-step simulate_bench 150 "$py" benchmarks/simulate.py --quick --no-native --replications ${REPLICATIONS:-1 16 1024 8192}
-step fixed_point_bench 60 "$py" benchmarks/fixed_point.py --quick
+step devices 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; \
+    $py -c \"import jax, jsmkt; print('jax', jax.__version__, 'jsmkt', jsmkt.__version__, jax.devices(), \
+    jax.default_backend())\""
+bench=(benchmarks/simulate.py --no-native --repeats 2 --verbose)
+step simulate_bench_many 150 "$py" "${bench[@]}" --time 40 --replications 1024 4096 16384
+step simulate_bench 75 "$py" "${bench[@]}" --time 100 --replications 1 16
+step simulate_block16 45 "$py" "${bench[@]}" --time 40 --replications 4096 --block 16
+step simulate_tests 75 "$py" -m pytest -q -p no:cacheprovider -x tests/test_simulate.py
+step simulate_tests_slow 75 "$py" -m pytest -q -p no:cacheprovider -m slow tests/test_simulate.py
+step fixed_point_bench 45 "$py" benchmarks/fixed_point.py --quick
 exit $status

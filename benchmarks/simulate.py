@@ -50,8 +50,9 @@ import collections
 import heapq
 import math
 import os
-import random
 import pathlib
+import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -143,6 +144,17 @@ def python_jsqd_h2(n, lam, d, scv, t1, warmup, seed):
     return events, mean_queue, soj_sum / max(n_jobs, 1)
 
 
+def cpu_model():
+    """The processor's model name (Linux), else what `platform` knows."""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f", {os.cpu_count()} logical cores"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def build_native(workdir):
     """Compile the C reference of jsmkt's uniformised engine (`reference/jsqd_h2.c`); None (with the reason
     printed) without a working C compiler."""
@@ -182,29 +194,49 @@ def main():
                         help="CPU cores exposed as JAX devices, over which replications are split (default: all)")
     parser.add_argument("--no-native", action="store_true",
                         help="skip the C reference of the same algorithm (built with the system's C compiler)")
+    parser.add_argument("--time", type=float, default=None, metavar="T",
+                        help="simulated time per replication and of the plain-Python run (default 600, --quick 200; "
+                             "shorter for thousands of replications on a GPU)")
+    parser.add_argument("--repeats", type=int, default=None, metavar="K",
+                        help="interleaved repeats whose medians are printed (default 3, --quick 2)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print each timed run as it ends (the table comes after all repeats)")
+    parser.add_argument("--block", type=int, default=None, metavar="B",
+                        help="events per loop iteration of the speculative-block PH engine (GPU), instead of "
+                             "jsmkt's choice 2 sqrt(N / R) clipped to [8, 1024]")
     args = parser.parse_args()
     if args.cpu_devices < 1:
         parser.error(f"--cpu-devices={args.cpu_devices} must be >= 1")
+    if args.time is not None and not args.time > 0:
+        parser.error(f"--time={args.time} must be > 0")
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats={args.repeats} must be >= 1")
+    if args.block is not None and args.block < 1:
+        parser.error(f"--block={args.block} must be >= 1")
+    if args.block is not None:
+        driver._markov_block_size = lambda n, n_rep: args.block
     jsmkt.use_cpu_cores(args.cpu_devices)  # before JAX's first computation
     reps_list = args.replications
     if any(r < 1 for r in reps_list):
         parser.error(f"--replications={reps_list} must all be >= 1")
-    t_sim = 200.0 if args.quick else 600.0
-    repeats = 2 if args.quick else 3
+    t_sim = args.time if args.time is not None else 200.0 if args.quick else 600.0
+    repeats = args.repeats if args.repeats is not None else 2 if args.quick else 3
     model = jsmkt.JSQdPH(LAM, jsmkt.hyperexponential2(1.0, SCV), d=D)
 
     print(f"JSQ({D}), N = {N}, lam = {LAM}, H2 service (mean 1, SCV {SCV}); simulated time {t_sim:g} per "
           f"replication (warm-up 10 %), medians of {repeats} repeats")
     engine = "one event at a time (CPU)" if _sequential_engine(D) else "speculative blocks, batched"
     devices = jax.devices()
-    print(f"jsmkt PH engine: {engine}; {len(devices)} {devices[0].platform} device(s), replications split among "
-          "as many as divide their number\n")
+    print(f"jsmkt PH engine: {engine}; {len(devices)} {devices[0].platform} device(s) ({devices[0].device_kind}), "
+          f"replications split among as many as divide their number; CPU: {cpu_model()}\n")
 
     compile_s = {}
     for r in reps_list:
         t0 = time.perf_counter()
         first = jsmkt.simulate(model, N, 1.0, key=jr.PRNGKey(0), n_replications=r)
         compile_s[r] = time.perf_counter() - t0
+        if args.verbose:
+            print(f"  first call, {r} replication(s): {compile_s[r]:.2f} s", flush=True)
 
     workdir = tempfile.TemporaryDirectory()
     native = None if args.no_native else build_native(workdir.name)
@@ -218,11 +250,19 @@ def main():
         ev, eq, et = python_jsqd_h2(N, LAM, D, SCV, t_sim, 0.1 * t_sim, seed=i)
         rows["python"].append((time.perf_counter() - t0, ev))
         results["python"] = (eq, et, None)
+        if args.verbose:
+            wall = rows["python"][-1][0]
+            print(f"  repeat {i + 1}, plain Python: {wall:.2f} s, {ev / wall:.3e} events/s, "
+                  f"{t_sim / wall:.4g} simulated time per second", flush=True)
         for r in reps_list:
             t0 = time.perf_counter()
             res = jsmkt.simulate(model, N, t_sim, key=jr.PRNGKey(100 + i), n_replications=r)
             rows[r].append((time.perf_counter() - t0, res.events))
             results[r] = (res.mean_queue_length, res.mean_sojourn_time, res.mean_sojourn_time_ci)
+            if args.verbose:
+                wall, ev = rows[r][-1]
+                print(f"  repeat {i + 1}, {r} replication(s): {wall:.2f} s, {ev / wall:.3e} events/s, "
+                      f"{r * t_sim / wall:.4g} simulated time per second", flush=True)
         for select, p in native_rows:
             wall, ev, eq, et = run_native(native, p, t_sim, 0.1 * t_sim, first.max_queue, seed=i, select=select)
             rows[("C", select, p)].append((wall, ev))
@@ -235,11 +275,11 @@ def main():
         return wall, events / wall, reps * t_sim / wall
 
     py_wall, py_eps, py_tps = med("python")
-    header = f"{'':46} {'wall s':>8} {'events/s':>12} {'sim. time/s':>12} {'vs Python':>10}   E[Q], E[T]"
+    header = f"{'':58} {'wall s':>8} {'events/s':>12} {'sim. time/s':>12} {'vs Python':>10}   E[Q], E[T]"
     print(header)
     print("-" * len(header))
     eq, et, _ = results["python"]
-    print(f"{'plain Python (heapq), 1 run':46} {py_wall:8.2f} {py_eps:12.3e} {py_tps:12.4g} {1.0:9.2f}x   "
+    print(f"{'plain Python (heapq), 1 run':58} {py_wall:8.2f} {py_eps:12.3e} {py_tps:12.4g} {1.0:9.2f}x   "
           f"{eq:.3f}, {et:.3f}")
     speedups = {}
     for r in reps_list:
@@ -247,8 +287,9 @@ def main():
         speedups[r] = tps / py_tps
         eq, et, ci = results[r]
         label = f"jsmkt.simulate, {r} replication" + ("s" if r > 1 else "")
-        label += f" ({driver._n_shards(r, len(devices))} dev.)"
-        print(f"{label:46} {wall:8.2f} {eps:12.3e} {tps:12.4g} {speedups[r]:9.2f}x   {eq:.3f}, {et:.3f} ± {ci:.2g}")
+        label += f" ({driver._n_shards(r, len(devices))} dev." + (
+            ")" if _sequential_engine(D) else f", block {driver._markov_block_size(N, r)})")
+        print(f"{label:58} {wall:8.2f} {eps:12.3e} {tps:12.4g} {speedups[r]:9.2f}x   {eq:.3f}, {et:.3f} ± {ci:.2g}")
     native_speedups = {}
     for select, p in native_rows:
         wall, eps, tps = med(("C", select, p))
@@ -256,7 +297,7 @@ def main():
         eq, et, _ = results[("C", select, p)]
         kind = "same algorithm" if select == "uniform" else "exact selection"
         label = f"C reference, {kind}, {p} process" + ("es" if p > 1 else "")
-        print(f"{label:46} {wall:8.2f} {eps:12.3e} {tps:12.4g} {native_speedups[select, p]:9.2f}x   {eq:.3f}, {et:.3f}")
+        print(f"{label:58} {wall:8.2f} {eps:12.3e} {tps:12.4g} {native_speedups[select, p]:9.2f}x   {eq:.3f}, {et:.3f}")
     print()
     for r in reps_list:
         print(f"first call (trace + compile + a 1-unit run), {r:2d} replication(s): {compile_s[r]:.2f} s")

@@ -32,7 +32,7 @@ import numpy as np
 
 EXPERIMENTS = Path(__file__).resolve().parent
 REPO = EXPERIMENTS.parent
-_PACKAGES = ("jsmkt", "jax", "jaxlib", "equinox", "diffrax", "optimistix", "lineax", "numpy", "matplotlib")
+_PACKAGES = ("jax", "jaxlib", "equinox", "diffrax", "optimistix", "lineax", "numpy", "matplotlib")
 
 
 # --- arguments and output folders -------------------------------------------------------------------------------
@@ -83,7 +83,10 @@ def source_hash(package: str = "jsmkt") -> str:
 
 
 def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version()}
+    import jsmkt
+
+    # jsmkt's own version also when it runs from a source tree that is not installed
+    out: dict[str, str | None] = {"python": platform.python_version(), "jsmkt": jsmkt.__version__}
     for pkg in _PACKAGES:
         try:
             out[pkg] = importlib.metadata.version(pkg)

@@ -115,7 +115,7 @@ class _SampledWithoutReplacement(AbstractChoice):
         return self.base.weights()
 
     def _polynomials(self) -> Array:
-        """Coefficients (in powers of s) of $\prod_{i<j} (s - i\varepsilon)/(1 - i\varepsilon)$, j = 1..max_d:
+        r"""Coefficients (in powers of s) of $\prod_{i<j} (s - i\varepsilon)/(1 - i\varepsilon)$, j = 1..max_d:
         shape (max_d, max_d + 1)."""
         D = self.max_d
         poly = jnp.zeros(D + 1, self.eps.dtype).at[0].set(1.0)

@@ -123,10 +123,10 @@ class State(NamedTuple):
     a: jax.Array  # start of the current chunk
     packed: jax.Array  # (n,) head * C + cell
     ring: jax.Array  # (n * max_queue,) arrival times
-    comp: jax.Array  # (n,) completion times (general service), (0,) for PH
+    comp: jax.Array | None  # (n,) completion times (general service), None for PH
     next_arr: jax.Array  # next arrival time (general service)
     draw: "_Draw | None"  # random quantities of events ctr .. ctr + block - 1 (PH), None for general service
-    marks: jax.Array  # (n,) int64 stamps for interference checks (block PH engine), else (0,)
+    marks: jax.Array | None  # (n,) int64 stamps for interference checks (block PH engine), else None
     it: jax.Array  # int64 number of loop iterations so far
     acc: jax.Array  # (C,) time-integral corrections of the cell counts in the current chunk
     soj_sum: jax.Array  # sum of sojourn times of jobs that left in the current chunk
@@ -598,10 +598,12 @@ def init_state(cfg: Config, params: Params, key) -> State:
         a=zero,
         packed=jnp.zeros(cfg.n, cfg.packed_dtype),
         ring=jnp.zeros(cfg.ring_size, jnp.float64),
-        comp=jnp.full(cfg.n if general else 0, jnp.inf),
+        # Unused fields are None rather than empty arrays: with jax 0.11, a `shard_map` whose arguments hold a
+        # zero-sized array beside others crashes XLA's CPU compiler (segmentation fault).
+        comp=jnp.full(cfg.n, jnp.inf) if general else None,
         next_arr=jr.exponential(k_arr, dtype=jnp.float64) / (cfg.n * params.lam) if general else zero,
         draw=None if general else _markov_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
-        marks=jnp.full(0 if general or cfg.sequential else cfg.n, -1, jnp.int64),
+        marks=None if general or cfg.sequential else jnp.full(cfg.n, -1, jnp.int64),
         it=jnp.zeros((), jnp.int64),
         acc=jnp.zeros(cfg.n_cells, jnp.float64),
         soj_sum=zero,

@@ -1,0 +1,59 @@
+"""Every Python source of the project compiles without warnings, on every supported Python.
+
+An invalid escape sequence in a string (e.g. `"\\varepsilon"` in a docstring, where `\\v` is a vertical tab) is a
+DeprecationWarning on Python 3.11, which pytest's filters ignore, but a SyntaxWarning on Python 3.12 and later,
+which `filterwarnings = error` turns into a failure at import time."""
+
+import pathlib
+import warnings
+
+import pytest
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SOURCES = sorted(
+    p for folder in ("jsmkt", "tests", "benchmarks", "experiments") for p in (ROOT / folder).rglob("*.py")
+)
+
+
+def test_sources_found():
+    assert len(SOURCES) > 20 and any(p.name == "_refined.py" for p in SOURCES)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_compiles_without_warnings(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile(path.read_text(), str(path), "exec", dont_inherit=True)
+
+
+def test_an_invalid_escape_is_caught():
+    with warnings.catch_warnings(), pytest.raises(SyntaxError):
+        warnings.simplefilter("error")
+        compile('x = "\\prod"\n', "<test>", "exec", dont_inherit=True)
+
+
+def test_imports_from_an_uninstalled_source_tree(tmp_path):
+    """`PYTHONPATH=<checkout> python -c 'import jsmkt'` works without installing jsmkt (as on a machine that only
+    has the dependencies), and gives the version of the checkout's pyproject.toml."""
+    import shutil
+    import subprocess
+    import sys
+    import tomllib
+
+    shutil.copytree(ROOT / "jsmkt", tmp_path / "jsmkt", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    # Hide the installed distribution's metadata: run with the copy first on the path and jsmkt's metadata lookup
+    # pointed at a name that is not installed.
+    code = (
+        "import importlib.metadata as md; real = md.version\n"
+        "def version(name):\n"
+        "    if name == 'jsmkt': raise md.PackageNotFoundError(name)\n"
+        "    return real(name)\n"
+        "md.version = version\n"
+        "import jsmkt; print(jsmkt.__file__); print(jsmkt.__version__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    file, version = out.stdout.split()
+    assert pathlib.Path(file).resolve().is_relative_to(tmp_path.resolve())
+    assert version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
