@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of jsmkt's batched evaluation, prepared to run in one go (under 8 minutes) on a machine with a CUDA
+# The GPU check of jsmkt's batched evaluation, prepared to run in one go (under 10 minutes) on a machine with a CUDA
 # GPU that already has JAX (with its CUDA plugin), Equinox, Diffrax, Optimistix, Lineax, optax, jaxtyping,
 # matplotlib, pytest, hypothesis and scipy: it installs nothing, needs no network, and runs jsmkt from the checkout
 # (not installed). From the repository root:
@@ -9,15 +9,17 @@
 # Each step has its own time limit, so that a slow step does not stop the others, and writes its log to OUTDIR.
 # Most important first:
 #   devices.log              JAX's version, devices and default backend, and nvidia-smi;
-#   simulate_bench_many.log  benchmarks/simulate.py with 1024, 4096 and 16384 replications (40 time units each,
+#   simulate_bench_many.log  benchmarks/simulate.py with 1024, 4096 and 16384 replications (40 time units each;
 #                            the most that one call's arrival-time buffers allow at N = 1000 is about 19500);
 #   simulate_bench.log       benchmarks/simulate.py with 1 and 16 replications (100 time units each);
-#   simulate_block16.log     4096 replications with 16 instead of 8 events per iteration of the block engine;
+#   block_size.log           benchmarks/block_size.py for 1024, 4096 and 16384 replications;
 #   simulate_tests.log       tests/test_simulate.py, fast checks, on the GPU: there the PH engine is the
 #                            speculative-block one, batched over replications (checks of XLA's CPU backend skip
-#                            themselves); then the slow statistical checks (simulate_tests_slow.log);
+#                            themselves); then the slow statistical checks (simulate_tests_slow.log), sized for a
+#                            CPU: with few replications the GPU is slower, and the last ones may not finish;
 #   fixed_point_bench.log    benchmarks/fixed_point.py --quick (the batched fixed-point solve among others).
 # Exit status 0 if every step passed. Set PYTHON to use another interpreter than python3.
+# Logs of a run on an H200: benchmarks/results/h200-2026-11-30.
 set -uo pipefail
 out=${1:-${OUT:-out/gpu_check}}
 mkdir -p "$out"
@@ -39,10 +41,10 @@ step devices 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version
     $py -c \"import jax, jsmkt; print('jax', jax.__version__, 'jsmkt', jsmkt.__version__, jax.devices(), \
     jax.default_backend())\""
 bench=(benchmarks/simulate.py --no-native --repeats 2 --verbose)
-step simulate_bench_many 150 "$py" "${bench[@]}" --time 40 --replications 1024 4096 16384
-step simulate_bench 75 "$py" "${bench[@]}" --time 100 --replications 1 16
-step simulate_block16 45 "$py" "${bench[@]}" --time 40 --replications 4096 --block 16
-step simulate_tests 75 "$py" -m pytest -q -p no:cacheprovider -x tests/test_simulate.py
-step simulate_tests_slow 75 "$py" -m pytest -q -p no:cacheprovider -m slow tests/test_simulate.py
+step simulate_bench_many 120 "$py" "${bench[@]}" --time 40 --replications 1024 4096 16384
+step simulate_bench 60 "$py" "${bench[@]}" --time 100 --replications 1 16
+step block_size 75 "$py" benchmarks/block_size.py --replications 1024 4096 16384
+step simulate_tests 90 "$py" -m pytest -q -p no:cacheprovider tests/test_simulate.py
+step simulate_tests_slow 120 "$py" -m pytest -q -p no:cacheprovider -m slow --durations=0 tests/test_simulate.py
 step fixed_point_bench 45 "$py" benchmarks/fixed_point.py --quick
 exit $status

@@ -486,3 +486,17 @@ def test_replacement_n10_differs_n1000_agrees(getkey):
     se = math.hypot(_se(w, w.mean_sojourn_time_ci), _se(wo, wo.mean_sojourn_time_ci))
     assert abs(w.mean_sojourn_time - wo.mean_sojourn_time) <= 4 * se + 5 / 1000 * w.mean_sojourn_time
 
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_block_size_follows_the_measured_optima(monkeypatch, backend):
+    """The block PH engine's events per iteration: powers of 2 in [8, 1024], never growing with the replications,
+    and at N = 1000 the sizes measured best (`benchmarks/block_size.py`): on a GPU 64 up to R = 4096 and 32 at
+    R = 16384 (H200); on a CPU 64 for R = 1 and 16 for R = 16."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    for n in (10, 100, 1000, 10**4, 10**6):
+        sizes = [driver._markov_block_size(n, r) for r in (1, 2, 16, 256, 4096, 16384, 65536)]
+        assert all(8 <= b <= 1024 and b & (b - 1) == 0 for b in sizes), (n, sizes)
+        assert sizes == sorted(sizes, reverse=True), (n, sizes)
+    measured = {"gpu": {1: 64, 16: 64, 1024: 64, 4096: 64, 16384: 32}, "cpu": {1: 64, 16: 16}}[backend]
+    assert {r: driver._markov_block_size(1000, r) for r in measured} == measured

@@ -375,7 +375,10 @@ def _markov_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State)
 
     # Commit the prefix; its events change distinct servers.
     new_p = (head2 * C + cell2).astype(packed.dtype)
-    packed = packed.at[jnp.where(commit & writes, gn, R * N)].set(new_p, mode="drop")
+    # The barrier makes the scatter's indices and values complete before it: fused into the scatter, their reads of
+    # `packed` made XLA's GPU backend copy the whole (R, N) array twice per iteration rather than update it in place.
+    w_idx, new_p = lax.optimization_barrier((jnp.where(commit & writes, gn, R * N), new_p))
+    packed = packed.at[w_idx].set(new_p, mode="drop")
     ring, arrived = _ring_update(cfg, state.ring.reshape(-1), gn, head, k, commit & joins, commit & dep, tau)
     last = jnp.take_along_axis(tau, jnp.maximum(L - 1, 0)[:, None], axis=1)[:, 0]
     t = jnp.where(L > 0, last, state.t)

@@ -38,12 +38,27 @@ def _sequential_engine(max_d: int) -> bool:
     return jax.default_backend() == "cpu" and max_d <= _SEQUENTIAL_MAX_D
 
 
+_GPU_SHARED_REPLICATIONS = 4096  # replications up to which a GPU iteration's fixed cost dominates (H200, N = 1000)
+
+
 def _markov_block_size(n: int, n_rep: int) -> int:
     """Events evaluated per iteration of the block PH engine (a power of 2 in [8, 1024]). About 1.2 sqrt(N) of them
     commit per iteration; larger blocks share the fixed cost of an iteration among more events but waste more
-    evaluations. With R replications batched the fixed cost is shared R ways, so the best block shrinks:
-    2 sqrt(N / R) (measured on a 2-core CPU at N = 1000: 64 for R = 1, 16 for R = 16)."""
-    return int(min(1024, max(8, 2 ** round(math.log2(2.0 * math.sqrt(n / n_rep))))))
+    evaluations.
+
+    - On a GPU an iteration's fixed cost (kernel launches, the loop condition read back by the host) dominates up
+      to thousands of replications: 2 sqrt(N) up to R = 4096, then 2 sqrt(N * 4096 / R). Measured on an H200 at
+      N = 1000 (`benchmarks/block_size.py`, `benchmarks/results/h200-2026-11-30`): B = 64 was best or within 3 %
+      of the best for R = 1 to 4096 (1.26e9 events/s at R = 4096, against 6.2e8 with B = 8), and B = 32 best at
+      R = 16384 (2.14e9 events/s, against 1.94e9 with B = 64).
+    - On a CPU (where the block engine runs only for choice numbers above `_SEQUENTIAL_MAX_D`) the fixed cost is
+      shared R ways, so the best block shrinks sooner: 2 sqrt(N / R) (measured on a 2-core CPU at N = 1000: 64
+      for R = 1, 16 for R = 16)."""
+    if jax.default_backend() == "cpu":
+        per = n / n_rep
+    else:
+        per = n * min(1.0, _GPU_SHARED_REPLICATIONS / n_rep)
+    return int(min(1024, max(8, 2 ** round(math.log2(2.0 * math.sqrt(per))))))
 
 
 # --- Student-t quantiles without SciPy --------------------------------------------------------------------------
