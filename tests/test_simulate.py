@@ -361,6 +361,20 @@ def test_replications_sharded_over_devices_give_the_same_run(monkeypatch, servic
     assert out["soj"] == pytest.approx(res.mean_sojourn_time, rel=1e-12)
 
 
+@pytest.mark.parametrize("engine", ["block", "sequential", "general"])
+def test_state_holds_no_zero_sized_arrays(engine):
+    """Fields an engine does not use are None, not empty arrays: with jax 0.11 a `shard_map` (replications split
+    over devices) whose arguments hold a zero-sized array beside others crashes XLA's CPU compiler."""
+    sampler = jsmkt.deterministic(1.0).sampler if engine == "general" else None
+    cfg = core.Config(n=7, max_queue=5, m=1 if sampler else 2, max_d=2, fixed_d=True, replace=True, block=8,
+                      n_bins=16, sampler=sampler, sequential=engine == "sequential")
+    params = core.Params(lam=jnp.asarray(0.5), alpha=jnp.ones(cfg.m) / cfg.m, T=-jnp.eye(cfg.m),
+                         weights=jnp.asarray([0.0, 1.0]), hist_lo=jnp.asarray(0, jnp.int64))
+    init, _ = _compiled(cfg)
+    leaves = jax.tree_util.tree_leaves(init(params, jr.split(jr.PRNGKey(0), 2)))
+    assert leaves and all(leaf.size > 0 for leaf in leaves), [leaf.shape for leaf in leaves]
+
+
 def test_use_cpu_cores_after_the_first_computation_and_bad_input():
     jnp.ones(2).block_until_ready()
     assert jsmkt.use_cpu_cores() is False  # JAX's devices are set up already in this process
