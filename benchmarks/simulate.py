@@ -208,7 +208,7 @@ def main():
                         help="print each timed run as it ends (the table comes after all repeats)")
     parser.add_argument("--block", type=int, default=None, metavar="B",
                         help="events per loop iteration of the speculative-block PH engine (GPU), instead of "
-                             "jsmkt's choice 2 sqrt(N / R) clipped to [8, 1024]")
+                             "jsmkt's choice (see benchmarks/block_size.py)")
     args = parser.parse_args()
     if args.cpu_devices < 1:
         parser.error(f"--cpu-devices={args.cpu_devices} must be >= 1")
