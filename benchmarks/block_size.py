@@ -14,12 +14,12 @@ Run with `.venv/bin/python benchmarks/block_size.py [--quick] [--engine block]`.
 """
 
 import argparse
-import statistics
 import time
 
 import jax
 import jax.random as jr
 
+import _common
 import jsmkt
 from jsmkt._simulate import driver
 
@@ -40,9 +40,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="R <= 256 only, one repeat, shorter runs")
     parser.add_argument("--engine", choices=("auto", "block"), default="auto",
                         help="block: time the block engine also on a CPU (auto: it runs only off-CPU)")
-    parser.add_argument("--replications", type=int, nargs="+", default=None, metavar="R",
+    parser.add_argument("--replications", type=_common.positive(int), nargs="+", default=None, metavar="R",
                         help=f"replication counts (default: {sorted(GRID)})")
-    parser.add_argument("--repeats", type=int, default=None, metavar="K", help="default 2 (--quick: 1)")
+    parser.add_argument("--repeats", type=_common.positive(int), default=None, metavar="K",
+                        help="default 2 (--quick: 1)")
     args = parser.parse_args(argv)
     reps = args.replications or [r for r in sorted(GRID) if not args.quick or r <= 256]
     if any(r not in GRID for r in reps):
@@ -66,13 +67,9 @@ def main(argv=None):
             t0 = time.perf_counter()
             jsmkt.simulate(model, N, 1.0, key=jr.PRNGKey(0), n_replications=r)
             first = time.perf_counter() - t0
-            walls, events = [], 0
-            for i in range(repeats):
-                t0 = time.perf_counter()
-                res = jsmkt.simulate(model, N, t_sim, key=jr.PRNGKey(1 + i), n_replications=r)
-                walls.append(time.perf_counter() - t0)
-                events = res.events
-            wall = statistics.median(walls)
+            wall, events = _common.median_runs(
+                repeats, lambda i: jsmkt.simulate(model, N, t_sim, key=jr.PRNGKey(1 + i), n_replications=r)
+            )
             eps = events / wall
             print(f"{r:6d} {b:5d} {t_sim:10g} {first:13.2f} {wall:8.3f} {eps:11.3e}", flush=True)
             if eps > best.get(r, (0, 0))[1]:

@@ -18,13 +18,11 @@ compile the event loop into one kernel, so the loop still ran op by op: 1.5 agai
 1.3 against 1.35 us at N = 100 (one prototype run), not worth a second general-service engine.
 """
 
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 import jax.random as jr
 
+import _common
 import jsmkt
 from jsmkt._simulate import core, driver
 
@@ -37,13 +35,7 @@ def argmin_select(x):
 def timed(model, n, service, repeats=5):
     t1 = 20000.0 / n
     jsmkt.simulate(model, n, t1, key=jr.PRNGKey(0), service=service)  # compile
-    walls, events = [], 0
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        res = jsmkt.simulate(model, n, t1, key=jr.PRNGKey(1 + i), service=service)
-        walls.append(time.perf_counter() - t0)
-        events = res.events
-    return statistics.median(walls), events
+    return _common.median_runs(repeats, lambda i: jsmkt.simulate(model, n, t1, key=jr.PRNGKey(1 + i), service=service))
 
 
 def main():

@@ -24,6 +24,8 @@ import json
 import subprocess
 import sys
 
+import _common
+
 
 CHILD = r"""
 import json, resource, sys, time
@@ -44,10 +46,9 @@ print(json.dumps({"wall": wall, "events": res.events, "max_queue": res.max_queue
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="T = 150 instead of 600")
-    parser.add_argument("--replications", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024], metavar="R")
+    parser.add_argument("--replications", type=_common.positive(int), nargs="+", default=[1, 4, 16, 64, 256, 1024],
+                        metavar="R")
     args = parser.parse_args()
-    if any(r < 1 for r in args.replications):
-        parser.error(f"--replications={args.replications} must all be >= 1")
     total = 150.0 if args.quick else 600.0
     print(f"JSQ(2), N = 1000, lam = 0.9, H2 (SCV 4); R replications of {total:g} / R time units each, one CPU device")
     header = (f"{'R':>6} {'t1':>8} {'wall s':>8} {'events':>11} {'ns/event':>9} {'vs R=1':>7} {'MB/rep':>8} "

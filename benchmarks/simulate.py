@@ -67,6 +67,7 @@ import time
 import jax
 import jax.random as jr
 
+import _common
 import jsmkt
 from jsmkt._simulate import driver
 from jsmkt._simulate.driver import _sequential_engine
@@ -193,37 +194,27 @@ def run_native(exe, processes, t1, warmup, max_queue, seed, select="uniform"):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter simulated time and fewer repeats")
-    parser.add_argument("--replications", type=int, nargs="+", default=[1, 16], metavar="R",
+    parser.add_argument("--replications", type=_common.positive(int), nargs="+", default=[1, 16], metavar="R",
                         help="replication counts to time (default: 1 16; e.g. 1 16 1024 on a GPU)")
-    parser.add_argument("--cpu-devices", type=int, default=os.cpu_count() or 1, metavar="K",
+    parser.add_argument("--cpu-devices", type=_common.positive(int), default=os.cpu_count() or 1, metavar="K",
                         help="CPU cores exposed as JAX devices, over which replications are split (default: all)")
     parser.add_argument("--no-native", action="store_true",
                         help="skip the C reference of the same algorithm (built with the system's C compiler)")
-    parser.add_argument("--time", type=float, default=None, metavar="T",
+    parser.add_argument("--time", type=_common.positive(float), default=None, metavar="T",
                         help="simulated time per replication and of the plain-Python run (default 600, --quick 200; "
                              "shorter for thousands of replications on a GPU)")
-    parser.add_argument("--repeats", type=int, default=None, metavar="K",
+    parser.add_argument("--repeats", type=_common.positive(int), default=None, metavar="K",
                         help="interleaved repeats whose medians are printed (default 3, --quick 2)")
     parser.add_argument("--verbose", action="store_true",
                         help="print each timed run as it ends (the table comes after all repeats)")
-    parser.add_argument("--block", type=int, default=None, metavar="B",
+    parser.add_argument("--block", type=_common.positive(int), default=None, metavar="B",
                         help="events per loop iteration of the speculative-block PH engine (GPU), instead of "
                              "jsmkt's choice (see benchmarks/block_size.py)")
     args = parser.parse_args()
-    if args.cpu_devices < 1:
-        parser.error(f"--cpu-devices={args.cpu_devices} must be >= 1")
-    if args.time is not None and not args.time > 0:
-        parser.error(f"--time={args.time} must be > 0")
-    if args.repeats is not None and args.repeats < 1:
-        parser.error(f"--repeats={args.repeats} must be >= 1")
-    if args.block is not None and args.block < 1:
-        parser.error(f"--block={args.block} must be >= 1")
     if args.block is not None:
         driver._markov_block_size = lambda n, n_rep: args.block
     jsmkt.use_cpu_cores(args.cpu_devices)  # before JAX's first computation
     reps_list = args.replications
-    if any(r < 1 for r in reps_list):
-        parser.error(f"--replications={reps_list} must all be >= 1")
     t_sim = args.time if args.time is not None else 200.0 if args.quick else 600.0
     repeats = args.repeats if args.repeats is not None else 2 if args.quick else 3
     model = jsmkt.JSQdPH(LAM, jsmkt.hyperexponential2(1.0, SCV), d=D)

@@ -1,9 +1,5 @@
 """jsmkt: differentiable mean-field solver and finite-N simulator for supermarket (JSQ(d)) models."""
 
-import importlib.metadata
-import pathlib
-import tomllib
-
 from . import _config  # noqa: F401  (float64 everywhere)
 from ._config import use_cpu_cores as use_cpu_cores
 from . import _published as published
@@ -46,18 +42,5 @@ from ._simulate import simulate as simulate
 from ._solution import RESULTS as RESULTS
 from ._solution import FixedPoint as FixedPoint
 from ._solution import Trajectory as Trajectory
+from ._version import __version__ as __version__
 
-
-def _version() -> str:
-    """The installed distribution's version; from a source tree that is not installed (the repository on
-    `PYTHONPATH`), the version in its `pyproject.toml`."""
-    try:
-        return importlib.metadata.version("jsmkt")
-    except importlib.metadata.PackageNotFoundError:
-        pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
-        if pyproject.is_file():
-            return tomllib.loads(pyproject.read_text())["project"]["version"]
-        return "unknown"
-
-
-__version__ = _version()
