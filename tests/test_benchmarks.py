@@ -66,3 +66,17 @@ def test_c_reference_rejects_bad_arguments(reference):
     res = subprocess.run([str(reference), "1000", "0.9", "2", "4", "100", "10", "1", "55", "fast"],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "SELECT must be uniform or exact" in res.stderr and "SELECT=fast" in res.stderr
+
+
+@pytest.mark.parametrize("script, args, option", [
+    ("simulate.py", ["--time", "0"], "--time: 0"),
+    ("simulate.py", ["--replications", "1", "-2"], "--replications: -2"),
+    ("block_size.py", ["--repeats", "0"], "--repeats: 0"),
+    ("replications.py", ["--replications", "0"], "--replications: 0"),
+])
+def test_benchmark_scripts_reject_bad_arguments(script, args, option):
+    """The benchmark scripts refuse non-positive counts and times, naming the option and the value."""
+    import sys
+
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True)
+    assert res.returncode == 2 and f"argument {option} must be > 0" in res.stderr, res.stderr
