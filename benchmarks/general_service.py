@@ -1,66 +1,105 @@
-"""Benchmark: the general-service engine of `jsmkt.simulate` (per-server completion times, `jsmkt.deterministic`,
-`jsmkt.lognormal`, any sampler), and how it selects the next completion.
+"""Benchmark: the general-service engine of `jsmkt.simulate` (`jsmkt.deterministic`, `jsmkt.lognormal`, any
+sampler), in its two forms.
 
-Model: JSQ(2), lam = 0.9, deterministic service of mean 1 (M/D/1 queues behind JSQ(2)), N = 100 and N = 1000
-servers, one replication of 20 000 / N time units (about 36 000 events), on one CPU device. Each event of this
-engine looks for the earliest completion among the N servers, an O(N) reduction. The rows compare, side by side
-in one run, jsmkt's `_first_min` (a plain min, then the first index holding it: two vectorised reductions) with
-`jnp.argmin` (XLA's CPU backend runs its joint value-and-index reduction element by element), swapped in for the
-comparison. Medians of 5 repeats, compilation excluded.
+Model: JSQ(d), lam = 0.9, deterministic service of mean 1 (M/D/1 queues behind JSQ(d)), N = 100 and N = 1000
+servers, one replication of 400 000 / N time units (about 720 000 events), on one CPU device. The engine fixes each
+job's completion time when it arrives (FCFS) and brings a server up to date only when an arrival samples it, so an
+event costs O(d) whatever N. The rows compare, side by side in one run:
 
-Measured on a 2-core CPU (AMD EPYC, XLA CPU, jax 0.10.2): N = 1000: 2.2 us per event against 6.2 us with argmin
-(2.7x); N = 100: 1.35 against 1.78 us (1.3x). Run: `.venv/bin/python benchmarks/general_service.py`.
+- "one at a time": replications in turn, unbatched loops, which XLA's CPU backend compiles into single kernels
+  for d <= 3 (`driver._SEQUENTIAL_GENERAL_MAX_D`); the CPU default there;
+- "vmapped": the loops vmapped over replications, run op by op on a CPU; the default on a GPU and for d > 3.
 
-Tried and not adopted: a tournament tree of first-minimum indices (O(log N) per event, rebuilt per block of 64
-events), with the events of each replication applied by a loop of single-element reads and writes as in the
-sequential PH engine. It gave the same runs, but the tree's update path makes the loop body too large for XLA to
-compile the event loop into one kernel, so the loop still ran op by op: 1.5 against 2.2 us per event at N = 1000,
-1.3 against 1.35 us at N = 100 (one prototype run), not worth a second general-service engine.
+`--previous DIR` adds the engine this one replaced, from a checkout of an older commit (e.g.
+`git worktree add /tmp/prev e6faa85`), run in a subprocess on the same model: it followed the earliest of the N
+completion times, an O(N) reduction per event.
+
+Measured on a 2-core CPU (AMD EPYC, XLA CPU, jax 0.10.2), medians of 3 runs, `--previous` at e6faa85:
+
+| N | d | one at a time | vmapped | previous engine |
+|---|---|---|---|---|
+| 100 | 2 | 0.05 us | 1.2 us | 1.4 us |
+| 1000 | 2 | 0.05 us | 1.2 us | 2.3 us |
+
+(see the printed table of a run for d = 3 and 5). Run: `.venv/bin/python benchmarks/general_service.py
+[--previous DIR]`.
 """
 
-import jax
-import jax.numpy as jnp
-import jax.random as jr
+import argparse
+import json
+import os
+import subprocess
+import sys
 
 import _common
+
+
+LAM, SPAN, REPEATS = 0.9, 400_000.0, 3
+
+# One timing row, run in this process (jsmkt from this checkout) or in a subprocess against another checkout.
+_ROW = """
+import json, sys
+import jax.random as jr
+sys.path.insert(0, sys.argv[1])
+import _common
 import jsmkt
-from jsmkt._simulate import core, driver
+jsmkt.use_cpu_cores(1)
+from jsmkt._simulate import driver
+n, d, vmapped, span, lam, repeats = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", float(sys.argv[5]), \\
+    float(sys.argv[6]), int(sys.argv[7])
+driver._sequential_general_engine = lambda max_d: not vmapped  # (no such switch in the previous engine)
+model, service = jsmkt.JSQd(lam, d=d), jsmkt.deterministic(1.0)
+t1 = span / n
+jsmkt.simulate(model, n, t1 / 20, key=jr.PRNGKey(0), service=service)  # compile
+wall, events = _common.median_runs(
+    repeats, lambda i: jsmkt.simulate(model, n, t1, key=jr.PRNGKey(1 + i), service=service))
+print(json.dumps({"wall": wall, "events": events}))
+"""
 
 
-def argmin_select(x):
-    i = jnp.argmin(x).astype(jnp.int32)
-    return i, x[i]
-
-
-def timed(model, n, service, repeats=5):
-    t1 = 20000.0 / n
-    jsmkt.simulate(model, n, t1, key=jr.PRNGKey(0), service=service)  # compile
-    return _common.median_runs(repeats, lambda i: jsmkt.simulate(model, n, t1, key=jr.PRNGKey(1 + i), service=service))
+def row(checkout, n, d, vmapped, span, repeats):
+    env = dict(os.environ, PYTHONPATH=checkout)
+    bench_dir = os.path.dirname(os.path.abspath(__file__))
+    args = [sys.executable, "-c", _ROW, bench_dir, str(n), str(d), "1" if vmapped else "0", str(span), str(LAM),
+            str(repeats)]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=checkout, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"timing run failed (checkout {checkout}, n={n}, d={d}):\n{proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out["wall"] / out["events"] * 1e6, out["events"]
 
 
 def main():
-    jsmkt.use_cpu_cores(1)
-    model, service = jsmkt.JSQd(0.9, d=2), jsmkt.deterministic(1.0)
-    print("JSQ(2), lam = 0.9, deterministic service; one replication of 20 000 / N time units, one CPU device")
-    header = f"{'N':>6} {'selection':>12} {'events':>8} {'wall s':>8} {'us/event':>9} {'vs argmin':>10}"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--previous", metavar="DIR", help="a checkout of an older commit to time beside this one")
+    parser.add_argument("--span", type=_common.positive(float), default=SPAN,
+                        help="N x simulated time per run (default %(default)g: about 1.8 N events per unit)")
+    parser.add_argument("--repeats", type=_common.positive(int), default=REPEATS, help="runs per row (median)")
+    args = parser.parse_args()
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if args.previous and not os.path.isdir(os.path.join(args.previous, "jsmkt")):
+        raise SystemExit(f"--previous {args.previous!r}: no jsmkt package there; give a checkout of this repository")
+    print(f"JSQ(d), lam = {LAM}, deterministic service; one replication of {args.span:g} / N time units, one CPU "
+          f"device; microseconds per event, median of {args.repeats}")
+    cols = ["one at a time", "vmapped"] + (["previous"] if args.previous else [])
+    header = f"{'N':>6} {'d':>3} {'events':>8} " + " ".join(f"{c:>14}" for c in cols) + f" {'vmapped / one':>14}"
+    if args.previous:
+        header += f" {'previous / one':>15}"
     print(header)
     print("-" * len(header))
-    ours = core._first_min
     for n in (100, 1000):
-        rows = {}
-        for name, select in (("argmin", argmin_select), ("_first_min", ours)):
-            core._first_min = select
-            driver._compiled.cache_clear()
-            jax.clear_caches()
-            try:
-                rows[name] = timed(model, n, service)
-            finally:
-                core._first_min = ours
-        for name, (wall, events) in rows.items():
-            us = wall / events * 1e6
-            ratio = rows["argmin"][0] / wall
-            print(f"{n:>6} {name:>12} {events:>8} {wall:>8.3f} {us:>9.2f} {ratio:>9.2f}x")
-    driver._compiled.cache_clear()
+        for d in (2, 3, 5):
+            one, events = row(here, n, d, False, args.span, args.repeats)
+            vm, _ = row(here, n, d, True, args.span, args.repeats)
+            cells = [one, vm]
+            if args.previous:
+                cells.append(row(args.previous, n, d, False, args.span, args.repeats)[0])
+            line = f"{n:>6} {d:>3} {events:>8} " + " ".join(f"{c:>14.3f}" for c in cells) + f" {vm / one:>13.1f}x"
+            if args.previous:
+                line += f" {cells[2] / one:>14.1f}x"
+            print(line, flush=True)
+    print("(the CPU default is 'one at a time' for d <= 3 and 'vmapped' above, where the unbatched arrival loop no "
+          "longer compiles into one kernel and runs op by op too)")
 
 
 if __name__ == "__main__":

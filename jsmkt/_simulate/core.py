@@ -7,20 +7,26 @@ Two exact engines share one state layout and one set of statistics:
   with probability $\lambda/(\lambda + \bar q)$; otherwise it picks a uniformly random server which, when busy in
   phase $i$, moves to phase $j \ne i$ with probability $T_{ij}/\bar q$, completes with probability $T^0_i/\bar q$
   and stays put otherwise (a self-loop). This is the same law as the physical system, with $O(1)$ work per event.
-- **General service.** Each busy server holds the completion time of its job in service; the next event is the
-  earlier of the next Poisson arrival and the earliest completion ($O(N)$ argmin per event), applied one at a
-  time in a `lax.scan` over blocks of events.
+- **General service.** Under FCFS a job's completion time is fixed when it arrives (it starts at the later of its
+  arrival and the completion of the job ahead of it; its service time is drawn then), and stored beside its
+  arrival time. A server changes only through the arrivals it receives and its own completions, so it is brought
+  up to date only when an arrival samples it: the arrival first applies the due completions of the servers it
+  samples, one event per loop iteration, then joins the shortest; the completions of servers no arrival samples
+  are applied at the end of the chunk. $O(d)$ work per event, whatever $N$.
 
 Per replication the state holds, for each server, one packed integer `head * C + cell` (the ring-buffer head and
 the *cell* `k * m + phase`: the number of jobs `k` and the phase of the job in service, phase 0 when idle; `C` is
-the number of cells) and a ring buffer of the arrival times of its at most `max_queue` jobs (FCFS sojourn times).
+the number of cells) and a ring buffer of the arrival times of its at most `max_queue` jobs (FCFS sojourn times),
+with general service a second one of their completion times.
 All arrays have a fixed size, so memory does not grow with the run length.
 
 **Random numbers.** Event `e` of a replication uses the words `h(seed, e * W + w)`, `w < W`, of a counter-based
 SplitMix64 stream (Steele, Lea & Flood 2014; passes BigCrush) whose 64-bit `seed` is drawn from the replication's
 JAX key. Indexing by event number means an event's random numbers do not depend on how events are grouped into
 loop iterations, and they cost about 0.3 ns per word on a CPU, against ~10-30 ns for `jax.random`'s Threefry,
-which dominated the loop. General service times still come from `jax.random` keys (the sampler's interface).
+which dominated the loop. The general engine numbers its arrivals instead (completions need no random numbers),
+and its service times still come from `jax.random` keys (the sampler's interface), `fold_in(key, e)` for arrival
+`e`.
 
 **Speculative blocks (Markov engine).** Events change one server each. A loop iteration evaluates the next
 `block` events all at once against the current state, finds the first event that reads a server (a sampled
@@ -38,10 +44,12 @@ around the inner loop.
 
 **Batching.** The block Markov engine is written for a batch of replications (leading axis of every state array),
 with flat gathers and scatters into the flattened per-server arrays; the sequential one runs the replications one
-after another, in place in the batch's flattened ring buffers and histograms (`_sequential_batch`); the general
-engine is a per-replication `lax.scan` under `jax.vmap`. Either way one compiled loop runs until every
-replication has reached `t_end`. With several devices the driver gives each device an equal share of the batch
-(`shard_map`), so these loops run side by side.
+after another, in place in the batch's flattened ring buffers and histograms (`_sequential_batch`). The general
+engine likewise runs unbatched, replication after replication, on a CPU (its loops then compile into single
+kernels too, up to 3 sampled servers), and is vmapped over replications elsewhere, with loops of a fixed number
+of iterations (a vmapped loop whose condition differs between replications would select every carried array at
+each iteration). Either way one compiled loop runs until every replication has reached `t_end`. With several
+devices the driver gives each device an equal share of the batch (`shard_map`), so these loops run side by side.
 
 **Chunks.** `run_chunk` advances to `t_end` and stops before the first event later than `t_end`, which stays
 pending (its time and random numbers are kept), so splitting a run into chunks does not change it.
@@ -123,7 +131,7 @@ class State(NamedTuple):
     a: jax.Array  # start of the current chunk
     packed: jax.Array  # (n,) head * C + cell
     ring: jax.Array  # (n * max_queue,) arrival times
-    comp: jax.Array | None  # (n,) completion times (general service), None for PH
+    comp: jax.Array | None  # (n * max_queue,) completion times of the queued jobs (general service), None for PH
     next_arr: jax.Array  # next arrival time (general service)
     draw: "_Draw | None"  # random quantities of events ctr .. ctr + block - 1 (PH), None for general service
     marks: jax.Array | None  # (n,) int64 stamps for interference checks (block PH engine), else None
@@ -500,74 +508,189 @@ def _sequential_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: St
     return lax.while_loop(lambda s: _markov_next(prep, s) <= t_end, block, state)
 
 
-# --- general service: completion times --------------------------------------------------------------------------
+# --- general service: completion times fixed at arrival -------------------------------------------------------
+#
+# Under FCFS a job's completion time is known when it arrives: it starts service at the later of its arrival and
+# the completion of the job ahead of it, and its service time is drawn then. A server's queue changes only through
+# the arrivals it receives and its own completions, so it need not be followed between the arrivals that sample
+# it: an arrival at time `tau` first applies, one per loop iteration, the completions up to `tau` of the servers it
+# samples (their queue lengths are then exact at `tau`), then joins the shortest. Completions of servers that no
+# arrival samples wait for the end of the chunk (`_general_catch_up`). Every iteration is one event, an arrival or
+# a completion, and costs O(d): nothing scans the servers.
+#
+# The functions below take a replication's state whose `ring`, `comp` and `hist` are either its own (`base` = 0,
+# under `vmap`) or the whole batch's, flattened, with the replication at offset `base` (ring slots) and
+# `hist_base` (histogram bins), as in the sequential PH engine.
 
 
 def _general_next(state: State):
-    return jnp.minimum(state.next_arr, jnp.min(state.comp, axis=-1))
+    return state.next_arr
 
 
-def _first_min(x):
-    """Index (int32) and value of the first minimum of the 1-D `x`, as `jnp.argmin` gives, by two plain reductions:
-    XLA's CPU backend runs argmin's joint (value, index) reduction element by element, which made the engine 2.7x
-    slower at N = 1000 (`benchmarks/general_service.py`)."""
-    low = jnp.min(x)
-    return jnp.min(jnp.where(x == low, jnp.arange(x.shape[0], dtype=jnp.int32), x.shape[0])), low
+def _general_depart(cfg: Config, packed, ring, comp, s, base):
+    """Server `s` (busy) completes the job at the head of its queue: its new packed state, the completion time,
+    the queue length before it and the job's sojourn time."""
+    C, Q = cfg.n_cells, cfg.max_queue
+    p = packed[s]
+    head = _div(p, C)
+    k = p - head * C
+    slot = base + s * Q + head.astype(jnp.int32)
+    e = comp[slot]
+    head2 = jnp.where(head + 1 == Q, 0, head + 1)
+    return (head2 * C + k - 1).astype(packed.dtype), e, k, e - ring[slot]
 
 
-def _general_block_one(cfg: Config, params: Params, prep: _Prep, t_end, state: State) -> State:
-    """One block of events of one replication, applied one at a time."""
-    B, C, Q = cfg.block, cfg.n_cells, cfg.max_queue
-    words = _words(state.seed, state.ctr, B, cfg.n_words)
-    gaps = -jnp.log(_uniform(words[:, 0])) / (cfg.n * params.lam)
-    n_choose = 1 + _categorical(_uniform(words[:, 1]), prep.d_cum) if not cfg.fixed_d else jnp.zeros(B, jnp.int32)
-    cands = _candidates(cfg, words[:, 2:])
-    # Event e draws its service time with key fold_in(key, e), so that chunking does not change the run.
+def _general_write(packed, ring, comp, pending):
+    """The writes of an event: packed state `new_p` of server `s`; arrival and completion times at ring `slot`
+    (out-of-range indices: nothing to write)."""
+    s, new_p, slot, arrived, done = pending
+    ring = ring.at[slot].set(arrived, mode="drop")
+    comp = comp.at[slot].set(done, mode="drop")
+    return packed.at[s].set(new_p, mode="drop"), ring, comp
+
+
+def _general_nothing(cfg: Config, packed, ring):
+    """Pending writes that write nothing."""
+    zero = jnp.zeros((), jnp.float64)
+    return jnp.asarray(cfg.n, jnp.int32), packed[0], jnp.asarray(ring.shape[0], jnp.int32), zero, zero
+
+
+def _general_records(cfg: Config, params: Params, state: State, rec, hist_base) -> State:
+    """Statistics of event records (rows: time, sojourn time, queue length before, kind: 0 no event,
+    1 completion, 2 arrival, 3 refused arrival)."""
+    kind = rec[:, 3]
+    cf = rec[:, 2].astype(jnp.int32)
+    ct = cf + jnp.where(kind == 2, 1, jnp.where(kind == 1, -1, 0))
+    return _finish_block(cfg, params, state, rec[:, 0], kind > 0, cf, ct, rec[:, 1], kind == 1, kind == 3,
+                         hist_base=hist_base)
+
+
+def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: State, base=0, hist_base=0) -> State:
+    """The next `block` arrivals of one replication up to `t_end` (fewer when the completions they bring to light
+    fill the `2 * block` events of the loop), with those completions."""
+    B, C, Q, D = cfg.block, cfg.n_cells, cfg.max_queue, cfg.max_d
+    RB = 2 * B
+    words = _words(state.seed, state.ctr, B + 1, cfg.n_words)
+    gaps = -jnp.log(_uniform(words[1:, 0])) / (cfg.n * params.lam)
+    tau = state.next_arr + jnp.concatenate([jnp.zeros(1), jnp.cumsum(gaps)])  # arrivals ctr .. ctr + B
+    cands = _candidates(cfg, words[:B, 2:])
+    if not cfg.fixed_d:  # a repeat of the first candidate never wins the first-minimum comparison
+        n_choose = 1 + _categorical(_uniform(words[:B, 1]), prep.d_cum)
+        cands = jnp.where(jnp.arange(D, dtype=jnp.int32) < n_choose[:, None], cands, cands[:, :1])
+    # Arrival e draws its service time with key fold_in(key, e), so that chunking does not change the run.
     events = state.ctr + jnp.arange(B, dtype=jnp.uint64)
     keys = jax.vmap(
         lambda e: jr.fold_in(jr.fold_in(state.key, (e >> 32).astype(jnp.uint32)), e.astype(jnp.uint32))
     )(events)
     service = jax.vmap(cfg.sampler)(keys).astype(jnp.float64)
-    zero = jnp.zeros((), jnp.int32)
+    nv = jnp.sum(tau[:B] <= t_end, dtype=jnp.int32)
 
-    def step(carry, x):
-        packed, ring, comp, next_arr = carry
-        gap_j, cands_j, nch_j, svc_j = x
-        nc, tc = _first_min(comp)
-        arr = next_arr <= tc
-        tau = jnp.where(arr, next_arr, tc)
-        valid = tau <= t_end
-        n = jnp.where(arr, _choose(cfg, packed, cands_j, zero, nch_j), nc)
-        p = packed[n]
-        head = p // C
-        k = p - head * C
-        ok = k < Q
-        joins = valid & arr & ok
-        dep = valid & ~arr
-        k2 = k + joins.astype(k.dtype) - dep.astype(k.dtype)
-        head2 = jnp.where(dep, jnp.where(head + 1 == Q, 0, head + 1), head)
-        packed = packed.at[n].set((head2 * C + k2).astype(packed.dtype))
-        starts = (joins & (k == 0)) | (dep & (k2 > 0))
-        new_comp = jnp.where(starts, tau + svc_j, jnp.where(dep, jnp.inf, comp[n]))
-        comp = comp.at[n].set(new_comp)
-        next_arr = jnp.where(valid & arr, tau + gap_j, next_arr)
-        ring, arrived = _ring_update(cfg, ring, n, head, k, joins, dep, tau)
-        return (packed, ring, comp, next_arr), (tau, valid, k, k2, tau - arrived, dep, valid & arr & ~ok)
+    def event(j, carry):
+        """Apply the writes of the previous event, then read what this one needs and record its writes. Writing
+        first keeps the indices and values of the writes free of reads of the buffers: computed in the same
+        iteration they read each other's buffers (a packed state depends on a completion time, the slot of a
+        completion time on a packed state), and XLA then copied a buffer at every event."""
+        packed, ring, comp, i, rec, pending = carry
+        packed, ring, comp = _general_write(packed, ring, comp, pending)
+        active = i < nv
+        ti = tau[i]
+        row_i = jnp.minimum(i, B - 1)
 
-    carry = (state.packed, state.ring, state.comp, state.next_arr)
-    (packed, ring, comp, next_arr), (tau, valid, cf, ct, soj, dep, ovf) = lax.scan(
-        step, carry, (gaps, cands, n_choose, service)
-    )
-    # Events after the first one past t_end change nothing (the state, hence the next event time, is unchanged).
+        def cand(c):  # one element: reading the whole row would count its size in every fusion using it
+            return lax.dynamic_slice(cands, (row_i, jnp.asarray(c, row_i.dtype)), (1, 1))[0, 0]
+
+        cand_state = []  # per sampled server: (server, packed state, head, queue length, head completion time)
+        for c in range(D):
+            sv = cand(c)
+            p = packed[sv]
+            head = _div(p, C)
+            cand_state.append((sv, p, head, p - head * C, comp[base + sv * Q + head.astype(jnp.int32)]))
+        # The completion of the first sampled server with one due by ti, else the arrival joins the first of the
+        # shortest. Both choose among values read once: each read counts towards XLA's limit on the loop body.
+        dep, any_due = cand_state[D - 1], False
+        for c in range(D - 1, -1, -1):
+            due = (cand_state[c][3] > 0) & (cand_state[c][4] <= ti)
+            dep = jax.tree_util.tree_map(functools.partial(jnp.where, due), cand_state[c], dep)
+            any_due = due | any_due
+        any_due = any_due & active
+        arr = cand_state[0]
+        for c in range(1, D):
+            arr = jax.tree_util.tree_map(functools.partial(jnp.where, cand_state[c][3] < arr[3]), cand_state[c], arr)
+        s_dep, p_dep, head_dep, k_dep, e = dep
+        slot_dep = base + s_dep * Q + head_dep.astype(jnp.int32)
+        soj = e - ring[slot_dep]
+        head2 = jnp.where(head_dep + 1 == Q, 0, head_dep + 1)
+        p_dep = (head2 * C + k_dep - 1).astype(packed.dtype)
+        s_arr, p, head, k_arr, _ = arr
+        # The arrival appends its arrival and completion times at the tail of the queue, unless the queue is full.
+        joins = k_arr < Q
+        arrive = active & ~any_due & joins
+        tail = head + k_arr
+        slot = base + s_arr * Q + jnp.where(tail >= Q, tail - Q, tail).astype(jnp.int32)
+        prev = base + s_arr * Q + jnp.where(tail > Q, tail - 1 - Q, jnp.where(tail == 0, Q - 1, tail - 1)).astype(
+            jnp.int32)
+        start = jnp.where(k_arr > 0, comp[prev], ti)
+        s = jnp.where(any_due, s_dep, jnp.where(arrive, s_arr, cfg.n))
+        pending = (s, jnp.where(any_due, p_dep, p + 1), jnp.where(arrive, slot, ring.shape[0]), ti,
+                   start + service[row_i])
+        kind = jnp.where(any_due, 1, jnp.where(active, jnp.where(joins, 2, 3), 0))
+        row = jnp.stack([jnp.where(any_due, e, ti), jnp.where(any_due, soj, 1.0),
+                         jnp.where(any_due, k_dep, k_arr).astype(jnp.float64), kind.astype(jnp.float64)])
+        rec = lax.dynamic_update_slice(rec, row[None], (j, jnp.zeros_like(j)))
+        return packed, ring, comp, i + (active & ~any_due).astype(i.dtype), rec, pending
+
+    # A fixed number of iterations: under `vmap` a loop whose condition differs between replications selects every
+    # carried array between its old and new values at each iteration (an O(N) copy per event).
+    carry = (state.packed, state.ring, state.comp, jnp.zeros((), jnp.int32), jnp.zeros((RB, 4), jnp.float64),
+             _general_nothing(cfg, state.packed, state.ring))
+    packed, ring, comp, i, rec, pending = lax.fori_loop(0, RB, event, carry)
+    packed, ring, comp = _general_write(packed, ring, comp, pending)
     state = state._replace(
-        ctr=state.ctr + jnp.sum(valid, dtype=jnp.uint64),
-        t=jnp.max(jnp.where(valid, tau, state.t)),
-        packed=packed,
-        ring=ring,
-        comp=comp,
-        next_arr=next_arr,
+        ctr=state.ctr + i.astype(jnp.uint64), t=jnp.where(i > 0, tau[jnp.maximum(i - 1, 0)], state.t),
+        packed=packed, ring=ring, comp=comp, next_arr=tau[i],
     )
-    return _finish_block(cfg, params, state, tau, valid, cf.astype(jnp.int32), ct.astype(jnp.int32), soj, dep, ovf)
+    return _general_records(cfg, params, state, rec, hist_base)
+
+
+def _general_catch_up(cfg: Config, params: Params, t_end, state: State, s, base=0, hist_base=0):
+    """Apply the completions up to `t_end` of servers `s`, `s + 1`, ... of one replication, server after server, up
+    to `2 * block` of them; return the state and the first server not yet caught up (`n` when done). Run until
+    done at the end of a chunk, so that every queue is then exact at `t_end`."""
+    Q, RB = cfg.max_queue, 2 * cfg.block
+
+    def event(j, carry):
+        packed, s, rec, pending = carry
+        packed, _, _ = _general_write(packed, state.ring, state.comp, pending)
+        sc = jnp.minimum(s, cfg.n - 1)
+        p = packed[sc]
+        head = _div(p, cfg.n_cells)
+        d = (s < cfg.n) & (p - head * cfg.n_cells > 0) & (state.comp[base + sc * Q + head.astype(jnp.int32)] <= t_end)
+        p_dep, e, k, soj = _general_depart(cfg, packed, state.ring, state.comp, sc, base)
+        pending = (jnp.where(d, sc, cfg.n), p_dep) + _general_nothing(cfg, packed, state.ring)[2:]
+        row = jnp.stack([e, soj, k.astype(jnp.float64), d.astype(jnp.float64)])
+        rec = lax.dynamic_update_slice(rec, row[None], (j, jnp.zeros_like(j)))
+        return packed, s + (~d).astype(s.dtype), rec, pending
+
+    inner = (state.packed, s, jnp.zeros((RB, 4), jnp.float64), _general_nothing(cfg, state.packed, state.ring))
+    packed, s, rec, pending = lax.fori_loop(0, RB, event, inner)
+    packed, _, _ = _general_write(packed, state.ring, state.comp, pending)
+    return _general_records(cfg, params, state._replace(packed=packed), rec, hist_base), s
+
+
+def _general_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: State, base=0, hist_base=0) -> State:
+    """Advance one replication to `t_end`: arrivals (with the completions they reveal), then the other
+    completions."""
+    state = lax.while_loop(
+        lambda s: _general_next(s) <= t_end,
+        lambda s: _general_arrivals(cfg, params, prep, t_end, s, base, hist_base),
+        state,
+    )
+    state, _ = lax.while_loop(
+        lambda c: c[1] < cfg.n,
+        lambda c: _general_catch_up(cfg, params, t_end, c[0], c[1], base, hist_base),
+        (state, jnp.zeros((), jnp.int32)),
+    )
+    return state
 
 
 # --- chunks -----------------------------------------------------------------------------------------------------
@@ -603,7 +726,7 @@ def init_state(cfg: Config, params: Params, key) -> State:
         ring=jnp.zeros(cfg.ring_size, jnp.float64),
         # Unused fields are None rather than empty arrays: with jax 0.11, a `shard_map` whose arguments hold a
         # zero-sized array beside others crashes XLA's CPU compiler (segmentation fault).
-        comp=jnp.full(cfg.n, jnp.inf) if general else None,
+        comp=jnp.zeros(cfg.ring_size, jnp.float64) if general else None,
         next_arr=jr.exponential(k_arr, dtype=jnp.float64) / (cfg.n * params.lam) if general else zero,
         draw=None if general else _markov_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
         marks=None if general or cfg.sequential else jnp.full(cfg.n, -1, jnp.int64),
@@ -619,22 +742,30 @@ def init_state(cfg: Config, params: Params, key) -> State:
 
 
 def _sequential_batch(cfg: Config, params: Params, prep: _Prep, t_end, states: State) -> State:
-    """`_sequential_chunk` for each replication of the batch in turn. The small fields of a replication are sliced
-    out and written back; the ring buffers and histograms stay in place, flattened over the batch: slicing them
-    out and back copied a replication's whole ring (0.4 MB for N = 1000) per chunk, which cost more than the
-    events of a short chunk."""
+    """Each replication of the batch in turn, one event at a time (`_sequential_chunk` for PH service,
+    `_general_chunk` for general service). The small fields of a replication are sliced out and written back; the
+    ring buffers, completion times and histograms stay in place, flattened over the batch: slicing them out and
+    back copied a replication's whole ring (0.4 MB for N = 1000) per chunk, which cost more than the events of a
+    short chunk."""
     n_rep = states.packed.shape[0]
-    small = states._replace(ring=None, hist=None)
+    big = ("ring", "hist") if states.comp is None else ("ring", "hist", "comp")
+    small = states._replace(**{f: None for f in big})
 
     def one(r, carry):
-        small, ring, hist = carry
-        state = jax.tree_util.tree_map(lambda x: x[r], small)._replace(ring=ring, hist=hist)
-        state = _sequential_chunk(cfg, params, prep, t_end, state, r)
-        small = jax.tree_util.tree_map(lambda xs, x: xs.at[r].set(x), small, state._replace(ring=None, hist=None))
-        return small, state.ring, state.hist
+        small, flat = carry
+        state = jax.tree_util.tree_map(lambda x: x[r], small)._replace(**flat)
+        if cfg.sampler is None:
+            state = _sequential_chunk(cfg, params, prep, t_end, state, r)
+        else:
+            state = _general_chunk(cfg, params, prep, t_end, state, r * cfg.ring_size, r * (cfg.n_bins + 2))
+        small = jax.tree_util.tree_map(
+            lambda xs, x: xs.at[r].set(x), small, state._replace(**{f: None for f in big})
+        )
+        return small, {f: getattr(state, f) for f in big}
 
-    small, ring, hist = lax.fori_loop(0, n_rep, one, (small, states.ring.reshape(-1), states.hist.reshape(-1)))
-    return small._replace(ring=ring.reshape(states.ring.shape), hist=hist.reshape(states.hist.shape))
+    flat = {f: getattr(states, f).reshape(-1) for f in big}
+    small, flat = lax.fori_loop(0, n_rep, one, (small, flat))
+    return small._replace(**{f: flat[f].reshape(getattr(states, f).shape) for f in big})
 
 
 def _harvest(cfg: Config, t_end, state: State) -> tuple[State, Stats]:
@@ -667,21 +798,23 @@ def run_chunk(cfg: Config, params: Params, states: State, t_end) -> tuple[State,
 
 def _run_chunk(cfg: Config, params: Params, states: State, t_end) -> tuple[State, Stats]:
     prep = _prepare(cfg, params)
-    if cfg.sampler is None and cfg.sequential:
+    if cfg.sequential:
         states = _sequential_batch(cfg, params, prep, t_end, states)
-        return jax.vmap(lambda s: _harvest(cfg, t_end, s))(states)
-    if cfg.sampler is None:
-
-        def body(s):
-            return _markov_block(cfg, params, prep, t_end, s)
-
-        def cond(s):
-            return jnp.any(_markov_next(prep, s) <= t_end)
-    else:
-        body = jax.vmap(lambda s: _general_block_one(cfg, params, prep, t_end, s))
-
-        def cond(s):
-            return jnp.any(_general_next(s) <= t_end)
-
-    states = lax.while_loop(cond, body, states)
+    elif cfg.sampler is None:
+        states = lax.while_loop(
+            lambda s: jnp.any(_markov_next(prep, s) <= t_end),
+            lambda s: _markov_block(cfg, params, prep, t_end, s),
+            states,
+        )
+    else:  # one loop over blocks of arrivals for the whole batch (vmapped, its condition would copy the state)
+        states = lax.while_loop(
+            lambda s: jnp.any(_general_next(s) <= t_end),
+            jax.vmap(lambda s: _general_arrivals(cfg, params, prep, t_end, s)),
+            states,
+        )
+        states, _ = lax.while_loop(
+            lambda c: jnp.any(c[1] < cfg.n),
+            lambda c: jax.vmap(lambda st, s: _general_catch_up(cfg, params, t_end, st, s))(*c),
+            (states, jnp.zeros(states.packed.shape[0], jnp.int32)),
+        )
     return jax.vmap(lambda s: _harvest(cfg, t_end, s))(states)

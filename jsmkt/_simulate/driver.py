@@ -21,7 +21,8 @@ from .service import GeneralService
 _SAMPLING = ("with_replacement", "without_replacement")
 _HIST_OCTAVES = 40  # sojourn-time histogram range: E[S] * 2**-20 .. E[S] * 2**20
 _N_BINS = _HIST_OCTAVES << core.HIST_SUB_BITS
-_GENERAL_BLOCK = 64  # events per loop iteration of the general-service engine
+_GENERAL_BLOCK = 64  # arrivals per outer-loop iteration of the general-service engine, vmapped (GPU)
+_GENERAL_SEQUENTIAL_BLOCK = 512  # the same, one replication at a time (CPU): 48 against 120 ns per event with 64
 _SEQUENTIAL_BLOCK = 512  # events drawn per outer-loop iteration of the sequential PH engine (CPU)
 _SEQUENTIAL_MAX_D = 12  # largest choice number for which XLA compiles that engine's event loop into one kernel
 _PROGRESS_UPDATES = 100  # about this many progress-bar updates per run
@@ -36,6 +37,17 @@ def _sequential_engine(max_d: int) -> bool:
     tests). Elsewhere (GPU) a loop iteration costs microseconds, and the block engine shares it among many events
     and replications."""
     return jax.default_backend() == "cpu" and max_d <= _SEQUENTIAL_MAX_D
+
+
+_SEQUENTIAL_GENERAL_MAX_D = 3  # the same for the general-service engine's arrival loop
+
+
+def _sequential_general_engine(max_d: int) -> bool:
+    """Whether general service runs each replication in turn with unbatched loops (`core._sequential_batch`)
+    rather than vmapped over replications. On a CPU, XLA compiles the unbatched arrival loop into a single kernel
+    while it reads at most `_SEQUENTIAL_GENERAL_MAX_D` sampled servers (checked by the tests): about 50 ns per event
+    at N = 1000, d = 2, against about 1 us for the vmapped loop run op by op (`benchmarks/general_service.py`)."""
+    return jax.default_backend() == "cpu" and max_d <= _SEQUENTIAL_GENERAL_MAX_D
 
 
 _GPU_SHARED_REPLICATIONS = 4096  # replications up to which a GPU iteration's fixed cost dominates (H200, N = 1000)
@@ -192,7 +204,7 @@ def _compiled(cfg: core.Config, devices: tuple = ()):
         run = jax.shard_map(run, mesh=mesh, in_specs=(rest, rep, rest), out_specs=(rep, rep), check_vma=False)
     # XLA's copy insertion with region analysis (not its default) proves that the sequential engine's inner loop
     # may update the server array in place: about 1.6x faster (49 against 77 ns per event, N = 1000, d = 2, H2).
-    opts = {"xla_cpu_copy_insertion_use_region_analysis": True} if cfg.sequential else None
+    opts = {"xla_cpu_copy_insertion_use_region_analysis": True} if cfg.sequential or cfg.sampler else None
     return jax.jit(init), jax.jit(run, donate_argnums=1, compiler_options=opts)
 
 
@@ -249,8 +261,9 @@ def simulate(
     rule's weights from `model`. It runs one compiled loop per time chunk (the warm-up, then each batch), on CPU
     or GPU, with memory independent of `t1`. PH service is simulated by uniformisation ($O(1)$ work per event,
     the phase of each server tracked): on a CPU one event at a time, replication after replication; elsewhere in
-    speculative blocks batched over replications. General service is simulated by per-server completion times
-    ($O(N)$ per event). All are exact: see `jsmkt._simulate.core`. With several JAX devices (GPUs, or a CPU's
+    speculative blocks batched over replications. General service is simulated by completion times fixed when each
+    job arrives (FCFS), a server being brought up to date when an arrival samples it ($O(d)$ work per event). All
+    are exact: see `jsmkt._simulate.core`. With several JAX devices (GPUs, or a CPU's
     cores exposed as devices by `jsmkt.use_cpu_cores()` before JAX's first computation, as `jsmkt simulate`
     does) the replications are split evenly among as many devices as divide their number, and
     run in parallel; each replication's run does not depend on the split. Each new configuration compiles anew;
@@ -259,7 +272,8 @@ def simulate(
 
     Random numbers: each replication gets a key from `jax.random.split(key, n_replications)`; its event loop
     draws from a counter-based SplitMix64 stream seeded from that key (event `e` always uses the same numbers, so
-    results do not depend on chunking or `progress`), and general service times from `jax.random.fold_in(key, e)`.
+    results do not depend on chunking or `progress`), and general service times from `jax.random.fold_in(key, e)`
+    for the `e`-th arrival.
 
     **Arguments:**
 
@@ -354,9 +368,9 @@ def simulate(
     else:
         alpha, T = np.ones(1), -np.ones((1, 1))
         m, sampler = 1, serv.sampler
-    sequential = sampler is None and _sequential_engine(max_d)
+    sequential = _sequential_engine(max_d) if sampler is None else _sequential_general_engine(max_d)
     if sampler is not None:
-        block = _GENERAL_BLOCK
+        block = _GENERAL_SEQUENTIAL_BLOCK if sequential else _GENERAL_BLOCK
     else:
         block = _SEQUENTIAL_BLOCK if sequential else _markov_block_size(n, n_rep)
     cfg = core.Config(
