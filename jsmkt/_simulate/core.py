@@ -527,17 +527,21 @@ def _general_next(state: State):
     return state.next_arr
 
 
-def _general_depart(cfg: Config, packed, ring, comp, s, base):
-    """Server `s` (busy) completes the job at the head of its queue: its new packed state, the completion time,
-    the queue length before it and the job's sojourn time."""
-    C, Q = cfg.n_cells, cfg.max_queue
+def _general_server(cfg: Config, packed, comp, s, base):
+    """What an event reads of server `s`: (s, packed state, ring-buffer head, queue length, completion time of the
+    job at the head; meaningless when idle)."""
     p = packed[s]
-    head = _div(p, C)
-    k = p - head * C
-    slot = base + s * Q + head.astype(jnp.int32)
-    e = comp[slot]
+    head = _div(p, cfg.n_cells)
+    return s, p, head, p - head * cfg.n_cells, comp[base + s * cfg.max_queue + head.astype(jnp.int32)]
+
+
+def _general_depart(cfg: Config, ring, server, base):
+    """Busy `server` (as `_general_server` reads it) completes the job at the head of its queue: its new packed
+    state and the job's sojourn time."""
+    s, p, head, k, e = server
+    Q = cfg.max_queue
     head2 = jnp.where(head + 1 == Q, 0, head + 1)
-    return (head2 * C + k - 1).astype(packed.dtype), e, k, e - ring[slot]
+    return (head2 * cfg.n_cells + k - 1).astype(p.dtype), e - ring[base + s * Q + head.astype(jnp.int32)]
 
 
 def _general_write(packed, ring, comp, pending):
@@ -568,7 +572,7 @@ def _general_records(cfg: Config, params: Params, state: State, rec, hist_base) 
 def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: State, base=0, hist_base=0) -> State:
     """The next `block` arrivals of one replication up to `t_end` (fewer when the completions they bring to light
     fill the `2 * block` events of the loop), with those completions."""
-    B, C, Q, D = cfg.block, cfg.n_cells, cfg.max_queue, cfg.max_d
+    B, Q, D = cfg.block, cfg.max_queue, cfg.max_d
     RB = 2 * B
     words = _words(state.seed, state.ctr, B + 1, cfg.n_words)
     gaps = -jnp.log(_uniform(words[1:, 0])) / (cfg.n * params.lam)
@@ -599,12 +603,7 @@ def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: St
         def cand(c):  # one element: reading the whole row would count its size in every fusion using it
             return lax.dynamic_slice(cands, (row_i, jnp.asarray(c, row_i.dtype)), (1, 1))[0, 0]
 
-        cand_state = []  # per sampled server: (server, packed state, head, queue length, head completion time)
-        for c in range(D):
-            sv = cand(c)
-            p = packed[sv]
-            head = _div(p, C)
-            cand_state.append((sv, p, head, p - head * C, comp[base + sv * Q + head.astype(jnp.int32)]))
+        cand_state = [_general_server(cfg, packed, comp, cand(c), base) for c in range(D)]
         # The completion of the first sampled server with one due by ti, else the arrival joins the first of the
         # shortest. Both choose among values read once: each read counts towards XLA's limit on the loop body.
         dep, any_due = cand_state[D - 1], False
@@ -616,11 +615,8 @@ def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: St
         arr = cand_state[0]
         for c in range(1, D):
             arr = jax.tree_util.tree_map(functools.partial(jnp.where, cand_state[c][3] < arr[3]), cand_state[c], arr)
-        s_dep, p_dep, head_dep, k_dep, e = dep
-        slot_dep = base + s_dep * Q + head_dep.astype(jnp.int32)
-        soj = e - ring[slot_dep]
-        head2 = jnp.where(head_dep + 1 == Q, 0, head_dep + 1)
-        p_dep = (head2 * C + k_dep - 1).astype(packed.dtype)
+        s_dep, _, _, k_dep, e = dep
+        p_dep, soj = _general_depart(cfg, ring, dep, base)
         s_arr, p, head, k_arr, _ = arr
         # The arrival appends its arrival and completion times at the tail of the queue, unless the queue is full.
         joins = k_arr < Q
@@ -656,16 +652,15 @@ def _general_catch_up(cfg: Config, params: Params, t_end, state: State, s, base=
     """Apply the completions up to `t_end` of servers `s`, `s + 1`, ... of one replication, server after server, up
     to `2 * block` of them; return the state and the first server not yet caught up (`n` when done). Run until
     done at the end of a chunk, so that every queue is then exact at `t_end`."""
-    Q, RB = cfg.max_queue, 2 * cfg.block
+    RB = 2 * cfg.block
 
     def event(j, carry):
         packed, s, rec, pending = carry
         packed, _, _ = _general_write(packed, state.ring, state.comp, pending)
-        sc = jnp.minimum(s, cfg.n - 1)
-        p = packed[sc]
-        head = _div(p, cfg.n_cells)
-        d = (s < cfg.n) & (p - head * cfg.n_cells > 0) & (state.comp[base + sc * Q + head.astype(jnp.int32)] <= t_end)
-        p_dep, e, k, soj = _general_depart(cfg, packed, state.ring, state.comp, sc, base)
+        server = _general_server(cfg, packed, state.comp, jnp.minimum(s, cfg.n - 1), base)
+        sc, _, _, k, e = server
+        d = (s < cfg.n) & (k > 0) & (e <= t_end)
+        p_dep, soj = _general_depart(cfg, state.ring, server, base)
         pending = (jnp.where(d, sc, cfg.n), p_dep) + _general_nothing(cfg, packed, state.ring)[2:]
         row = jnp.stack([e, soj, k.astype(jnp.float64), d.astype(jnp.float64)])
         rec = lax.dynamic_update_slice(rec, row[None], (j, jnp.zeros_like(j)))
