@@ -17,7 +17,11 @@ Model: JSQ(2), N = 1000 servers, Poisson arrivals of rate N * 0.9, H2 service wi
   generator and statistics) as a plain C loop built with the system's C compiler (`cc -O2 -march=native`), run as
   one process and as one process per core; and the same C loop with an exact event selection instead (no
   self-loops: the total rate follows the number of servers busy in each phase, and the completing server is drawn
-  among those busy in its phase by rejection). `--no-native` skips both; without a compiler they are skipped.
+  among those busy in its phase by rejection). `--no-native` skips both; without a compiler they are skipped;
+- the algorithm of jsmkt's general-service engine, which fixes each job's completion time when it arrives (FCFS)
+  and brings a server up to date only when an arrival samples it, so that only arrivals and completions are
+  events: `jsmkt.simulate` with the same H2 distribution as a general sampler (`jsmkt.GeneralService`; the phase
+  occupancies are then not tracked), and the same algorithm as a C loop (`reference/jsqd_h2.c ... fcfs`).
 
 The speed-up compares simulated time per wall second (summed over replications or processes), since the loops
 count different events: uniformisation adds phase changes and self-loops (about 1.5 events per arrival or
@@ -44,6 +48,12 @@ iteration, so that the processor could overlap their chains (the loop no longer 
 state takes shifts instead of multiplications (max_queue 31 or 63 instead of 55: 75-77 against 58 ns per event,
 XLA compiles the loop worse); 256, 1024 or 2048 events per block instead of 512 (60, 68, 65 against 58 ns).
 
+With completion times fixed at arrival (the algorithm of jsmkt's general-service engine, here with H2 as a general
+sampler; one full run): jsmkt 11.9x plain Python with 1 replication and 26.6x with 16, against 11.0x and 23.7x
+for its PH engine in the same run; the C loop of that algorithm 35.3x in one process and 71.0x in two, the
+fastest native loop measured here and still short of 100x (jsmkt reaches 0.38 of it). Events are then only
+arrivals and completions, and no event looks beyond the d sampled servers; the phase occupancies are not tracked.
+
 Measured on one NVIDIA H200 (jax 0.11.2, block PH engine, plain Python on the host's Xeon; `--time 40`, logs in
 `benchmarks/results/h200-2026-11-30`): 1024 replications 6.6e8 events/s (474x plain Python), 16384 replications
 1.96e9 events/s (1408x); 1 and 16 replications 5.5e5 and 1.5e7 events/s (0.4x and 10.9x): a loop iteration costs
@@ -65,6 +75,7 @@ import tempfile
 import time
 
 import jax
+import jax.numpy as jnp
 import jax.random as jr
 
 import _common
@@ -150,6 +161,14 @@ def python_jsqd_h2(n, lam, d, scv, t1, warmup, seed):
     return events, mean_queue, soj_sum / max(n_jobs, 1)
 
 
+def h2_sampler(key):
+    """A draw of the benchmark's H2 service time (balanced means, mean 1, SCV `SCV`), for `jsmkt.GeneralService`."""
+    p1 = 0.5 * (1.0 + math.sqrt((SCV - 1.0) / (SCV + 1.0)))
+    k_phase, k_time = jr.split(key)
+    rate = jnp.where(jr.uniform(k_phase, dtype=jnp.float64) < p1, 2.0 * p1, 2.0 * (1.0 - p1))
+    return jr.exponential(k_time, dtype=jnp.float64) / rate
+
+
 def cpu_model():
     """The processor's model name (Linux), else what `platform` knows."""
     try:
@@ -179,8 +198,9 @@ def build_native(workdir):
 
 def run_native(exe, processes, t1, warmup, max_queue, seed, select="uniform"):
     """Run `processes` copies of the C reference at once (one per core), with its `select` event selection
-    (`uniform`: jsmkt's; `exact`: no self-loops). Returns (wall s, events, E[Q], E[T]): the event loops' longest
-    wall time (as each measures it, without the process start) and the events summed."""
+    (`uniform`: jsmkt's PH engine; `exact`: no self-loops; `fcfs`: jsmkt's general-service engine). Returns
+    (wall s, events, E[Q], E[T]): the event loops' longest wall time (as each measures it, without the process
+    start) and the events summed."""
     args = [str(N), str(LAM), str(D), str(SCV), str(t1), str(warmup)]
     procs = [subprocess.Popen([str(exe), *args, str(seed * 100 + j), str(max_queue), select],
                               stdout=subprocess.PIPE, text=True) for j in range(processes)]
@@ -218,6 +238,7 @@ def main():
     t_sim = args.time if args.time is not None else 200.0 if args.quick else 600.0
     repeats = args.repeats if args.repeats is not None else 2 if args.quick else 3
     model = jsmkt.JSQdPH(LAM, jsmkt.hyperexponential2(1.0, SCV), d=D)
+    general = jsmkt.GeneralService(h2_sampler, mean=1.0, scv=SCV)
 
     print(f"JSQ({D}), N = {N}, lam = {LAM}, H2 service (mean 1, SCV {SCV}); simulated time {t_sim:g} per "
           f"replication (warm-up 10 %), medians of {repeats} repeats")
@@ -226,20 +247,22 @@ def main():
     print(f"jsmkt PH engine: {engine}; {len(devices)} {devices[0].platform} device(s) ({devices[0].device_kind}), "
           f"replications split among as many as divide their number; CPU: {cpu_model()}\n")
 
+    jsmkt_rows = [(svc, r) for svc in ("ph", "general") for r in reps_list]
+    services = {"ph": None, "general": general}
     compile_s = {}
-    for r in reps_list:
+    for svc, r in jsmkt_rows:
         t0 = time.perf_counter()
-        first = jsmkt.simulate(model, N, 1.0, key=jr.PRNGKey(0), n_replications=r)
-        compile_s[r] = time.perf_counter() - t0
+        first = jsmkt.simulate(model, N, 1.0, key=jr.PRNGKey(0), n_replications=r, service=services[svc])
+        compile_s[svc, r] = time.perf_counter() - t0
         if args.verbose:
-            print(f"  first call, {r} replication(s): {compile_s[r]:.2f} s", flush=True)
+            print(f"  first call, {svc} service, {r} replication(s): {compile_s[svc, r]:.2f} s", flush=True)
 
     workdir = tempfile.TemporaryDirectory()
     native = None if args.no_native else build_native(workdir.name)
-    native_rows = [(select, p) for select in ("uniform", "exact") for p in sorted({1, args.cpu_devices})]
+    native_rows = [(select, p) for select in ("uniform", "exact", "fcfs") for p in sorted({1, args.cpu_devices})]
     native_rows = native_rows if native is not None else []
 
-    rows = {"python": [], **{r: [] for r in reps_list}, **{("C", *row): [] for row in native_rows}}
+    rows = {"python": [], **{row: [] for row in jsmkt_rows}, **{("C", *row): [] for row in native_rows}}
     results = {}
     for i in range(repeats):  # interleaved, so that machine load hits every row alike
         t0 = time.perf_counter()
@@ -250,15 +273,15 @@ def main():
             wall = rows["python"][-1][0]
             print(f"  repeat {i + 1}, plain Python: {wall:.2f} s, {ev / wall:.3e} events/s, "
                   f"{t_sim / wall:.4g} simulated time per second", flush=True)
-        for r in reps_list:
+        for svc, r in jsmkt_rows:
             t0 = time.perf_counter()
-            res = jsmkt.simulate(model, N, t_sim, key=jr.PRNGKey(100 + i), n_replications=r)
-            rows[r].append((time.perf_counter() - t0, res.events))
-            results[r] = (res.mean_queue_length, res.mean_sojourn_time, res.mean_sojourn_time_ci)
+            res = jsmkt.simulate(model, N, t_sim, key=jr.PRNGKey(100 + i), n_replications=r, service=services[svc])
+            rows[svc, r].append((time.perf_counter() - t0, res.events))
+            results[svc, r] = (res.mean_queue_length, res.mean_sojourn_time, res.mean_sojourn_time_ci)
             if args.verbose:
-                wall, ev = rows[r][-1]
-                print(f"  repeat {i + 1}, {r} replication(s): {wall:.2f} s, {ev / wall:.3e} events/s, "
-                      f"{r * t_sim / wall:.4g} simulated time per second", flush=True)
+                wall, ev = rows[svc, r][-1]
+                print(f"  repeat {i + 1}, {svc} service, {r} replication(s): {wall:.2f} s, {ev / wall:.3e} "
+                      f"events/s, {r * t_sim / wall:.4g} simulated time per second", flush=True)
         for select, p in native_rows:
             wall, ev, eq, et = run_native(native, p, t_sim, 0.1 * t_sim, first.max_queue, seed=i, select=select)
             rows[("C", select, p)].append((wall, ev))
@@ -267,38 +290,43 @@ def main():
     def med(name):
         wall = statistics.median(w for w, _ in rows[name])
         events = statistics.median(e for _, e in rows[name])
-        reps = 1 if name == "python" else name[-1] if isinstance(name, tuple) else name
+        reps = 1 if name == "python" else name[-1]
         return wall, events / wall, reps * t_sim / wall
 
     py_wall, py_eps, py_tps = med("python")
-    header = f"{'':58} {'wall s':>8} {'events/s':>12} {'sim. time/s':>12} {'vs Python':>10}   E[Q], E[T]"
+    W = 66  # width of the row labels
+    header = f"{'':{W}} {'wall s':>8} {'events/s':>12} {'sim. time/s':>12} {'vs Python':>10}   E[Q], E[T]"
     print(header)
     print("-" * len(header))
     eq, et, _ = results["python"]
-    print(f"{'plain Python (heapq), 1 run':58} {py_wall:8.2f} {py_eps:12.3e} {py_tps:12.4g} {1.0:9.2f}x   "
+    print(f"{'plain Python (heapq), 1 run':{W}} {py_wall:8.2f} {py_eps:12.3e} {py_tps:12.4g} {1.0:9.2f}x   "
           f"{eq:.3f}, {et:.3f}")
     speedups = {}
-    for r in reps_list:
-        wall, eps, tps = med(r)
-        speedups[r] = tps / py_tps
-        eq, et, ci = results[r]
+    for svc, r in jsmkt_rows:
+        wall, eps, tps = med((svc, r))
+        speedups[svc, r] = tps / py_tps
+        eq, et, ci = results[svc, r]
         label = f"jsmkt.simulate, {r} replication" + ("s" if r > 1 else "")
         label += f" ({driver._n_shards(r, len(devices))} dev." + (
-            ")" if _sequential_engine(D) else f", block {driver._markov_block_size(N, r)})")
-        print(f"{label:58} {wall:8.2f} {eps:12.3e} {tps:12.4g} {speedups[r]:9.2f}x   {eq:.3f}, {et:.3f} ± {ci:.2g}")
+            ")" if _sequential_engine(D) or svc == "general" else f", block {driver._markov_block_size(N, r)})")
+        label += ", H2 as a general sampler" if svc == "general" else ""
+        print(f"{label:{W}} {wall:8.2f} {eps:12.3e} {tps:12.4g} {speedups[svc, r]:9.2f}x   "
+              f"{eq:.3f}, {et:.3f} ± {ci:.2g}")
     native_speedups = {}
     for select, p in native_rows:
         wall, eps, tps = med(("C", select, p))
         native_speedups[select, p] = tps / py_tps
         eq, et, _ = results[("C", select, p)]
-        kind = "same algorithm" if select == "uniform" else "exact selection"
+        kind = {"uniform": "same algorithm", "exact": "exact selection", "fcfs": "completion times at arrival"}[select]
         label = f"C reference, {kind}, {p} process" + ("es" if p > 1 else "")
-        print(f"{label:58} {wall:8.2f} {eps:12.3e} {tps:12.4g} {native_speedups[select, p]:9.2f}x   {eq:.3f}, {et:.3f}")
+        print(f"{label:{W}} {wall:8.2f} {eps:12.3e} {tps:12.4g} {native_speedups[select, p]:9.2f}x   "
+              f"{eq:.3f}, {et:.3f}")
     print()
-    for r in reps_list:
-        print(f"first call (trace + compile + a 1-unit run), {r:2d} replication(s): {compile_s[r]:.2f} s")
+    for svc, r in jsmkt_rows:
+        print(f"first call (trace + compile + a 1-unit run), {svc} service, {r:2d} replication(s): "
+              f"{compile_s[svc, r]:.2f} s")
     print()
-    best_eps = max(med(r)[1] for r in reps_list)
+    best_eps = max(med(row)[1] for row in jsmkt_rows)
     print(f"target >= {TARGET_EVENTS_PER_S:.0e} events/s: {best_eps:.3e}  "
           f"{'PASS' if best_eps >= TARGET_EVENTS_PER_S else 'MISS'}")
     best = max(speedups.values())
@@ -306,11 +334,13 @@ def main():
           f"{'PASS' if best >= TARGET_SPEEDUP else 'MISS'}")
     if native_speedups:
         p = max(p for _, p in native_rows)
-        ref = native_speedups["uniform", p]
-        print(f"for scale: the same uniformised algorithm as a C loop (cc -O2 -march=native), {p} process(es): "
-              f"{ref:.2f}x plain Python; jsmkt's best is {best / ref:.2f} of it; without self-loops (exact "
-              f"selection) the C loop gets {native_speedups['exact', p]:.2f}x")
-
+        best_of = {svc: max(v for (s, _), v in speedups.items() if s == svc) for svc in services}
+        uniform, fcfs = native_speedups["uniform", p], native_speedups["fcfs", p]
+        print(f"for scale, C loops (cc -O2 -march=native), {p} process(es): jsmkt's uniformised PH algorithm "
+              f"{uniform:.2f}x plain Python (jsmkt's PH engine at its best: {best_of['ph'] / uniform:.2f} of it); "
+              f"without self-loops (exact selection) {native_speedups['exact', p]:.2f}x; with completion times "
+              f"fixed at arrival {fcfs:.2f}x (jsmkt's general-service engine at its best: "
+              f"{best_of['general'] / fcfs:.2f} of it)")
 
 if __name__ == "__main__":
     main()

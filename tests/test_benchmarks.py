@@ -33,7 +33,7 @@ def run(exe, *args):
     return int(events), float(queue), float(sojourn), int(overflow)
 
 
-@pytest.mark.parametrize("select", ["uniform", "exact"])
+@pytest.mark.parametrize("select", ["uniform", "exact", "fcfs"])
 def test_c_reference_matches_the_mean_field(reference, select):
     lam, scv = 0.9, 4.0
     model = jsmkt.JSQdPH(lam, jsmkt.hyperexponential2(1.0, scv), d=2)
@@ -45,7 +45,7 @@ def test_c_reference_matches_the_mean_field(reference, select):
         events, queue, sojourn, overflow = run(reference, 1000, lam, 2, scv, t_end, warmup, seed, 55, select)
         assert overflow == 0
         # Uniformisation at rate N (lam + qbar), qbar = 2 p1 = 1.775: events counted with self-loops. Without
-        # them (exact selection), arrivals and departures only: 2 N lam per unit time.
+        # them (exact selection, completion times at arrival), arrivals and departures only: 2 N lam per unit time.
         rate = lam + 1.7745966692414834 if select == "uniform" else 2 * lam
         assert events == pytest.approx(1000 * rate * t_end, rel=0.01)
         queues.append(queue)
@@ -65,7 +65,7 @@ def test_c_reference_rejects_bad_arguments(reference):
     assert res.returncode == 2 and "bad arguments" in res.stderr and "SCV=0.5" in res.stderr
     res = subprocess.run([str(reference), "1000", "0.9", "2", "4", "100", "10", "1", "55", "fast"],
                          capture_output=True, text=True)
-    assert res.returncode == 2 and "SELECT must be uniform or exact" in res.stderr and "SELECT=fast" in res.stderr
+    assert res.returncode == 2 and "SELECT must be uniform, exact or fcfs" in res.stderr and "SELECT=fast" in res.stderr
 
 
 @pytest.mark.parametrize("script, args, option", [

@@ -14,8 +14,14 @@
  * each phase, an event is an arrival or a completion in phase i in proportion to these rates, and the completing
  * server is drawn uniformly among those busy in phase i by rejection (about N / n_i draws of a random server).
  *
+ * SELECT = fcfs is the algorithm of jsmkt's general-service engine instead: each job's completion time is fixed
+ * when it arrives (FCFS: it starts at the later of its arrival and the completion of the job ahead; its phase and
+ * service time are drawn then), and a server is brought up to date only when an arrival samples it (its due
+ * completions are applied first), the others at the end. Only arrivals and completions are events, and no event
+ * looks at more than the d sampled servers.
+ *
  * Build: cc -O2 -march=native -o jsqd_h2 jsqd_h2.c -lm
- * Run:   ./jsqd_h2 N LAM D SCV T_END WARMUP SEED MAX_QUEUE [uniform|exact]
+ * Run:   ./jsqd_h2 N LAM D SCV T_END WARMUP SEED MAX_QUEUE [uniform|exact|fcfs]
  * Prints one line: events, wall seconds of the event loop, mean queue length, mean sojourn time, refused arrivals.
  */
 #include <math.h>
@@ -49,6 +55,8 @@ typedef struct {
     double lam, p1, rates[M], warmup;
     int *k, *phase, *head;  /* per server: jobs, phase of the job in service (0 when idle), ring-buffer head */
     double *ring, *acc;     /* arrival times (n x q); per cell k * M + phase: time-integral corrections */
+    double *comp;           /* fcfs: completion times (n x q) */
+    int *jph;               /* fcfs: phases of the queued jobs (n x q) */
     long *count, *hist;     /* servers per cell; sojourn-time histogram */
     long busy[M];           /* servers busy in each phase */
     double soj_sum;
@@ -155,20 +163,80 @@ static void run_exact(Sim *S, uint64_t seed, double t_end) {
     }
 }
 
+/* fcfs: apply the completions of server s up to time t (their times are fixed already). */
+static inline void catch_up(Sim *S, int s, double t) {
+    int kk = S->k[s];
+    while (kk > 0) {
+        const size_t i = (size_t)s * S->q + S->head[s];
+        const double e = S->comp[i];
+        if (e > t) break;
+        const double soj = e - S->ring[i];
+        if (e > S->warmup) {
+            const int64_t hist_lo = (int64_t)0x3F0 << HIST_SUB_BITS;  /* 2^-15 */
+            S->soj_sum += soj;
+            S->n_jobs++;
+            int64_t bits;
+            memcpy(&bits, &soj, sizeof bits);
+            const int64_t bin = (bits >> (52 - HIST_SUB_BITS)) - hist_lo + 1;
+            S->hist[bin < 0 ? 0 : bin > HIST_BINS + 1 ? HIST_BINS + 1 : bin]++;
+        }
+        const int p = S->jph[i];
+        S->head[s] = S->head[s] + 1 == S->q ? 0 : S->head[s] + 1;
+        const int np = kk > 1 ? S->jph[(size_t)s * S->q + S->head[s]] : 0;
+        move(S, kk * M + p, (kk - 1) * M + np, e);
+        S->events++;
+        kk--;
+    }
+    S->k[s] = kk;
+}
+
+/* jsmkt's general-service algorithm: completion times fixed at arrival, servers brought up to date when sampled. */
+static void run_fcfs(Sim *S, uint64_t seed, double t_end) {
+    const int words = 4 + S->d;
+    double t = 0.0;
+    for (uint64_t ctr = 0;; ctr++) {
+        const uint64_t base = seed + ctr * (uint64_t)words * GAMMA;
+        t -= log(uniform(splitmix(base + GAMMA))) / (S->n * S->lam);
+        if (t > t_end) break;
+        int s = (int)(uniform(splitmix(base + 5 * GAMMA)) * S->n);
+        catch_up(S, s, t);
+        for (int j = 1; j < S->d; j++) {
+            const int c = (int)(uniform(splitmix(base + (5 + j) * GAMMA)) * S->n);
+            catch_up(S, c, t);
+            if (S->k[c] < S->k[s]) s = c;
+        }
+        S->events++;
+        const int kk = S->k[s];
+        if (kk == S->q) { S->overflow++; continue; }
+        const int p = new_phase(S, base);
+        const size_t row = (size_t)s * S->q;
+        int slot = S->head[s] + kk;
+        if (slot >= S->q) slot -= S->q;
+        const double start = kk > 0 ? S->comp[row + (slot == 0 ? S->q - 1 : slot - 1)] : t;
+        S->comp[row + slot] = start - log(uniform(splitmix(base + 3 * GAMMA))) / S->rates[p];
+        S->ring[row + slot] = t;
+        S->jph[row + slot] = p;
+        const int cp = kk > 0 ? S->jph[row + S->head[s]] : p;  /* phase of the job in service after the arrival */
+        move(S, kk * M + (kk > 0 ? cp : 0), (kk + 1) * M + cp, t);
+        S->k[s] = kk + 1;
+    }
+    for (int s = 0; s < S->n; s++) catch_up(S, s, t_end);
+}
+
 int main(int argc, char **argv) {
     if (argc != 9 && argc != 10) {
-        fprintf(stderr, "usage: %s N LAM D SCV T_END WARMUP SEED MAX_QUEUE [uniform|exact]\n", argv[0]);
+        fprintf(stderr, "usage: %s N LAM D SCV T_END WARMUP SEED MAX_QUEUE [uniform|exact|fcfs]\n", argv[0]);
         return 2;
     }
     const int n = atoi(argv[1]), d = atoi(argv[3]), q = atoi(argv[8]);
     const double lam = atof(argv[2]), scv = atof(argv[4]), t_end = atof(argv[5]), warmup = atof(argv[6]);
     const uint64_t seed = strtoull(argv[7], NULL, 10) * GAMMA + 1;
     const char *select = argc == 10 ? argv[9] : "uniform";
-    const int exact = strcmp(select, "exact") == 0;
+    const int exact = strcmp(select, "exact") == 0, fcfs = strcmp(select, "fcfs") == 0;
     const char *bad = n < 1 ? "N must be >= 1" : d < 1 ? "D must be >= 1" : q < 1 ? "MAX_QUEUE must be >= 1"
                     : !(lam > 0) ? "LAM must be > 0" : !(scv > 1) ? "SCV must be > 1 (H2 service)"
                     : !(warmup >= 0) ? "WARMUP must be >= 0" : !(t_end > warmup) ? "T_END must exceed WARMUP"
-                    : !exact && strcmp(select, "uniform") ? "SELECT must be uniform or exact" : NULL;
+                    : !exact && !fcfs && strcmp(select, "uniform") ? "SELECT must be uniform, exact or fcfs" : NULL;
     if (bad) {
         fprintf(stderr, "bad arguments: %s (got N=%s LAM=%s D=%s SCV=%s T_END=%s WARMUP=%s MAX_QUEUE=%s SELECT=%s)\n",
                 bad, argv[1], argv[2], argv[3], argv[4], argv[5], argv[6], argv[8], select);
@@ -180,11 +248,15 @@ int main(int argc, char **argv) {
     S.k = calloc(n, sizeof *S.k), S.phase = calloc(n, sizeof *S.phase), S.head = calloc(n, sizeof *S.head);
     S.ring = calloc((size_t)n * q, sizeof *S.ring), S.acc = calloc(n_cells, sizeof *S.acc);
     S.count = calloc(n_cells, sizeof *S.count), S.hist = calloc(HIST_BINS + 2, sizeof *S.hist);
-    if (!S.k || !S.phase || !S.head || !S.ring || !S.acc || !S.count || !S.hist) return 1;
+    if (fcfs) S.comp = calloc((size_t)n * q, sizeof *S.comp), S.jph = calloc((size_t)n * q, sizeof *S.jph);
+    if (!S.k || !S.phase || !S.head || !S.ring || !S.acc || !S.count || !S.hist || (fcfs && (!S.comp || !S.jph)))
+        return 1;
     S.count[0] = n;
 
     const double start = now();
-    if (exact)
+    if (fcfs)
+        run_fcfs(&S, seed, t_end);
+    else if (exact)
         run_exact(&S, seed, t_end);
     else
         run_uniform(&S, seed, t_end);
