@@ -17,7 +17,10 @@
 #                            speculative-block one, batched over replications (checks of XLA's CPU backend skip
 #                            themselves); then the slow statistical checks (simulate_tests_slow.log), sized for a
 #                            CPU: with few replications the GPU is slower, and the last ones may not finish;
-#   fixed_point_bench.log    benchmarks/fixed_point.py --quick (the batched fixed-point solve among others).
+#   fixed_point_bench.log    benchmarks/fixed_point.py --quick (the batched fixed-point solve among others);
+#   simulate_general.log     benchmarks/simulate.py with H2 as a general sampler (the general-service engine,
+#                            vmapped over replications on a GPU), 16 and 1024 replications of 20 time units.
+# The PH rows above are timed alone (--services ph), the general-service engine's last, in its own step.
 # Exit status 0 if every step passed. Set PYTHON to use another interpreter than python3.
 # Logs of a run on an H200: benchmarks/results/h200-2026-11-30.
 set -uo pipefail
@@ -41,10 +44,11 @@ step devices 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version
     $py -c \"import jax, jsmkt; print('jax', jax.__version__, 'jsmkt', jsmkt.__version__, jax.devices(), \
     jax.default_backend())\""
 bench=(benchmarks/simulate.py --no-native --repeats 2 --verbose)
-step simulate_bench_many 120 "$py" "${bench[@]}" --time 40 --replications 1024 4096 16384
-step simulate_bench 60 "$py" "${bench[@]}" --time 100 --replications 1 16
+step simulate_bench_many 120 "$py" "${bench[@]}" --services ph --time 40 --replications 1024 4096 16384
+step simulate_bench 60 "$py" "${bench[@]}" --services ph --time 100 --replications 1 16
 step block_size 75 "$py" benchmarks/block_size.py --replications 1024 4096 16384
 step simulate_tests 90 "$py" -m pytest -q -p no:cacheprovider tests/test_simulate.py
-step simulate_tests_slow 120 "$py" -m pytest -q -p no:cacheprovider -m slow --durations=0 tests/test_simulate.py
+step simulate_tests_slow 100 "$py" -m pytest -q -p no:cacheprovider -m slow --durations=0 tests/test_simulate.py
 step fixed_point_bench 45 "$py" benchmarks/fixed_point.py --quick
+step simulate_general 45 "$py" "${bench[@]}" --services general --time 20 --replications 16 1024
 exit $status
