@@ -92,19 +92,23 @@ static inline void arrive(Sim *S, uint64_t base, double t) {
     move(S, kk * M + S->phase[s], (kk + 1) * M + S->phase[s], t);
 }
 
+/* A job leaves at time t after sojourn soj: counted after the warm-up (sum and log-linear histogram). */
+static inline void record_sojourn(Sim *S, double soj, double t) {
+    if (t <= S->warmup) return;
+    const int64_t hist_lo = (int64_t)0x3F0 << HIST_SUB_BITS;  /* 2^-15 */
+    S->soj_sum += soj;
+    S->n_jobs++;
+    int64_t bits;
+    memcpy(&bits, &soj, sizeof bits);
+    const int64_t bin = (bits >> (52 - HIST_SUB_BITS)) - hist_lo + 1;
+    S->hist[bin < 0 ? 0 : bin > HIST_BINS + 1 ? HIST_BINS + 1 : bin]++;
+}
+
 /* Busy server s completes its job at time t (H2 phases only complete). */
 static inline void depart(Sim *S, uint64_t base, int s, double t) {
     const int kk = S->k[s], p = S->phase[s];
     const double soj = t - S->ring[(size_t)s * S->q + S->head[s]];
-    if (t > S->warmup) {
-        const int64_t hist_lo = (int64_t)0x3F0 << HIST_SUB_BITS;  /* 2^-15 */
-        S->soj_sum += soj;
-        S->n_jobs++;
-        int64_t bits;
-        memcpy(&bits, &soj, sizeof bits);
-        const int64_t bin = (bits >> (52 - HIST_SUB_BITS)) - hist_lo + 1;
-        S->hist[bin < 0 ? 0 : bin > HIST_BINS + 1 ? HIST_BINS + 1 : bin]++;
-    }
+    record_sojourn(S, soj, t);
     S->head[s] = S->head[s] + 1 == S->q ? 0 : S->head[s] + 1;
     S->k[s] = kk - 1;
     S->busy[p]--;
@@ -171,15 +175,7 @@ static inline void catch_up(Sim *S, int s, double t) {
         const double e = S->comp[i];
         if (e > t) break;
         const double soj = e - S->ring[i];
-        if (e > S->warmup) {
-            const int64_t hist_lo = (int64_t)0x3F0 << HIST_SUB_BITS;  /* 2^-15 */
-            S->soj_sum += soj;
-            S->n_jobs++;
-            int64_t bits;
-            memcpy(&bits, &soj, sizeof bits);
-            const int64_t bin = (bits >> (52 - HIST_SUB_BITS)) - hist_lo + 1;
-            S->hist[bin < 0 ? 0 : bin > HIST_BINS + 1 ? HIST_BINS + 1 : bin]++;
-        }
+        record_sojourn(S, soj, e);
         const int p = S->jph[i];
         S->head[s] = S->head[s] + 1 == S->q ? 0 : S->head[s] + 1;
         const int np = kk > 1 ? S->jph[(size_t)s * S->q + S->head[s]] : 0;
