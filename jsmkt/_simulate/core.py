@@ -195,6 +195,14 @@ def _candidates(cfg: Config, words):
     return jnp.stack(out, axis=-1)
 
 
+def _only_chosen(cfg: Config, cands, n_choose):
+    """Candidates `(..., max_d)` of arrivals choosing among their first `n_choose` only, for loops that compare all
+    `max_d`: the others are replaced by the first, and a repeat of it never wins the first-minimum comparison."""
+    if cfg.fixed_d:
+        return cands
+    return jnp.where(jnp.arange(cfg.max_d, dtype=jnp.int32) < n_choose[..., None], cands, cands[..., :1])
+
+
 def _categorical(u, cum):
     """Index i with P(i) given by the increments of `cum` (cumulative thresholds without the final 1)."""
     return jnp.sum(u[..., None] >= cum, axis=-1, dtype=jnp.int32)
@@ -486,8 +494,7 @@ def _sequential_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: St
 
     def block(state):
         tau, is_arr, u_move, new_phase, cands, n_choose = state.draw
-        if not cfg.fixed_d:  # a repeat of the first candidate never wins the first-minimum comparison
-            cands = jnp.where(jnp.arange(D, dtype=jnp.int32) < n_choose[:, None], cands, cands[:, :1])
+        cands = _only_chosen(cfg, cands, n_choose)
         outcomes = _categorical(u_move[:, None], prep.move_cum)  # (B, m): the outcome in each phase
         table = jnp.concatenate([is_arr[:, None].astype(jnp.int32), cands, new_phase[:, None], outcomes], axis=1)
         nv = jnp.sum(tau <= t_end, dtype=jnp.int32)  # events of the block up to t_end (tau is increasing)
@@ -578,9 +585,8 @@ def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: St
     gaps = -jnp.log(_uniform(words[1:, 0])) / (cfg.n * params.lam)
     tau = state.next_arr + jnp.concatenate([jnp.zeros(1), jnp.cumsum(gaps)])  # arrivals ctr .. ctr + B
     cands = _candidates(cfg, words[:B, 2:])
-    if not cfg.fixed_d:  # a repeat of the first candidate never wins the first-minimum comparison
-        n_choose = 1 + _categorical(_uniform(words[:B, 1]), prep.d_cum)
-        cands = jnp.where(jnp.arange(D, dtype=jnp.int32) < n_choose[:, None], cands, cands[:, :1])
+    if not cfg.fixed_d:
+        cands = _only_chosen(cfg, cands, 1 + _categorical(_uniform(words[:B, 1]), prep.d_cum))
     # Arrival e draws its service time with key fold_in(key, e), so that chunking does not change the run.
     events = state.ctr + jnp.arange(B, dtype=jnp.uint64)
     keys = jax.vmap(
