@@ -7,26 +7,33 @@ job's completion time when it arrives (FCFS) and brings a server up to date only
 event costs O(d) whatever N. The rows compare, side by side in one run:
 
 - "one at a time": replications in turn, unbatched loops; the CPU default. XLA's CPU backend compiles them into
-  single kernels for d <= 3 (`driver._SEQUENTIAL_GENERAL_MAX_D`); above, they run op by op;
+  single kernels up to d = 13 (`driver._SEQUENTIAL_GENERAL_MAX_D`); above, they run op by op;
 - "vmapped": the loops vmapped over replications, run op by op on a CPU; the default on a GPU.
 
-`--previous DIR` adds the engine this one replaced, from a checkout of an older commit (e.g.
-`git worktree add /tmp/prev e6faa85`), run the same way in a subprocess: it followed the earliest of the N
-completion times, an O(N) reduction per event.
+`--previous DIR` adds an older form of the engine, from a checkout of an older commit (e.g.
+`git worktree add /tmp/prev 9e2cdf8`), run the same way in a subprocess.
 
-Measured on a 2-core CPU (AMD EPYC, XLA CPU, jax 0.10.2), medians of 3 runs, `--previous` at e6faa85, microseconds
-per event:
+Measured on a 2-core CPU (AMD EPYC, XLA CPU, jax 0.10.2), two full runs, medians of 3 runs per row, microseconds
+per event; `--previous` at 9e2cdf8, whose arrival loop carried every field of every sampled server through the
+choice and fitted one kernel only up to d = 3 (the engine now reads the next completion time of each server from
+an array of its own and chooses server numbers only):
 
-| N | d | one at a time | vmapped | previous engine | previous / one at a time |
+| N | d | one at a time | vmapped | previous (9e2cdf8) | previous / one at a time |
 |---|---|---|---|---|---|
-| 100 | 2 | 0.062 | 0.99 | 0.98 | 15.7x |
-| 100 | 3 | 0.052 | 1.15 | 1.04 | 19.9x |
-| 100 | 5 | 0.91 | 1.74 | 1.03 | 1.1x |
-| 1000 | 2 | 0.074 | 0.96 | 1.83 | 24.9x |
-| 1000 | 3 | 0.056 | 1.12 | 2.03 | 36.4x |
-| 1000 | 5 | 0.95 | 1.77 | 2.03 | 2.1x |
+| 100 | 2 | 0.049-0.052 | 0.91-0.98 | 0.045-0.049 | 0.9x |
+| 100 | 3 | 0.051-0.055 | 0.95-1.02 | 0.055 | 1.0-1.1x |
+| 100 | 5 | 0.057-0.058 | 1.38 (4.3 once) | 0.90-0.97 | 15.8-16.7x |
+| 100 | 10 | 0.074-0.088 | 1.56-1.61 | 1.83 (4.6 once) | 24.7x (52x once) |
+| 1000 | 2 | 0.053-0.059 | 0.91-0.93 | 0.055-0.072 | 1.0-1.2x |
+| 1000 | 3 | 0.082-0.084 | 1.01-1.02 | 0.056-0.057 | 0.7x |
+| 1000 | 5 | 0.057-0.059 | 1.34-1.39 | 0.90-0.93 | 15.8-15.9x |
+| 1000 | 10 | 0.075-0.076 | 1.52 | 1.82-1.84 | 24.0-24.5x |
 
-Run: `.venv/bin/python benchmarks/general_service.py [--previous DIR]` (about 2 minutes, 5 with `--previous`).
+The timings of one row vary by up to 1.5x between runs on this machine: N = 1000, d = 3 alone, five runs in a row,
+gave 0.054-0.074 us (previous: 0.057-0.060), so d = 2 and 3 are unchanged within that noise. The engine before
+(e6faa85) searched the N servers for the next completion: 0.98-1.04 us per event at N = 100, 1.83-2.03 at N = 1000.
+
+Run: `.venv/bin/python benchmarks/general_service.py [--previous DIR]` (about 3 minutes, 6 with `--previous`).
 """
 
 import argparse
@@ -61,6 +68,12 @@ print(json.dumps({"wall": wall, "events": events}))
 """
 
 
+def driver_max_d() -> int:
+    from jsmkt._simulate import driver
+
+    return driver._SEQUENTIAL_GENERAL_MAX_D
+
+
 def row(checkout, n, d, vmapped, span, repeats):
     env = dict(os.environ, PYTHONPATH=checkout)
     bench_dir = os.path.dirname(os.path.abspath(__file__))
@@ -92,7 +105,7 @@ def main():
     print(header)
     print("-" * len(header))
     for n in (100, 1000):
-        for d in (2, 3, 5):
+        for d in (2, 3, 5, 10):
             one, events = row(here, n, d, False, args.span, args.repeats)
             vm, _ = row(here, n, d, True, args.span, args.repeats)
             cells = [one, vm]
@@ -102,8 +115,8 @@ def main():
             if args.previous:
                 line += f" {cells[2] / one:>14.1f}x"
             print(line, flush=True)
-    print("(the CPU default is 'one at a time'; for d > 3 its arrival loop no longer compiles into one kernel and "
-          "runs op by op)")
+    print("(the CPU default is 'one at a time'; XLA compiles its loops into single kernels up to "
+          f"d = {driver_max_d()})")
 
 
 if __name__ == "__main__":

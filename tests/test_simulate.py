@@ -494,10 +494,12 @@ def test_m_lognormal_1_pollaczek_khinchine(getkey, scv):
 
 
 @pytest.mark.slow
-def test_engines_agree_on_jsq2(getkey):
+@pytest.mark.parametrize("d", [2, 5])
+def test_engines_agree_on_jsqd(getkey, d):
     """The same physical system through both engines: exponential service as a PH (uniformisation) and as a
-    general sampler (completion times). No closed form at N = 20; the two estimates must agree."""
-    model = jsmkt.JSQd(0.9, d=2)
+    general sampler (completion times). No closed form at N = 20; the two estimates must agree. d = 5 checks the
+    general engine's choice among more sampled servers than its loop once fitted in one kernel."""
+    model = jsmkt.JSQd(0.9, d=d)
     expo = jsmkt.GeneralService(lambda k: jr.exponential(k, dtype=float), mean=1.0)
     a = jsmkt.simulate(model, 20, 20000.0, key=getkey(), n_replications=4)
     b = jsmkt.simulate(model, 20, 20000.0, key=getkey(), n_replications=4, service=expo)

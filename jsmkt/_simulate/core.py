@@ -12,12 +12,13 @@ Two exact engines share one state layout and one set of statistics:
   arrival time. A server changes only through the arrivals it receives and its own completions, so it is brought
   up to date only when an arrival samples it: the arrival first applies the due completions of the servers it
   samples, one event per loop iteration, then joins the shortest; the completions of servers no arrival samples
-  are applied at the end of the chunk. $O(d)$ work per event, whatever $N$.
+  are applied at the end of the chunk. Each server's next completion time is kept in an array of its own, so that
+  the due completions are found with one read per sampled server. $O(d)$ work per event, whatever $N$.
 
 Per replication the state holds, for each server, one packed integer `head * C + cell` (the ring-buffer head and
 the *cell* `k * m + phase`: the number of jobs `k` and the phase of the job in service, phase 0 when idle; `C` is
 the number of cells) and a ring buffer of the arrival times of its at most `max_queue` jobs (FCFS sojourn times),
-with general service a second one of their completion times.
+with general service a second one of their completion times and the completion time of its job in service.
 All arrays have a fixed size, so memory does not grow with the run length.
 
 **Random numbers.** Event `e` of a replication uses the words `h(seed, e * W + w)`, `w < W`, of a counter-based
@@ -46,7 +47,7 @@ around the inner loop.
 with flat gathers and scatters into the flattened per-server arrays; the sequential one runs the replications one
 after another, in place in the batch's flattened ring buffers and histograms (`_sequential_batch`). The general
 engine likewise runs unbatched, replication after replication, on a CPU (its loops then compile into single
-kernels too, up to 3 sampled servers), and is vmapped over replications elsewhere, with loops of a fixed number
+kernels too, up to 13 sampled servers), and is vmapped over replications elsewhere, with loops of a fixed number
 of iterations (a vmapped loop whose condition differs between replications would select every carried array at
 each iteration). Either way one compiled loop runs until every replication has reached `t_end`. With several
 devices the driver gives each device an equal share of the batch (`shard_map`), so these loops run side by side.
@@ -132,6 +133,7 @@ class State(NamedTuple):
     packed: jax.Array  # (n,) head * C + cell
     ring: jax.Array  # (n * max_queue,) arrival times
     comp: jax.Array | None  # (n * max_queue,) completion times of the queued jobs (general service), None for PH
+    due: jax.Array | None  # (n,) completion time of the job in service, +inf when idle (general service), else None
     next_arr: jax.Array  # next arrival time (general service)
     draw: "_Draw | None"  # random quantities of events ctr .. ctr + block - 1 (PH), None for general service
     marks: jax.Array | None  # (n,) int64 stamps for interference checks (block PH engine), else None
@@ -523,7 +525,10 @@ def _sequential_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: St
 # it: an arrival at time `tau` first applies, one per loop iteration, the completions up to `tau` of the servers it
 # samples (their queue lengths are then exact at `tau`), then joins the shortest. Completions of servers that no
 # arrival samples wait for the end of the chunk (`_general_catch_up`). Every iteration is one event, an arrival or
-# a completion, and costs O(d): nothing scans the servers.
+# a completion, and costs O(d): nothing scans the servers. The loop body handles as few values per sampled server
+# as it can (a server number, a queue length, the completion time in service, `State.due`), so that XLA's CPU
+# backend compiles it into one kernel up to 13 sampled servers (3 when it carried every field of every sampled
+# server through the choice).
 #
 # The functions below take a replication's state whose `ring`, `comp` and `hist` are either its own (`base` = 0,
 # under `vmap`) or the whole batch's, flattened, with the replication at offset `base` (ring slots) and
@@ -534,36 +539,38 @@ def _general_next(state: State):
     return state.next_arr
 
 
-def _general_server(cfg: Config, packed, comp, s, base):
-    """What an event reads of server `s`: (s, packed state, ring-buffer head, queue length, completion time of the
-    job at the head; meaningless when idle)."""
-    p = packed[s]
-    head = _div(p, cfg.n_cells)
-    return s, p, head, p - head * cfg.n_cells, comp[base + s * cfg.max_queue + head.astype(jnp.int32)]
-
-
-def _general_depart(cfg: Config, ring, server, base):
-    """Busy `server` (as `_general_server` reads it) completes the job at the head of its queue: its new packed
-    state and the job's sojourn time."""
+def _general_depart(cfg: Config, ring, comp, server, base):
+    """Busy `server` (as `_general_read` reads it) completes the job at the head of its queue: its new packed
+    state, its new `due` time (the completion of the next job, +inf when none) and the job's sojourn time."""
     s, p, head, k, e = server
     Q = cfg.max_queue
     head2 = jnp.where(head + 1 == Q, 0, head + 1)
-    return (head2 * cfg.n_cells + k - 1).astype(p.dtype), e - ring[base + s * Q + head.astype(jnp.int32)]
+    row = base + s * Q
+    due2 = jnp.where(k > 1, comp[row + head2.astype(jnp.int32)], jnp.inf)
+    return (head2 * cfg.n_cells + k - 1).astype(p.dtype), due2, e - ring[row + head.astype(jnp.int32)]
 
 
-def _general_write(packed, ring, comp, pending):
-    """The writes of an event: packed state `new_p` of server `s`; arrival and completion times at ring `slot`
-    (out-of-range indices: nothing to write)."""
-    s, new_p, slot, arrived, done = pending
+def _general_read(cfg: Config, packed, due, s):
+    """What an event reads of server `s`: (s, packed state, ring-buffer head, queue length, completion time of the
+    job in service or +inf)."""
+    p = packed[s]
+    head = _div(p, cfg.n_cells)
+    return s, p, head, p - head * cfg.n_cells, due[s]
+
+
+def _general_write(packed, due, ring, comp, pending):
+    """The writes of an event: packed state `new_p` and completion time in service `new_due` of server `s`; arrival
+    and completion times at ring `slot` (out-of-range indices: nothing to write)."""
+    s, new_p, new_due, slot, arrived, done = pending
     ring = ring.at[slot].set(arrived, mode="drop")
     comp = comp.at[slot].set(done, mode="drop")
-    return packed.at[s].set(new_p, mode="drop"), ring, comp
+    return packed.at[s].set(new_p, mode="drop"), due.at[s].set(new_due, mode="drop"), ring, comp
 
 
 def _general_nothing(cfg: Config, packed, ring):
     """Pending writes that write nothing."""
     zero = jnp.zeros((), jnp.float64)
-    return jnp.asarray(cfg.n, jnp.int32), packed[0], jnp.asarray(ring.shape[0], jnp.int32), zero, zero
+    return jnp.asarray(cfg.n, jnp.int32), packed[0], zero, jnp.asarray(ring.shape[0], jnp.int32), zero, zero
 
 
 def _general_records(cfg: Config, params: Params, state: State, rec, hist_base) -> State:
@@ -579,7 +586,7 @@ def _general_records(cfg: Config, params: Params, state: State, rec, hist_base) 
 def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: State, base=0, hist_base=0) -> State:
     """The next `block` arrivals of one replication up to `t_end` (fewer when the completions they bring to light
     fill the `2 * block` events of the loop), with those completions."""
-    B, Q, D = cfg.block, cfg.max_queue, cfg.max_d
+    B, Q, D, C = cfg.block, cfg.max_queue, cfg.max_d, cfg.n_cells
     RB = 2 * B
     words = _words(state.seed, state.ctr, B + 1, cfg.n_words)
     gaps = -jnp.log(_uniform(words[1:, 0])) / (cfg.n * params.lam)
@@ -600,8 +607,8 @@ def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: St
         first keeps the indices and values of the writes free of reads of the buffers: computed in the same
         iteration they read each other's buffers (a packed state depends on a completion time, the slot of a
         completion time on a packed state), and XLA then copied a buffer at every event."""
-        packed, ring, comp, i, rec, pending = carry
-        packed, ring, comp = _general_write(packed, ring, comp, pending)
+        packed, due, ring, comp, i, rec, pending = carry
+        packed, due, ring, comp = _general_write(packed, due, ring, comp, pending)
         active = i < nv
         ti = tau[i]
         row_i = jnp.minimum(i, B - 1)
@@ -609,47 +616,50 @@ def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: St
         def cand(c):  # one element: reading the whole row would count its size in every fusion using it
             return lax.dynamic_slice(cands, (row_i, jnp.asarray(c, row_i.dtype)), (1, 1))[0, 0]
 
-        cand_state = [_general_server(cfg, packed, comp, cand(c), base) for c in range(D)]
-        # The completion of the first sampled server with one due by ti, else the arrival joins the first of the
-        # shortest. Both choose among values read once: each read counts towards XLA's limit on the loop body.
-        dep, any_due = cand_state[D - 1], False
-        for c in range(D - 1, -1, -1):
-            due = (cand_state[c][3] > 0) & (cand_state[c][4] <= ti)
-            dep = jax.tree_util.tree_map(functools.partial(jnp.where, due), cand_state[c], dep)
-            any_due = due | any_due
+        # The event's server: the first sampled one with a completion due by ti, else the first of the shortest.
+        # Only server numbers are chosen here, and the chosen server is read again below: each value the loop
+        # body handles counts towards XLA's limit on the size of a loop compiled into one kernel.
+        s_dep, any_due = cand(0), jnp.zeros((), bool)
+        s_arr, k_arr = s_dep, jnp.zeros((), packed.dtype)
+        for c in range(D):
+            s_c = s_dep if c == 0 else cand(c)
+            is_due = due[s_c] <= ti
+            s_dep = s_c if c == 0 else jnp.where(is_due & ~any_due, s_c, s_dep)
+            any_due = is_due | any_due
+            if D > 1:
+                k_c = lax.rem(packed[s_c], jnp.asarray(C, packed.dtype))
+                better = k_c < k_arr if c > 0 else True
+                s_arr, k_arr = (s_c, k_c) if c == 0 else (jnp.where(better, s_c, s_arr), jnp.where(better, k_c, k_arr))
         any_due = any_due & active
-        arr = cand_state[0]
-        for c in range(1, D):
-            arr = jax.tree_util.tree_map(functools.partial(jnp.where, cand_state[c][3] < arr[3]), cand_state[c], arr)
-        s_dep, _, _, k_dep, e = dep
-        p_dep, soj = _general_depart(cfg, ring, dep, base)
-        s_arr, p, head, k_arr, _ = arr
+        server = _general_read(cfg, packed, due, jnp.where(any_due, s_dep, s_arr))
+        s, p, head, k, e = server
+        p_dep, due_dep, soj = _general_depart(cfg, ring, comp, server, base)
         # The arrival appends its arrival and completion times at the tail of the queue, unless the queue is full.
-        joins = k_arr < Q
+        joins = k < Q
         arrive = active & ~any_due & joins
-        tail = head + k_arr
-        slot = base + s_arr * Q + jnp.where(tail >= Q, tail - Q, tail).astype(jnp.int32)
-        prev = base + s_arr * Q + jnp.where(tail > Q, tail - 1 - Q, jnp.where(tail == 0, Q - 1, tail - 1)).astype(
-            jnp.int32)
-        start = jnp.where(k_arr > 0, comp[prev], ti)
-        s = jnp.where(any_due, s_dep, jnp.where(arrive, s_arr, cfg.n))
-        pending = (s, jnp.where(any_due, p_dep, p + 1), jnp.where(arrive, slot, ring.shape[0]), ti,
-                   start + service[row_i])
+        tail = head + k
+        row = base + s * Q
+        slot = row + jnp.where(tail >= Q, tail - Q, tail).astype(jnp.int32)
+        prev = row + jnp.where(tail > Q, tail - 1 - Q, jnp.where(tail == 0, Q - 1, tail - 1)).astype(jnp.int32)
+        done = jnp.where(k > 0, comp[prev], ti) + service[row_i]
+        pending = (jnp.where(any_due | arrive, s, cfg.n), jnp.where(any_due, p_dep, p + 1),
+                   jnp.where(any_due, due_dep, jnp.where(k > 0, e, done)),
+                   jnp.where(arrive, slot, ring.shape[0]), ti, done)
         kind = jnp.where(any_due, 1, jnp.where(active, jnp.where(joins, 2, 3), 0))
-        row = jnp.stack([jnp.where(any_due, e, ti), jnp.where(any_due, soj, 1.0),
-                         jnp.where(any_due, k_dep, k_arr).astype(jnp.float64), kind.astype(jnp.float64)])
-        rec = lax.dynamic_update_slice(rec, row[None], (j, jnp.zeros_like(j)))
-        return packed, ring, comp, i + (active & ~any_due).astype(i.dtype), rec, pending
+        rec_row = jnp.stack([jnp.where(any_due, e, ti), jnp.where(any_due, soj, 1.0), k.astype(jnp.float64),
+                             kind.astype(jnp.float64)])
+        rec = lax.dynamic_update_slice(rec, rec_row[None], (j, jnp.zeros_like(j)))
+        return packed, due, ring, comp, i + (active & ~any_due).astype(i.dtype), rec, pending
 
     # A fixed number of iterations: under `vmap` a loop whose condition differs between replications selects every
     # carried array between its old and new values at each iteration (an O(N) copy per event).
-    carry = (state.packed, state.ring, state.comp, jnp.zeros((), jnp.int32), jnp.zeros((RB, 4), jnp.float64),
-             _general_nothing(cfg, state.packed, state.ring))
-    packed, ring, comp, i, rec, pending = lax.fori_loop(0, RB, event, carry)
-    packed, ring, comp = _general_write(packed, ring, comp, pending)
+    carry = (state.packed, state.due, state.ring, state.comp, jnp.zeros((), jnp.int32),
+             jnp.zeros((RB, 4), jnp.float64), _general_nothing(cfg, state.packed, state.ring))
+    packed, due, ring, comp, i, rec, pending = lax.fori_loop(0, RB, event, carry)
+    packed, due, ring, comp = _general_write(packed, due, ring, comp, pending)
     state = state._replace(
         ctr=state.ctr + i.astype(jnp.uint64), t=jnp.where(i > 0, tau[jnp.maximum(i - 1, 0)], state.t),
-        packed=packed, ring=ring, comp=comp, next_arr=tau[i],
+        packed=packed, due=due, ring=ring, comp=comp, next_arr=tau[i],
     )
     return _general_records(cfg, params, state, rec, hist_base)
 
@@ -661,21 +671,22 @@ def _general_catch_up(cfg: Config, params: Params, t_end, state: State, s, base=
     RB = 2 * cfg.block
 
     def event(j, carry):
-        packed, s, rec, pending = carry
-        packed, _, _ = _general_write(packed, state.ring, state.comp, pending)
-        server = _general_server(cfg, packed, state.comp, jnp.minimum(s, cfg.n - 1), base)
+        packed, due, s, rec, pending = carry
+        packed, due, _, _ = _general_write(packed, due, state.ring, state.comp, pending)
+        server = _general_read(cfg, packed, due, jnp.minimum(s, cfg.n - 1))
         sc, _, _, k, e = server
-        d = (s < cfg.n) & (k > 0) & (e <= t_end)
-        p_dep, soj = _general_depart(cfg, state.ring, server, base)
-        pending = (jnp.where(d, sc, cfg.n), p_dep) + _general_nothing(cfg, packed, state.ring)[2:]
+        d = (s < cfg.n) & (e <= t_end)
+        p_dep, due_dep, soj = _general_depart(cfg, state.ring, state.comp, server, base)
+        pending = (jnp.where(d, sc, cfg.n), p_dep, due_dep) + _general_nothing(cfg, packed, state.ring)[3:]
         row = jnp.stack([e, soj, k.astype(jnp.float64), d.astype(jnp.float64)])
         rec = lax.dynamic_update_slice(rec, row[None], (j, jnp.zeros_like(j)))
-        return packed, s + (~d).astype(s.dtype), rec, pending
+        return packed, due, s + (~d).astype(s.dtype), rec, pending
 
-    inner = (state.packed, s, jnp.zeros((RB, 4), jnp.float64), _general_nothing(cfg, state.packed, state.ring))
-    packed, s, rec, pending = lax.fori_loop(0, RB, event, inner)
-    packed, _, _ = _general_write(packed, state.ring, state.comp, pending)
-    return _general_records(cfg, params, state._replace(packed=packed), rec, hist_base), s
+    inner = (state.packed, state.due, s, jnp.zeros((RB, 4), jnp.float64),
+             _general_nothing(cfg, state.packed, state.ring))
+    packed, due, s, rec, pending = lax.fori_loop(0, RB, event, inner)
+    packed, due, _, _ = _general_write(packed, due, state.ring, state.comp, pending)
+    return _general_records(cfg, params, state._replace(packed=packed, due=due), rec, hist_base), s
 
 
 def _general_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: State, base=0, hist_base=0) -> State:
@@ -728,6 +739,7 @@ def init_state(cfg: Config, params: Params, key) -> State:
         # Unused fields are None rather than empty arrays: with jax 0.11, a `shard_map` whose arguments hold a
         # zero-sized array beside others crashes XLA's CPU compiler (segmentation fault).
         comp=jnp.zeros(cfg.ring_size, jnp.float64) if general else None,
+        due=jnp.full(cfg.n, jnp.inf, jnp.float64) if general else None,
         next_arr=jr.exponential(k_arr, dtype=jnp.float64) / (cfg.n * params.lam) if general else zero,
         draw=None if general else _markov_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
         marks=None if general or cfg.sequential else jnp.full(cfg.n, -1, jnp.int64),

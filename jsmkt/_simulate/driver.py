@@ -39,15 +39,16 @@ def _sequential_engine(max_d: int) -> bool:
     return jax.default_backend() == "cpu" and max_d <= _SEQUENTIAL_MAX_D
 
 
-_SEQUENTIAL_GENERAL_MAX_D = 3  # the same for the general-service engine's arrival loop
+_SEQUENTIAL_GENERAL_MAX_D = 13  # the same for the general-service engine's arrival loop
 
 
 def _sequential_general_engine(max_d: int) -> bool:
     """Whether general service runs each replication in turn with unbatched loops (`core._sequential_batch`)
-    rather than vmapped over replications: on a CPU, whatever `max_d`. XLA compiles the unbatched arrival loop
-    into a single kernel while it reads at most `_SEQUENTIAL_GENERAL_MAX_D` sampled servers (checked by the
-    tests): 0.05-0.07 us per event against about 1 us vmapped (N = 100 and 1000, d = 2 and 3). Above, both run op
-    by op, the unbatched loop still ahead: 0.9 against 1.7 us at d = 5 (`benchmarks/general_service.py`)."""
+    rather than vmapped over replications: on a CPU, whatever `max_d`. XLA compiles the unbatched loops into
+    single kernels while they read at most `_SEQUENTIAL_GENERAL_MAX_D` sampled servers (checked by the tests):
+    0.05-0.09 us per event against 0.9-1.6 us vmapped (N = 100 and 1000, d = 2 to 10,
+    `benchmarks/general_service.py`). Above, both run op by op; the unbatched loop was still ahead when it did so
+    at d = 5 (0.9 against 1.7 us)."""
     return jax.default_backend() == "cpu"
 
 
