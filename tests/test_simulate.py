@@ -324,6 +324,7 @@ def test_sequential_general_event_loops_are_kernels():
         (jsmkt.JSQdPH(0.85, jsmkt.hyperexponential2(1.0, 4.0), d=2), "with_replacement"),
         (jsmkt.JSQdPH(0.8, jsmkt.erlang(3, 1.0), d=jnp.array([0.2, 0.3, 0.5])), "without_replacement"),
         (jsmkt.JSQd(0.9, d=jnp.array([0.0, 0.5, 0.5])), "general"),
+        (jsmkt.JSQd(0.9, d=5), "general"),
     ],
 )
 def test_sequential_and_block_engines_follow_the_same_path(getkey, monkeypatch, model, sampling):
