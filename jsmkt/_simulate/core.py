@@ -619,17 +619,18 @@ def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: St
         # The event's server: the first sampled one with a completion due by ti, else the first of the shortest.
         # Only server numbers are chosen here, and the chosen server is read again below: each value the loop
         # body handles counts towards XLA's limit on the size of a loop compiled into one kernel.
-        s_dep, any_due = cand(0), jnp.zeros((), bool)
-        s_arr, k_arr = s_dep, jnp.zeros((), packed.dtype)
-        for c in range(D):
-            s_c = s_dep if c == 0 else cand(c)
+        def queue_length(s):
+            return lax.rem(packed[s], jnp.asarray(C, packed.dtype))
+
+        s_dep = s_arr = cand(0)
+        any_due, k_arr = due[s_dep] <= ti, queue_length(s_dep)
+        for c in range(1, D):
+            s_c = cand(c)
             is_due = due[s_c] <= ti
-            s_dep = s_c if c == 0 else jnp.where(is_due & ~any_due, s_c, s_dep)
-            any_due = is_due | any_due
-            if D > 1:
-                k_c = lax.rem(packed[s_c], jnp.asarray(C, packed.dtype))
-                better = k_c < k_arr if c > 0 else True
-                s_arr, k_arr = (s_c, k_c) if c == 0 else (jnp.where(better, s_c, s_arr), jnp.where(better, k_c, k_arr))
+            s_dep, any_due = jnp.where(is_due & ~any_due, s_c, s_dep), is_due | any_due
+            k_c = queue_length(s_c)
+            better = k_c < k_arr
+            s_arr, k_arr = jnp.where(better, s_c, s_arr), jnp.where(better, k_c, k_arr)
         any_due = any_due & active
         server = _general_read(cfg, packed, due, jnp.where(any_due, s_dep, s_arr))
         s, p, head, k, e = server
