@@ -233,6 +233,9 @@ def test_transitions_physical_structure(name):
 # A rare slow phase: d = 1 (M/PH/1) has a geometric tail of ratio 0.80, longer than the SCV of 1.8 suggests (the
 # default K was 86 before it used that ratio; the tail mass there was 2.9e-10).
 @example(rates=[4.0, 0.5], cont=0.0078125, rho=0.5, d=1)
+# A phase no job reaches (continuation probability 0) whose rate is the slowest: it is no pole of the service
+# time's transform, and the bisection for the tail ratio once ran into it (singular matrix).
+@example(rates=[3.3738009840704084, 0.3], cont=0.0, rho=0.1, d=1)
 def test_property_random_coxian(rates, cont, rho, d):
     probs = [cont] * (len(rates) - 1)
     svc = jsmkt.coxian(rates, probs)
@@ -314,6 +317,16 @@ def test_mph1_tail_decay_closed_forms():
     assert len(roots) == 1
     eta = mph1_tail_decay(lam, np.asarray(svc.alpha), np.asarray(svc.T))
     assert eta == pytest.approx(1 / roots[0], rel=1e-10)
+
+
+def test_mph1_tail_decay_ignores_phases_no_job_reaches():
+    """A Coxian with continuation probability 0 is exponential service, whatever the rate of its second phase:
+    the tail ratio is the load (a slower unreachable phase once capped the search and made it fail)."""
+    from jsmkt._models.base import mph1_tail_decay
+
+    for mu2 in (0.3, 1.0, 20.0):
+        svc = jsmkt.coxian([3.0, mu2], [0.0])
+        assert mph1_tail_decay(0.6, np.asarray(svc.alpha), np.asarray(svc.T)) == pytest.approx(0.2, rel=1e-10)
 
 
 def test_default_K_follows_the_geometric_tail_of_single_choice_arrivals():

@@ -168,8 +168,16 @@ def mph1_tail_decay(lam: float, alpha: np.ndarray, T: np.ndarray) -> float:
     $\mathrm{PH}(\alpha, T)$ service, $P(Q \ge k) \sim c\,\eta^k$ (requires $\lambda E[S] < 1$): $\eta = 1/z$
     for the root $z > 1$ of $z = \tilde B(\lambda(1 - z))$, $\tilde B(s) = \alpha (sI - T)^{-1} t$ the service
     time's Laplace transform, found by bisection below the pole at $1 + \delta/\lambda$ ($-\delta$ the largest
-    eigenvalue of $T$). For exponential service it is the load $\rho$."""
+    eigenvalue of $T$ restricted to the phases a job can visit: a phase it never reaches, e.g. after a Coxian
+    continuation probability of 0, is no pole of $\tilde B$). For exponential service it is the load $\rho$."""
     alpha, T = np.asarray(alpha, float), np.asarray(T, float)
+    reach = alpha > 0.0
+    while True:  # phases reachable from the initial ones
+        more = reach | ((T * reach[:, None]) > 0.0).any(axis=0)
+        if (more == reach).all():
+            break
+        reach = more
+    alpha, T = alpha[reach], T[np.ix_(reach, reach)]
     t = -T.sum(axis=1)
     eye = np.eye(len(alpha))
     delta = -float(np.max(np.linalg.eigvals(T).real))
