@@ -50,9 +50,10 @@ state takes shifts instead of multiplications (max_queue 31 or 63 instead of 55:
 XLA compiles the loop worse); 256, 1024 or 2048 events per block instead of 512 (60, 68, 65 against 58 ns).
 
 With completion times fixed at arrival (the algorithm of jsmkt's general-service engine, here with H2 as a general
-sampler; one full run): jsmkt 11.9x plain Python with 1 replication and 26.6x with 16, against 11.0x and 23.7x
-for its PH engine in the same run; the C loop of that algorithm 35.3x in one process and 71.0x in two, the
-fastest native loop measured here and still short of 100x (jsmkt reaches 0.38 of it). Events are then only
+sampler; two full runs): jsmkt 11.7-11.9x plain Python with 1 replication and 26.6-29.5x with 16, against
+11.0-11.1x and 23.6-23.7x for its PH engine in the same runs; the C loop of that algorithm 35.3-36.3x in one process
+and 71.0-71.6x in two, the fastest native loop measured here and still short of 100x (jsmkt reaches 0.38-0.41 of
+it). Events are then only
 arrivals and completions, and no event looks beyond the d sampled servers; the phase occupancies are not tracked.
 
 Measured on one NVIDIA H200 (jax 0.11.2, block PH engine, plain Python on the host's Xeon; `--time 40`, logs in
