@@ -214,6 +214,31 @@ def test_overflow_raises(getkey, service):
         jsmkt.simulate(jsmkt.JSQd(0.95, d=1), 20, 300.0, key=getkey(), max_queue=3, service=svc)
 
 
+def _rarely_nan(key):
+    u = jr.uniform(key, dtype=float)
+    return jnp.where(u < 1e-4, jnp.nan, -jnp.log(u))
+
+
+@pytest.mark.parametrize(
+    ("sampler", "count"),
+    [
+        (lambda k: -jr.exponential(k, dtype=float), None),
+        (lambda k: jnp.inf * jr.exponential(k, dtype=float), None),
+        (_rarely_nan, "[1-9]"),  # about 2 of the 20 000 arrivals, at any place of a block
+    ],
+)
+def test_bad_service_times_are_refused(getkey, sampler, count):
+    """A general sampler's negative, infinite or NaN service times would give meaningless statistics (negative
+    sojourn times, NaN means): the run is refused, with the count, in both forms of the engine."""
+    svc = jsmkt.GeneralService(sampler, mean=1.0)
+    match = rf"service=GeneralService.*returned {count or '[0-9]+'} service time\(s\) that are negative, infinite or NaN"
+    for sequential in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(driver, "_sequential_general_engine", lambda max_d, s=sequential: s)
+            with pytest.raises(ValueError, match=match):
+                jsmkt.simulate(jsmkt.JSQd(0.5, d=2), 20, 500.0, key=getkey(), n_replications=2, service=svc)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -144,6 +144,7 @@ class State(NamedTuple):
     hist: jax.Array  # (n_bins + 2,) histogram of their sojourn times
     events: jax.Array  # events processed in the current chunk (self-loops included)
     overflow: jax.Array  # arrivals refused because their queue held max_queue jobs (whole run)
+    bad_service: jax.Array  # arrivals whose sampled service time was negative, infinite or NaN (whole run)
     blocks: jax.Array  # loop iterations in the current chunk
 
 
@@ -154,6 +155,7 @@ class Stats(NamedTuple):
     hist: jax.Array  # sojourn-time histogram (`run_chunk` pools it over the batch)
     events: jax.Array
     overflow: jax.Array
+    bad_service: jax.Array
     blocks: jax.Array
 
 
@@ -658,9 +660,12 @@ def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: St
              jnp.zeros((RB, 4), jnp.float64), _general_nothing(cfg, state.packed, state.ring))
     packed, due, ring, comp, i, rec, pending = lax.fori_loop(0, RB, event, carry)
     packed, due, ring, comp = _general_write(packed, due, ring, comp, pending)
+    # A sampler's negative, infinite or NaN service times are counted (the driver refuses the run), not repaired.
+    bad = ~((service >= 0.0) & (service < jnp.inf)) & (jnp.arange(B, dtype=jnp.int32) < i)
     state = state._replace(
         ctr=state.ctr + i.astype(jnp.uint64), t=jnp.where(i > 0, tau[jnp.maximum(i - 1, 0)], state.t),
         packed=packed, due=due, ring=ring, comp=comp, next_arr=tau[i],
+        bad_service=state.bad_service + jnp.sum(bad, dtype=jnp.int64),
     )
     return _general_records(cfg, params, state, rec, hist_base)
 
@@ -751,6 +756,7 @@ def init_state(cfg: Config, params: Params, key) -> State:
         hist=jnp.zeros(cfg.n_bins + 2, jnp.int64),
         events=jnp.zeros((), jnp.int64),
         overflow=jnp.zeros((), jnp.int64),
+        bad_service=jnp.zeros((), jnp.int64),
         blocks=jnp.zeros((), jnp.int64),
     )
 
@@ -787,7 +793,8 @@ def _harvest(cfg: Config, t_end, state: State) -> tuple[State, Stats]:
     cells = (state.packed % cfg.n_cells).astype(jnp.int32)
     counts = jnp.zeros(cfg.n_cells, jnp.float64).at[cells].add(1.0)
     area = counts * (t_end - state.a) + state.acc
-    stats = Stats(area, state.soj_sum, state.n_jobs, state.hist, state.events, state.overflow, state.blocks)
+    stats = Stats(area, state.soj_sum, state.n_jobs, state.hist, state.events, state.overflow, state.bad_service,
+                  state.blocks)
     state = state._replace(
         a=jnp.asarray(t_end, jnp.float64),
         acc=jnp.zeros_like(state.acc),

@@ -214,10 +214,10 @@ _maps.on_clear(_compiled.cache_clear)
 
 
 def _add_stats(a: core.Stats, b: core.Stats) -> core.Stats:
-    """Statistics of two consecutive chunks (the overflow count is cumulative already)."""
+    """Statistics of two consecutive chunks (the overflow and bad service counts are cumulative already)."""
     return core.Stats(
         area=a.area + b.area, soj_sum=a.soj_sum + b.soj_sum, n_jobs=a.n_jobs + b.n_jobs, hist=a.hist + b.hist,
-        events=a.events + b.events, overflow=b.overflow, blocks=a.blocks + b.blocks,
+        events=a.events + b.events, overflow=b.overflow, bad_service=b.bad_service, blocks=a.blocks + b.blocks,
     )
 
 
@@ -285,7 +285,8 @@ def simulate(
     - `key`: a JAX PRNG key; replications use `jax.random.split(key, n_replications)`.
     - `n_replications`: independent replications (confidence intervals come from them when $\ge 2$).
     - `warmup`: initial period discarded from the statistics; defaults to `0.1 * t1`.
-    - `service`: overrides the model's service distribution (`jsmkt.PH` or `jsmkt.GeneralService`).
+    - `service`: overrides the model's service distribution (`jsmkt.PH` or `jsmkt.GeneralService`). A
+      `ValueError` is raised after the run if a general sampler returned a negative, infinite or NaN time.
     - `sampling`: `"with_replacement"` (the mean-field model) or `"without_replacement"` ($D$ distinct servers).
     - `max_queue`: largest queue length a server may hold (ring-buffer size). Chosen from the load when omitted;
       a `ValueError` is raised after the run if an arrival found a full queue.
@@ -420,6 +421,12 @@ def simulate(
     if progress:
         sys.stderr.write("\n")
         sys.stderr.flush()
+    bad_service = int(per_batch[-1].bad_service.sum())
+    if bad_service:
+        raise ValueError(
+            f"service={service!r}: its sampler returned {bad_service} service time(s) that are negative, infinite or "
+            "NaN; a sampler must return finite times >= 0"
+        )
     overflow = int(per_batch[-1].overflow.sum())
     if overflow:
         raise ValueError(
