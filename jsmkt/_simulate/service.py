@@ -18,8 +18,9 @@ class GeneralService:
 
     **Arguments:**
 
-    - `sampler`: a JAX-traceable function `sampler(key) -> float` returning one non-negative service time per key
-      (it is `vmap`ped over keys inside the simulator, so it must not call Python-side randomness).
+    - `sampler`: a JAX-traceable function `sampler(key) -> float` returning one finite, non-negative service time
+      per key (it is `vmap`ped over keys inside the simulator, so it must not call Python-side randomness;
+      `jsmkt.simulate` refuses a run in which it returned a negative, infinite or NaN time).
     - `mean`: its mean $E[S] > 0$ (used for the load check $\lambda E[S] < 1$ and to size the sojourn-time
       histogram).
     - `scv`: its squared coefficient of variation, if known; only used to choose a default `max_queue`.
