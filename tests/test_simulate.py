@@ -257,7 +257,16 @@ def test_bad_service_times_are_refused(getkey, sampler, count):
         (dict(model=jsmkt.JSQd(0.6, d=2), service=jsmkt.deterministic(2.0)), r"lam=0.6 gives load 1.2 ≥ 1"),
         (dict(n_servers=2, sampling="without_replacement"), r"d=3 exceeds n_servers=2"),
         (dict(model="JSQd"), r"model='JSQd' must be a jsmkt.JSQd or jsmkt.JSQdPH"),
-        (dict(n_servers=10**6, max_queue=10**4), r"arrival-time slots .* exceed the limit"),
+        (dict(n_servers=10**6, max_queue=10**4), r"ring-buffer slots \(74.5 GiB\) exceed the limit"),
+        (dict(n_servers=2 * 10**5, max_queue=10**4, service=jsmkt.deterministic(1.0)), r"slots \(29.8 GiB\) exceed"),
+        (dict(n_servers=1, max_queue=10**7, n_replications=20), r"time-average cells exceed the limit"),
+        (dict(t1="100"), r"t1='100' must be a real number"),
+        (dict(t1=True), r"t1=True must be a real number"),
+        (dict(warmup=True), r"warmup=True must be a real number"),
+        (dict(n_servers=True), r"n_servers=True must be an integer"),
+        (dict(service=jsmkt.deterministic(1e-9), t1=1e2), r"t1=100.0 is 1e\+11 mean service times .* t1 / E\[S\] <="),
+        (dict(n_servers=1, t1=1e-3), r"no job left during \[warmup, t1\] = \[0.0001, 0.001\].*raise t1"),
+        (dict(n_servers=1, t1=1e-3, n_replications=3), r"in 3 of n_replications=3 replications no job left"),
         (dict(n_servers=1, max_queue=1, n_replications=300_000), r"n_replications=300000 exceeds 209\d+, the most"),
     ],
 )
@@ -267,6 +276,65 @@ def test_bad_input(kwargs, match):
     model, n, t1 = args.pop("model"), args.pop("n_servers"), args.pop("t1")
     with pytest.raises(ValueError, match=match):
         jsmkt.simulate(model, n, t1, **args)
+
+
+def test_integer_arguments_may_be_numpy_or_jax_integers():
+    res = jsmkt.simulate(jsmkt.JSQd(0.5, d=2), np.int64(5), 50.0, key=jr.PRNGKey(0), n_replications=jnp.asarray(2))
+    assert (res.n_servers, res.n_replications) == (5, 2)
+
+
+def test_traced_key_is_refused():
+    """simulate vmaps over replications itself; called under vmap/jit it must say so instead of failing inside."""
+    model = jsmkt.JSQd(0.5, d=2)
+    with pytest.raises(ValueError, match=r"key is traced: simulate was called inside jit/grad/vmap"):
+        jax.vmap(lambda k: jsmkt.simulate(model, 5, 10.0, key=k).mean_queue_length)(jr.split(jr.PRNGKey(0), 2))
+
+
+@pytest.mark.parametrize(
+    ("sampler", "match"),
+    [
+        (lambda k: jr.exponential(k, (1,), dtype=float), r"returned shape \(1,\) and dtype float64"),
+        (lambda k: None, r"returned None"),
+        (lambda k: jnp.asarray(1.0 + 0.5j), r"returned shape \(\) and dtype complex128"),
+        (lambda k, x: 1.0, r"calling its sampler on one JAX key failed \(TypeError"),
+    ],
+)
+def test_sampler_output_is_checked_before_the_run(sampler, match):
+    svc = jsmkt.GeneralService(sampler, mean=1.0)
+    with pytest.raises(ValueError, match=r"service=GeneralService.*" + match):
+        jsmkt.simulate(jsmkt.JSQd(0.5, d=2), 5, 50.0, key=jr.PRNGKey(0), service=svc)
+
+
+def test_sojourn_ci_with_batches_that_no_job_left(getkey):
+    """One M/M/1 queue at load 0.1, 30 batches of 12 time units: about 0.3 of the batches see no job leave (all but
+    surely some). The batch-means half-width of E[T] (a ratio of sums) stays defined; E[T] = 1 / (1 - lam)."""
+    lam = 0.1
+    res = jsmkt.simulate(jsmkt.JSQd(lam, d=1), 1, 400.0, key=getkey(), warmup=40.0)
+    assert res.ci_method == "batch_means" and res.n_jobs < 100
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, 1 / (1 - lam), what="E[T]")
+
+
+def test_few_servers_get_a_deep_enough_default_queue(getkey):
+    """With N = 1 every job joins the one server whatever d, so the queue is M/M/1 with its geometric tail (at load
+    0.8, P(Q >= 36) = 3e-4), not JSQ(3)'s doubly exponential one: the default max_queue must allow for it."""
+    lam = 0.8
+    res = jsmkt.simulate(jsmkt.JSQd(lam, d=3), 1, 20000.0, key=getkey(), n_replications=4)
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam / (1 - lam), what="L")
+
+
+def test_unreachable_phases_are_left_out(getkey):
+    """A PH whose second phase no job enters is exponential(1): the same key gives the same run (same events, so
+    the uniformisation rate ignores the fast unreachable phase) and a zero phase column."""
+    model = jsmkt.JSQd(0.6, d=2)
+    S = jsmkt.PH(jnp.array([1.0, 0.0]), jnp.array([[-1.0, 0.0], [0.0, -1000.0]]))
+    key = getkey()
+    a = jsmkt.simulate(model, 10, 200.0, key=key, service=S)
+    b = jsmkt.simulate(model, 10, 200.0, key=key, service=jsmkt.exponential(1.0))
+    assert a.events == b.events and a.n_jobs == b.n_jobs
+    np.testing.assert_array_equal(a.tails, b.tails)
+    assert a.mean_sojourn_time == b.mean_sojourn_time
+    np.testing.assert_array_equal(a.phase_tails, np.stack([b.phase_tails[:, 0], 0.0 * b.phase_tails[:, 0]], 1))
+    assert a.phase_tails_ci.shape == a.phase_tails.shape and not a.phase_tails_ci[:, 1].any()
 
 
 def test_service_constructors():

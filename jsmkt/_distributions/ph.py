@@ -62,6 +62,19 @@ def _check_ph_values(alpha: np.ndarray, T: np.ndarray) -> None:
             )
 
 
+def reachable_phases(alpha, T) -> np.ndarray:
+    """Boolean mask of the phases a job can visit: those with `alpha_i > 0` and those reachable from them through
+    positive off-diagonal rates of `T` (concrete arrays). A phase outside the mask never holds a job."""
+    alpha, T = np.asarray(alpha, float), np.asarray(T, float)
+    moves = (T - np.diag(np.diag(T))) > 0.0
+    reach = alpha > 0.0
+    while True:
+        more = reach | (moves & reach[:, None]).any(axis=0)
+        if (more == reach).all():
+            return reach
+        reach = more
+
+
 class PH(eqx.Module):
     r"""Phase-type distribution $\mathrm{PH}(\alpha, T)$.
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
+from .._distributions.ph import reachable_phases
 from .._errors import concrete_array
 
 
@@ -171,12 +172,7 @@ def mph1_tail_decay(lam: float, alpha: np.ndarray, T: np.ndarray) -> float:
     eigenvalue of $T$ restricted to the phases a job can visit: a phase it never reaches, e.g. after a Coxian
     continuation probability of 0, is no pole of $\tilde B$). For exponential service it is the load $\rho$."""
     alpha, T = np.asarray(alpha, float), np.asarray(T, float)
-    reach = alpha > 0.0
-    while True:  # phases reachable from the initial ones
-        more = reach | ((T * reach[:, None]) > 0.0).any(axis=0)
-        if (more == reach).all():
-            break
-        reach = more
+    reach = reachable_phases(alpha, T)
     alpha, T = alpha[reach], T[np.ix_(reach, reach)]
     t = -T.sum(axis=1)
     eye = np.eye(len(alpha))

@@ -3,6 +3,7 @@
 import functools
 import math
 import numbers
+import operator
 import sys
 import time
 
@@ -12,7 +13,7 @@ import jax.random as jr
 import numpy as np
 
 from .. import _maps
-from .._distributions.ph import PH
+from .._distributions.ph import PH, reachable_phases
 from . import core
 from .result import SimulationResult
 from .service import GeneralService
@@ -27,6 +28,8 @@ _SEQUENTIAL_BLOCK = 512  # events drawn per outer-loop iteration of the sequenti
 _SEQUENTIAL_MAX_D = 12  # largest choice number for which XLA compiles that engine's event loop into one kernel
 _PROGRESS_UPDATES = 100  # about this many progress-bar updates per run
 _MAX_RING_SLOTS = 2**30  # 8 GiB of arrival times; also keeps the flat int32 indices of the engines in range
+_MAX_CELLS = 2**27  # time-integral cells (max_queue + 1) * m over all replications: 1 GiB per float64 array
+_MAX_HORIZON = 1e10  # largest t1 / E[S]: sojourn times are differences of event times of size up to t1
 
 
 def _sequential_engine(max_d: int) -> bool:
@@ -122,16 +125,28 @@ def _half_width(samples: np.ndarray) -> np.ndarray:
 
 
 def _int_arg(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    """A Python, NumPy or concrete 0-d JAX integer (not a bool) >= `minimum`."""
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(f"{name} is traced (inside jit/grad/vmap); call simulate outside JAX transformations")
+    try:
+        if isinstance(value, (bool, np.bool_)) or np.asarray(value).dtype == bool:
+            raise TypeError
+        x = operator.index(value)
+    except TypeError as e:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}") from e
+    if x < minimum:
         raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-    if value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-    return int(value)
+    return x
 
 
 def _real_arg(name: str, value) -> float:
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(f"{name} is traced (inside jit/grad/vmap); call simulate outside JAX transformations")
     try:
-        x = float(np.asarray(value))
+        a = np.asarray(value)
+        if a.shape != () or a.dtype.kind not in "iuf":
+            raise TypeError
+        x = float(a)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{name}={value!r} must be a real number") from e
     if not math.isfinite(x):
@@ -141,8 +156,28 @@ def _real_arg(name: str, value) -> float:
 
 def _concrete(name: str, x) -> np.ndarray:
     if isinstance(x, jax.core.Tracer):
-        raise ValueError(f"{name} is traced (inside jit/grad/vmap); simulate needs concrete parameter values")
+        raise ValueError(
+            f"{name} is traced: simulate was called inside jit/grad/vmap, or with traced model parameters; it needs "
+            "concrete values (call it outside JAX transformations)"
+        )
     return np.asarray(x, dtype=float)
+
+
+def _check_sampler(service: GeneralService) -> None:
+    """The sampler must map one key to one real scalar (checked abstractly, without running it)."""
+    try:
+        out = jax.eval_shape(service.sampler, jr.key(0))
+    except Exception as e:  # noqa: BLE001  (whatever the sampler raises when traced)
+        raise ValueError(
+            f"service={service!r}: calling its sampler on one JAX key failed ({type(e).__name__}: {e}); a sampler "
+            "must be a JAX-traceable function key -> service time"
+        ) from e
+    dtype = getattr(out, "dtype", None)
+    if getattr(out, "shape", None) != () or dtype is None or jnp.dtype(dtype).kind not in "biuf":
+        got = f"shape {out.shape} and dtype {dtype}" if hasattr(out, "shape") else repr(out)
+        raise ValueError(
+            f"service={service!r}: its sampler returned {got}; it must return one real scalar (shape ()) per key"
+        )
 
 
 def _ph_mean_scv(alpha: np.ndarray, T: np.ndarray) -> tuple[float, float]:
@@ -167,6 +202,7 @@ def _service_of(model, service):
         mean, scv = _ph_mean_scv(alpha, T)
         return "ph", (alpha, T), mean, scv
     if isinstance(service, GeneralService):
+        _check_sampler(service)
         return "general", service, service.mean, service.scv
     raise ValueError(
         f"service={service!r} must be a jsmkt.PH, a jsmkt.GeneralService (e.g. jsmkt.deterministic(1.0), "
@@ -174,10 +210,16 @@ def _service_of(model, service):
     )
 
 
-def _default_max_queue(rho: float, scv: float, d_min: int) -> int:
-    # Heavy-traffic mean queue length of a single M/G/1 queue sets the scale; JSQ(d >= 2) has much lighter tails.
+def _default_max_queue(rho: float, scv: float, d_min: int, n: int) -> int:
+    """Ring-buffer size from the load. The heavy-traffic mean queue length of one M/G/1 queue sets the scale; a
+    queue that overflows `64 + 80 scale` is then an event of probability about e^-80. JSQ(d >= 2) has much lighter
+    tails, but only while the servers are many: the jobs in excess of N, whose number has about the tail of that
+    M/G/1 queue (N servers of rate 1 against one server of rate N), share N queues, so a few servers (e.g. N = 1,
+    an M/G/1 queue whatever d) need about 80 scale / N more levels."""
     scale = rho * (1.0 + scv) / (2.0 * (1.0 - rho))
-    return 64 + math.ceil(80.0 * scale) if d_min == 1 else 32 + math.ceil(scale)
+    if d_min == 1:
+        return 64 + math.ceil(80.0 * scale)
+    return 32 + math.ceil(scale) + math.ceil(80.0 * scale / n)
 
 
 # --- compiled pieces --------------------------------------------------------------------------------------------
@@ -282,21 +324,27 @@ def simulate(
     - `model`: a `jsmkt.JSQd` or `jsmkt.JSQdPH` (concrete parameters).
     - `n_servers`: number of servers $N \ge 1$.
     - `t1`: simulated time horizon.
-    - `key`: a JAX PRNG key; replications use `jax.random.split(key, n_replications)`.
+    - `key`: a concrete JAX PRNG key (simulate runs its own compiled loops: call it outside `jit`/`vmap`);
+      replications use `jax.random.split(key, n_replications)`.
     - `n_replications`: independent replications (confidence intervals come from them when $\ge 2$).
     - `warmup`: initial period discarded from the statistics; defaults to `0.1 * t1`.
-    - `service`: overrides the model's service distribution (`jsmkt.PH` or `jsmkt.GeneralService`). A
-      `ValueError` is raised after the run if a general sampler returned a negative, infinite or NaN time.
+    - `service`: overrides the model's service distribution (`jsmkt.PH` or `jsmkt.GeneralService`). A general
+      sampler must map a key to one real scalar (checked before the run); a `ValueError` is raised after the run
+      if it returned a negative, infinite or NaN time. PH phases that no job can enter are left out.
     - `sampling`: `"with_replacement"` (the mean-field model) or `"without_replacement"` ($D$ distinct servers).
-    - `max_queue`: largest queue length a server may hold (ring-buffer size). Chosen from the load when omitted;
-      a `ValueError` is raised after the run if an arrival found a full queue.
+    - `max_queue`: largest queue length a server may hold (ring-buffer size). Chosen from the load, the service
+      SCV, the smallest choice number and $N$ when omitted (deeper for few servers, whose queues have geometric
+      tails whatever $d$); a `ValueError` is raised after the run if an arrival found a full queue.
     - `n_batches`: number of batch means (of equal length, $\ge 30$ recommended) for confidence intervals of a
       single replication (with several, the run after the warm-up is not split).
     - `progress`: print a progress bar on stderr (the results do not depend on it).
 
     **Returns:** a `jsmkt.SimulationResult`. Sojourn times are those of the jobs that leave during
-    `[warmup, t1]` (FCFS, from arrival to departure); `events` counts every event processed, the warm-up and, for
-    PH service, the self-loops of uniformisation included.
+    `[warmup, t1]` (FCFS, from arrival to departure); a `ValueError` says to raise `t1` when a replication saw no
+    job leave, or a single replication's jobs left in only one batch. The batch-means half-width of the mean
+    sojourn time is that of a ratio estimator (delta method). `events` counts every event processed, the warm-up
+    and, for PH service, the self-loops of uniformisation included. `t1` may be at most `1e10` mean service
+    times (sojourn times are differences of event times).
 
     !!! example
 
@@ -325,6 +373,11 @@ def simulate(
         max_queue = _int_arg("max_queue", max_queue, 1)
     if not isinstance(progress, bool):
         raise ValueError(f"progress={progress!r} must be True or False")
+    if isinstance(key, jax.core.Tracer):
+        raise ValueError(
+            "key is traced: simulate was called inside jit/grad/vmap; call it outside JAX transformations (it "
+            "vmaps over replications itself: use n_replications)"
+        )
     try:
         keys = jr.split(key, n_rep)
     except Exception as e:  # noqa: BLE001  (any malformed key)
@@ -340,6 +393,12 @@ def simulate(
     rho = lam * mean_s
     if not rho < 1:
         raise ValueError(f"lam={lam!r} gives load {rho:.6g} ≥ 1: the system is unstable (lower lam or E[S])")
+    if t1 / mean_s > _MAX_HORIZON:
+        raise ValueError(
+            f"t1={t1!r} is {t1 / mean_s:.3g} mean service times (E[S]={mean_s:.6g}): event times near t1 resolve "
+            f"sojourn times only to about {np.finfo(float).eps * t1 / mean_s:.1g} of E[S]; choose the time unit so "
+            f"that t1 / E[S] <= {_MAX_HORIZON:.0e}"
+        )
     weights = _concrete("model.choice.weights()", model.choice.weights())
     support = np.nonzero(weights > 0)[0]
     if support.size == 0:
@@ -352,12 +411,13 @@ def simulate(
             f"d={max_d} exceeds n_servers={n}: cannot sample {max_d} distinct servers without replacement"
         )
     if max_queue is None:
-        max_queue = _default_max_queue(rho, scv, d_min)
+        max_queue = _default_max_queue(rho, scv, d_min, n)
+    slot_bytes = 8 if kind == "ph" else 16  # arrival times (and, for general service, completion times)
     if n_rep * n * max_queue > _MAX_RING_SLOTS:
         raise ValueError(
-            f"n_replications={n_rep} x n_servers={n} x max_queue={max_queue} arrival-time slots "
-            f"({8 * n_rep * n * max_queue / 2**30:.1f} GiB) exceed the limit of {_MAX_RING_SLOTS:.3g}; lower "
-            "max_queue or n_replications (run replications in several calls)"
+            f"n_replications={n_rep} x n_servers={n} x max_queue={max_queue} ring-buffer slots "
+            f"({slot_bytes * n_rep * n * max_queue / 2**30:.1f} GiB) exceed the limit of {_MAX_RING_SLOTS:.3g}; "
+            "lower max_queue or n_replications (run replications in several calls)"
         )
     if n_rep * (_N_BINS + 2) >= 2**31:
         raise ValueError(
@@ -365,8 +425,13 @@ def simulate(
             f"({8 * (_N_BINS + 2) / 2**10:.0f} KiB each) one call holds; run replications in several calls"
         )
 
+    reach = None
     if kind == "ph":
         alpha, T = serv
+        # Phases no job visits (e.g. after a Coxian continuation probability of 0) are left out: the uniformised
+        # chain's event rate then only covers the phases servers can be in. `phase_tails` gets them back as zeros.
+        reach = reachable_phases(alpha, T)
+        alpha, T = alpha[reach], T[np.ix_(reach, reach)]
         m, sampler = len(alpha), None
     else:
         alpha, T = np.ones(1), -np.ones((1, 1))
@@ -376,6 +441,11 @@ def simulate(
         block = _GENERAL_SEQUENTIAL_BLOCK if sequential else _GENERAL_BLOCK
     else:
         block = _SEQUENTIAL_BLOCK if sequential else _markov_block_size(n, n_rep)
+    if n_rep * (max_queue + 1) * m > _MAX_CELLS:
+        raise ValueError(
+            f"n_replications={n_rep} x (max_queue + 1)={max_queue + 1} x {m} phase(s) time-average cells exceed the "
+            f"limit of {_MAX_CELLS:.3g}; lower max_queue or n_replications (run replications in several calls)"
+        )
     cfg = core.Config(
         n=n, max_queue=max_queue, m=m, max_d=max_d, fixed_d=fixed_d, replace=replace, block=block,
         n_bins=_N_BINS, sampler=sampler, sequential=sequential,
@@ -444,15 +514,25 @@ def simulate(
     queue_rb = tails_rb[..., 1:].sum(axis=2)
     soj_sum = np.stack([s.soj_sum for s in per_batch], axis=1)  # (R, B)
     n_jobs = np.stack([s.n_jobs for s in per_batch], axis=1)
+    empty = int((n_jobs.sum(axis=1) == 0).sum())
+    if empty:
+        which = "no job" if n_rep == 1 else f"in {empty} of n_replications={n_rep} replications no job"
+        raise ValueError(
+            f"{which} left during [warmup, t1] = [{warmup:.6g}, {t1:.6g}], so there is no sojourn time to report "
+            f"(about {n * lam * (t1 - warmup):.3g} arrivals were due per replication); raise t1"
+        )
+    if n_rep == 1 and (n_jobs[0] > 0).sum() < 2:
+        raise ValueError(
+            f"jobs left in only one of the n_batches={n_batches} batches of [warmup, t1] = [{warmup:.6g}, {t1:.6g}]: "
+            "batch means give no confidence interval; raise t1 (or lower n_batches)"
+        )
     w = (batch_len / batch_len.sum())[None, :]
 
     def rep(x):  # time average over the batches of each replication
         return np.tensordot(w[0], x, axes=([0], [1])) if x.ndim > 2 else (w * x).sum(axis=1)
 
     tails_r, phase_r, queue_r = rep(tails_rb), rep(phase_rb), rep(queue_rb)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        soj_r = soj_sum.sum(axis=1) / n_jobs.sum(axis=1)
-        soj_rb = soj_sum / n_jobs
+    soj_r = soj_sum.sum(axis=1) / n_jobs.sum(axis=1)
     if n_rep >= 2:
         ci_method = "replications"
         tails_ci, phase_ci = _half_width(tails_r), _half_width(phase_r)
@@ -460,7 +540,14 @@ def simulate(
     else:
         ci_method = "batch_means"
         tails_ci, phase_ci = _half_width(tails_rb[0]), _half_width(phase_rb[0])
-        queue_ci, soj_ci = float(_half_width(queue_rb[0])), float(_half_width(soj_rb[0]))
+        queue_ci = float(_half_width(queue_rb[0]))
+        # The mean sojourn time is a ratio (time summed over jobs / number of jobs); the delta method gives its
+        # half-width from the batches' residuals, and holds when some batches saw no job leave.
+        resid = soj_sum[0] - soj_r[0] * n_jobs[0]
+        soj_ci = float(_half_width(resid[:, None])[0] / n_jobs[0].mean())
+    if reach is not None and not reach.all():  # phases no job visits: zero columns
+        phase_r = _with_zero_phases(phase_r, reach)
+        phase_ci = _with_zero_phases(phase_ci, reach)
 
     hist = sum(s.hist for s in per_batch).sum(axis=0)
     percentiles = {q: float(_percentile(hist, q, hist_lo)) for q in (50, 90, 99)}
@@ -486,6 +573,13 @@ def simulate(
         sampling=sampling,
         ci_method=ci_method,
     )
+
+
+def _with_zero_phases(x: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """`x` (..., m') over the phases in `reach`, widened to all len(reach) phases with zeros elsewhere."""
+    out = np.zeros(x.shape[:-1] + reach.shape, x.dtype)
+    out[..., reach] = x
+    return out
 
 
 def _hist_key(x: float) -> int:
