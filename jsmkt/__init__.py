@@ -15,6 +15,7 @@ from ._distributions.ph import erlang as erlang
 from ._distributions.ph import exponential as exponential
 from ._distributions.ph import hyperexponential as hyperexponential
 from ._distributions.ph import hyperexponential2 as hyperexponential2
+from ._fixed_point import TruncationError as TruncationError
 from ._fixed_point import solve_fixed_point as solve_fixed_point
 from ._integrate import integrate as integrate
 from ._integrate import steady_state as steady_state

@@ -77,6 +77,21 @@ def _initial_guess(model: AbstractSupermarketModel) -> PyTree[Array]:
     return model.initial_guess()
 
 
+class TruncationError(ValueError):
+    """The fixed point puts more than `tail_tol` of the servers at the truncation level `K` (a `ValueError`);
+    `auto_K` says whether `K` was already grown, up to `max_K`. Attributes: `K`, `tail_mass`, `tail_tol`, `auto_K`,
+    `max_K`."""
+
+    def __init__(self, K: int, tail_mass: float, tail_tol: float, auto_K: bool, max_K: int):
+        self.K, self.tail_mass, self.tail_tol, self.auto_K, self.max_K = K, tail_mass, tail_tol, auto_K, max_K
+        found = f"K={K} is too small: the fraction of servers with K jobs is {tail_mass:.3g} > tail_tol={tail_tol:.3g}"
+        if auto_K:
+            advice = f"auto_K stopped at max_K={max_K}; raise max_K, or lower the load or the service SCV"
+        else:
+            advice = f"raise K (e.g. K={2 * K}) or call solve_fixed_point(..., auto_K=True)"
+        super().__init__(f"{found}; {advice}")
+
+
 def solve_fixed_point(
     model: AbstractSupermarketModel,
     x0: PyTree[Array] | None = None,
@@ -109,8 +124,8 @@ def solve_fixed_point(
 
     **Returns:** a `jsmkt.FixedPoint` (`value`, `result`, `tail_mass`, `residual`, `model`, `stats`).
 
-    **Raises:** an error naming the problem (unstable load, invalid parameters, truncation too small, no
-    convergence) when `throw=True`.
+    **Raises:** an error naming the problem (unstable load, invalid parameters, truncation too small (a
+    `jsmkt.TruncationError`), no convergence) when `throw=True`.
 
     `jax.grad` of any metric of `value` with respect to any array leaf of `model` works through this function.
     """
@@ -142,17 +157,13 @@ def solve_fixed_point(
             break
         model, x0 = model.with_K(min(2 * model.K, max_K)), None
     if throw and fp.result != RESULTS.successful:
-        _raise_for(fp, tail_tol, max_steps)
+        _raise_for(fp, tail_tol, max_steps, auto_K, max_K)
     return fp
 
 
-def _raise_for(fp: FixedPoint, tail_tol: float, max_steps: int):
-    K = fp.model.K
+def _raise_for(fp: FixedPoint, tail_tol: float, max_steps: int, auto_K: bool = False, max_K: int = 4096):
     if fp.result == RESULTS.truncation_too_small:
-        raise ValueError(
-            f"K={K} is too small: the fraction of servers with K jobs is {float(fp.tail_mass):.3g} > "
-            f"tail_tol={tail_tol:.3g}; raise K (e.g. K={2 * K}) or call solve_fixed_point(..., auto_K=True)"
-        )
+        raise TruncationError(fp.model.K, float(fp.tail_mass), tail_tol, auto_K, max_K)
     if fp.result in (RESULTS.unstable, RESULTS.invalid_parameters):
         raise ValueError(_message(fp.result))
     raise RuntimeError(

@@ -63,8 +63,13 @@ def test_construction_errors_name_argument_and_value(make, match):
 
 def test_truncation_too_small_and_auto_K():
     model = jsmkt.JSQdPH(0.95, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=8)
-    with pytest.raises(ValueError, match=r"K=8 is too small: .* raise K \(e.g. K=16\) or .*auto_K=True"):
+    with pytest.raises(ValueError, match=r"K=8 is too small: .* raise K \(e.g. K=16\) or .*auto_K=True") as e:
         jsmkt.solve_fixed_point(model)
+    assert isinstance(e.value, jsmkt.TruncationError) and (e.value.K, e.value.auto_K) == (8, False)
+    assert e.value.tail_mass > e.value.tail_tol == 1e-10
+    # auto_K that stops at max_K does not advise auto_K.
+    with pytest.raises(jsmkt.TruncationError, match=r"K=10 is too small: .*; auto_K stopped at max_K=10; raise max_K"):
+        jsmkt.solve_fixed_point(model, auto_K=True, max_K=10)
     fp = jsmkt.solve_fixed_point(model, throw=False)
     assert fp.result == jsmkt.RESULTS.truncation_too_small
     fp = jsmkt.solve_fixed_point(model, auto_K=True)
