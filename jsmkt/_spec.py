@@ -4,17 +4,27 @@
 model = "jsq-ph"      # "jsq" (exponential service) or "jsq-ph"
 lam = 0.9             # arrival rate per server
 d = 2                 # integer, real (randomised choice number) or list of probabilities over 1, 2, ... servers
-K = 48                # optional truncation level
+K = 48                # optional truncation level (integer)
 mu = 1.0              # "jsq" only: service rate
 
 [service]             # "jsq-ph" only
 kind = "erlang"       # exponential | erlang | hyperexponential | h2 | coxian | coxian2 | ph | moments
-k = 2                 # erlang: phases;  mean = 1.0 for erlang / h2 / coxian2 / exponential
+k = 2                 # erlang: phases;  mean = 1.0 for erlang / h2 / coxian2 / exponential (or rate, not both)
 # h2, coxian2: mean, scv;  hyperexponential: probs, rates;  coxian: rates, probs;  ph: alpha, T
 # moments: m1, m2, m3 (Telek-Heindl PH(2) fit; clip = true projects infeasible moments onto the PH(2) range)
+
+[simulation]          # optional, read by `jsmkt simulate` (and by `jsmkt solve --servers` for `sampling`)
+sampling = "with_replacement"   # or "without_replacement"
+[simulation.service]  # optional service for the simulation: any [service] kind, or
+kind = "lognormal"    # deterministic (mean) | lognormal (mean, scv)
+mean = 1.0
+scv = 2.0
 ```
+Numbers are TOML integers or floats (finite), integer keys (`K`, `k`, an integer `d`) TOML integers, `clip` a
+boolean.
 """
 
+import math
 import tomllib
 from typing import Any
 
@@ -24,6 +34,7 @@ from ._distributions.fit import fit_ph2_three_moments
 from ._distributions.ph import PH, coxian, coxian2, erlang, exponential, hyperexponential, hyperexponential2
 from ._models.jsqd import JSQd
 from ._models.jsqd_ph import JSQdPH
+from ._simulate.service import GeneralService, deterministic, lognormal
 
 
 class SpecError(ValueError):
@@ -32,6 +43,24 @@ class SpecError(ValueError):
 
 MODELS = ("jsq", "jsq-ph")
 SERVICE_KINDS = ("exponential", "erlang", "hyperexponential", "h2", "coxian", "coxian2", "ph", "moments")
+SIMULATION_KINDS = ("deterministic", "lognormal")
+SAMPLING = ("with_replacement", "without_replacement")
+_MISSING = object()
+
+
+def show(value: Any) -> str:
+    """`value` for an error message: plain numbers, quoted strings, `true`/`false` as in TOML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(show, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {show(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
 
 
 def load_spec(path: str) -> dict[str, Any]:
@@ -40,6 +69,12 @@ def load_spec(path: str) -> dict[str, Any]:
             return tomllib.load(f)
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory; give a TOML spec file") from None
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read the spec ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); a TOML spec must be UTF-8") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: not valid TOML ({e})") from None
 
@@ -56,65 +91,168 @@ def _allowed(table: dict, keys: set[str], where: str):
         raise SpecError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(keys))}")
 
 
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _finite(x: int | float) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:  # an integer beyond the float range
+        return False
+
+
+def _number(table: dict, key: str, where: str, default: Any = _MISSING, *, positive: bool = False) -> float:
+    """A finite TOML integer or float (not a boolean or a string)."""
+    if key not in table and default is not _MISSING:
+        return default
+    v = _require(table, key, where)
+    if not _is_number(v):
+        raise SpecError(f"{where}: {key}={show(v)} must be a number (a TOML integer or float)")
+    if not _finite(v):
+        raise SpecError(f"{where}: {key}={show(v)} must be finite")
+    if positive and not v > 0:
+        raise SpecError(f"{where}: {key}={show(v)} must be positive")
+    return float(v)
+
+
+def _integer(table: dict, key: str, where: str, default: Any = _MISSING) -> int:
+    if key not in table and default is not _MISSING:
+        return default
+    v = _require(table, key, where)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SpecError(f"{where}: {key}={show(v)} must be an integer")
+    return v
+
+
+def _numbers(table: dict, key: str, where: str, *, matrix: bool = False) -> list:
+    """A list of finite numbers, or (`matrix`) a list of equal-length lists of them."""
+    v = _require(table, key, where)
+    rows = v if matrix and isinstance(v, list) else [v]
+    if not (isinstance(v, list) and all(isinstance(r, list) and all(map(_is_number, r)) for r in rows)
+            and len({len(r) for r in rows}) <= 1):
+        what = "a list of equal-length lists of numbers (a matrix)" if matrix else "a list of numbers"
+        raise SpecError(f"{where}: {key}={show(v)} must be {what}")
+    if not all(_finite(x) for r in rows for x in r):
+        raise SpecError(f"{where}: {key}={show(v)} must have finite entries")
+    return v
+
+
 def service_from_spec(table: dict[str, Any], where: str = "[service]") -> PH:
     """Build a PH distribution from a `[service]` table."""
     if not isinstance(table, dict):
-        raise SpecError(f"{where} must be a table")
+        raise SpecError(f"{where} must be a table (got {show(table)})")
     kind = _require(table, "kind", where)
     try:
         if kind == "exponential":
             _allowed(table, {"kind", "mean", "rate"}, where)
-            rate = table.get("rate", 1.0 / table.get("mean", 1.0))
-            return exponential(rate)
+            if "rate" in table and "mean" in table:
+                raise SpecError(f"{where}: rate={show(table['rate'])} and mean={show(table['mean'])} are both "
+                                "given; give one of them (rate = 1 / mean)")
+            if "rate" in table:
+                return exponential(_number(table, "rate", where))
+            return exponential(1.0 / _number(table, "mean", where, 1.0, positive=True))
         if kind == "erlang":
             _allowed(table, {"kind", "k", "mean"}, where)
-            return erlang(_require(table, "k", where), table.get("mean", 1.0))
+            return erlang(_integer(table, "k", where), _number(table, "mean", where, 1.0))
         if kind == "h2":
             _allowed(table, {"kind", "mean", "scv"}, where)
-            return hyperexponential2(table.get("mean", 1.0), _require(table, "scv", where))
+            return hyperexponential2(_number(table, "mean", where, 1.0), _number(table, "scv", where))
         if kind == "hyperexponential":
             _allowed(table, {"kind", "probs", "rates"}, where)
-            return hyperexponential(_require(table, "probs", where), _require(table, "rates", where))
+            return hyperexponential(_numbers(table, "probs", where), _numbers(table, "rates", where))
         if kind == "coxian":
             _allowed(table, {"kind", "rates", "probs"}, where)
-            return coxian(_require(table, "rates", where), _require(table, "probs", where))
+            return coxian(_numbers(table, "rates", where), _numbers(table, "probs", where))
         if kind == "coxian2":
             _allowed(table, {"kind", "mean", "scv"}, where)
-            return coxian2(table.get("mean", 1.0), _require(table, "scv", where))
+            return coxian2(_number(table, "mean", where, 1.0), _number(table, "scv", where))
         if kind == "ph":
             _allowed(table, {"kind", "alpha", "T"}, where)
-            return PH(_require(table, "alpha", where), _require(table, "T", where))
+            return PH(_numbers(table, "alpha", where), _numbers(table, "T", where, matrix=True))
         if kind == "moments":
             _allowed(table, {"kind", "m1", "m2", "m3", "clip"}, where)
-            m = [_require(table, k, where) for k in ("m1", "m2", "m3")]
-            if table.get("clip", False):
+            m = [_number(table, k, where) for k in ("m1", "m2", "m3")]
+            clip = table.get("clip", False)
+            if not isinstance(clip, bool):
+                raise SpecError(f"{where}: clip={show(clip)} must be true or false")
+            if clip:
                 return fit_ph2_three_moments(*m, clip=True)[0]
             return fit_ph2_three_moments(*m)
     except SpecError:
         raise
     except (ValueError, TypeError) as e:
         raise SpecError(f"{where}: {e}") from None
-    raise SpecError(f"{where}: kind={kind!r} is not one of {', '.join(SERVICE_KINDS)}")
+    raise SpecError(f"{where}: kind={show(kind)} is not one of {', '.join(SERVICE_KINDS)}")
+
+
+def _choice_number(spec: dict[str, Any], where: str):
+    d = spec.get("d", 2)
+    if isinstance(d, list):
+        return jnp.asarray(_numbers(spec, "d", where), dtype=float)
+    if not _is_number(d):
+        raise SpecError(f"{where}: d={show(d)} must be an integer, a real number >= 1 or a list of probabilities of "
+                        "sampling 1, 2, ... servers")
+    if isinstance(d, float):
+        return _number(spec, "d", where)
+    return d
 
 
 def model_from_spec(spec: dict[str, Any], where: str = "spec"):
     """Build a model from a parsed TOML spec."""
     model = _require(spec, "model", where)
     if model not in MODELS:
-        raise SpecError(f"{where}: model={model!r} is not one of {', '.join(map(repr, MODELS))}")
-    lam = _require(spec, "lam", where)
-    d = spec.get("d", 2)
-    if isinstance(d, list):
-        d = jnp.asarray(d, dtype=float)
-    K = spec.get("K")
+        raise SpecError(f"{where}: model={show(model)} is not one of {', '.join(map(show, MODELS))}")
+    if model == "jsq":
+        _allowed(spec, {"model", "lam", "d", "K", "mu", "simulation"}, where)
+    else:
+        _allowed(spec, {"model", "lam", "d", "K", "service", "simulation"}, where)
+    lam = _number(spec, "lam", where)
+    d = _choice_number(spec, where)
+    K = _integer(spec, "K", where, None)
     try:
         if model == "jsq":
-            _allowed(spec, {"model", "lam", "d", "K", "mu", "simulation"}, where)
-            return JSQd(lam, d=d, mu=spec.get("mu", 1.0), K=K)
-        _allowed(spec, {"model", "lam", "d", "K", "service", "simulation"}, where)
+            return JSQd(lam, d=d, mu=_number(spec, "mu", where, 1.0), K=K)
         service = service_from_spec(_require(spec, "service", where))
         return JSQdPH(lam, service, d=d, K=K)
     except SpecError:
         raise
     except (ValueError, TypeError) as e:
         raise SpecError(f"{where}: {e}") from None
+
+
+def _simulation_service(table: Any, where: str) -> PH | GeneralService:
+    if not isinstance(table, dict):
+        raise SpecError(f"{where} must be a table (got {show(table)})")
+    kind = _require(table, "kind", where)
+    if kind not in SIMULATION_KINDS + SERVICE_KINDS:
+        raise SpecError(f"{where}: kind={show(kind)} is not one of {', '.join(SIMULATION_KINDS + SERVICE_KINDS)}")
+    try:
+        if kind == "deterministic":
+            _allowed(table, {"kind", "mean"}, where)
+            return deterministic(_number(table, "mean", where, 1.0))
+        if kind == "lognormal":
+            _allowed(table, {"kind", "mean", "scv"}, where)
+            return lognormal(_number(table, "mean", where, 1.0), _number(table, "scv", where))
+    except SpecError:
+        raise
+    except ValueError as e:
+        raise SpecError(f"{where}: {e}") from None
+    return service_from_spec(table, where)
+
+
+def simulation_from_spec(spec: dict[str, Any], where: str = "spec") -> dict[str, Any]:
+    """Keyword arguments for `jsmkt.simulate` (`sampling`, `service`) from the optional `[simulation]` table."""
+    sim = spec.get("simulation", {})
+    if not isinstance(sim, dict):
+        raise SpecError(f"{where}: [simulation] must be a table (got simulation = {show(sim)})")
+    _allowed(sim, {"sampling", "service"}, "[simulation]")
+    kwargs: dict[str, Any] = {}
+    if "sampling" in sim:
+        if sim["sampling"] not in SAMPLING:
+            raise SpecError(f"[simulation]: sampling={show(sim['sampling'])} is not one of "
+                            f"{', '.join(map(show, SAMPLING))}")
+        kwargs["sampling"] = sim["sampling"]
+    if "service" in sim:
+        kwargs["service"] = _simulation_service(sim["service"], "[simulation.service]")
+    return kwargs

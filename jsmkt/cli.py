@@ -17,7 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ._spec import SpecError, load_spec, model_from_spec, service_from_spec
+from ._spec import SpecError, load_spec, model_from_spec, simulation_from_spec
+
+
+_SEED_RANGE = (-(2**63), 2**63 - 1)  # what jax.random.PRNGKey accepts
 
 
 def _describe(model) -> str:
@@ -39,12 +42,36 @@ def _trim(tails: np.ndarray, floor: float = 1e-300) -> list[float]:
     return [float(x) for x in tails[:n]]
 
 
-def _solve_exact(
-    model, auto_K: bool, servers: int | None = None, sampling: str = "with_replacement"
-) -> dict[str, Any]:
+def _solver_default(name: str):
+    """The default of `solve_fixed_point`'s argument `name` (the CLI solves with the defaults)."""
+    import inspect
+
     import jsmkt
 
-    fp = jsmkt.solve_fixed_point(model, auto_K=auto_K)
+    return inspect.signature(jsmkt.solve_fixed_point).parameters[name].default
+
+
+def _too_small(K: int, found: str, suggest: int | None, auto_K: bool, max_K: int) -> SpecError:
+    """The error for a truncation level `K` that is too small; `suggest` is a larger K to try (None: none up to
+    `max_K` suffices)."""
+    if suggest is None:
+        advice = (f"--auto-K stopped at K={max_K}: " if auto_K else "") + \
+            f"K would need to exceed {max_K} for this model (lower the load or the service SCV)"
+    else:
+        advice = f"raise K in the spec (e.g. K={suggest}) or pass --auto-K"
+    return SpecError(f"K={K} is too small: {found}; {advice}")
+
+
+def _solve_exact(
+    model, auto_K: bool, servers: int | None = None, sampling: str = "with_replacement"
+) -> tuple[dict[str, Any], Any]:
+    import jsmkt
+
+    try:
+        fp = jsmkt.solve_fixed_point(model, auto_K=auto_K)
+    except jsmkt.TruncationError as e:
+        found = f"the fraction of servers with K jobs is {e.tail_mass:.3g} > tail_tol={e.tail_tol:.3g}"
+        raise _too_small(e.K, found, None if e.auto_K else 2 * e.K, e.auto_K, e.max_K) from None
     model = fp.model
     s = np.asarray(jsmkt.tails(model, fp))
     out = {
@@ -69,7 +96,7 @@ def _solve_exact(
         out["phase_tails"] = [[float(v) for v in row] for row in P[: max(len(out["tail"]) - 1, 0)]]
     if servers is not None:
         out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling)
-    return out
+    return out, model
 
 
 def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
@@ -82,7 +109,7 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
     v = np.asarray(jsmkt.tails(model, rmf.correction))[1:n_tail]  # 1/N coefficients (tails are linear)
     s_mf = np.asarray(jsmkt.tails(model, fp))[1:n_tail]
     EQ = float(jsmkt.mean_queue_length(model, y))
-    return {
+    out = {
         "n_servers": n,
         "sampling": sampling,
         "mean_queue_length": EQ,
@@ -95,9 +122,42 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
         # A relative correction beyond 30 % means N is too small for the expansion at this k.
         "tail_in_range": [bool(x) for x in np.abs(v) / n <= 0.3 * s_mf],
     }
+    out["in_range"] = not _outside_unit_interval(out) and all(out["tail_in_range"])
+    return out
 
 
-def _solve_published(model) -> dict[str, Any]:
+def _outside_unit_interval(r: dict[str, Any]) -> list[str]:
+    """The refined probabilities (P(arrival waits), s_k for k >= 1) outside [0, 1], as `name = value`."""
+    values = [("P(arrival waits)", r["prob_wait"])] + [(f"s_{k}", s) for k, s in enumerate(r["tail"]) if k > 0]
+    return [f"{name} = {v:.4g}" for name, v in values if not 0.0 <= v <= 1.0]
+
+
+def _published_tails(model, K: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The published s_0..s_K and, for PH service, the phase tails pi_1..pi_K."""
+    import jsmkt
+    from ._models.jsqd_ph import JSQdPH
+
+    pub = jsmkt.published
+    if isinstance(model, JSQdPH):
+        pi = np.asarray(pub.ph_fixed_point(model.lam, model.service, model.choice.d, K))
+        return np.concatenate([[1.0], pi.sum(1)]), pi
+    return np.asarray(pub.exponential_tails(model.lam, model.choice.d, model.mu, K)), None
+
+
+def _published_K(model, auto_K: bool) -> int:
+    """The spec's K, or with `auto_K` K doubled until the published s_K is at most the exact solver's `tail_tol`
+    (up to its `max_K`); a `SpecError` like the exact solver's when K is too small."""
+    tol, max_K = _solver_default("tail_tol"), _solver_default("max_K")
+    K = enough = model.K
+    while (tail := float(_published_tails(model, enough)[0][-1])) > tol and enough < max_K:
+        enough = min(2 * enough, max_K)
+    if tail <= tol and (auto_K or enough == K):
+        return enough
+    found = f"the published s_K is {float(_published_tails(model, K)[0][-1]):.3g} > tail_tol={tol:.3g}"
+    raise _too_small(K, found, enough if tail <= tol else None, auto_K, max(K, max_K))
+
+
+def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
     import jsmkt
     from ._choice import FixedChoice
     from ._models.jsqd_ph import JSQdPH
@@ -106,9 +166,11 @@ def _solve_published(model) -> dict[str, Any]:
     if not isinstance(model.choice, FixedChoice):
         raise SpecError("--as-published needs an integer d (the published formulas have no randomised d)")
     d = model.choice.d
+    K = _published_K(model, auto_K)
+    if K != model.K:
+        model = model.with_K(K)
+    s, pi = _published_tails(model, model.K)
     if isinstance(model, JSQdPH):
-        pi = np.asarray(pub.ph_fixed_point(model.lam, model.service, d, model.K))
-        s = np.concatenate([[1.0], pi.sum(1)])
         ET = float(pub.ph_sojourn_time(model.lam, model.service, d))
         res = pub.ph_fixed_point_residuals(model.lam, model.service, d, model.K)
         source = "Li & Lui closed form (Theorem 1) and sojourn time (Section 3)"
@@ -116,7 +178,6 @@ def _solve_published(model) -> dict[str, Any]:
                  "residual_in_exact_equations": float(res["exact"]),
                  "phase_tails": [[float(v) for v in row] for row in pi[: len(_trim(s)) - 1]]}
     else:
-        s = np.asarray(pub.exponential_tails(model.lam, d, model.mu, model.K))
         ET = float(pub.exponential_sojourn_time(model.lam, d, model.mu))
         source = "rho^((d^k-1)/(d-1)) and Mitzenmacher's E[T]"
         extra = {}
@@ -135,7 +196,7 @@ def _solve_published(model) -> dict[str, Any]:
         "tail": _trim(s),
         "tail_mass_at_K": float(s[-1]),
         **extra,
-    }
+    }, model
 
 
 def _print_table(out: dict[str, Any], header: str) -> None:
@@ -174,6 +235,25 @@ def _print_table(out: dict[str, Any], header: str) -> None:
         print(line)
 
 
+def _check_plot_path(path: str) -> None:
+    """Refuse a --plot FILE that cannot be written, before solving."""
+    from matplotlib.figure import Figure
+
+    types = Figure().canvas.get_supported_filetypes()
+    ext = os.path.splitext(path)[1][1:].lower()
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise SpecError(f"--plot={path} is a directory; give a file name, e.g. "
+                        f"--plot={os.path.join(path, 'tails.png')}")
+    if ext not in types:
+        what = f": file type .{ext} is not supported" if ext else " has no file extension"
+        raise SpecError(f"--plot={path}{what}; end the name with one of {', '.join('.' + t for t in sorted(types))}")
+    if not os.path.isdir(folder):
+        raise SpecError(f"--plot={path}: directory {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise SpecError(f"--plot={path}: directory {folder} is not writable")
+
+
 def _plot(out: dict[str, Any], path: str, title: str) -> None:
     import matplotlib
 
@@ -188,8 +268,12 @@ def _plot(out: dict[str, Any], path: str, title: str) -> None:
         plot_phase_tails(ax, out["phase_tails"])
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        raise SpecError(f"--plot={path}: cannot write the plot ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
 
 
 def _print_refined(r: dict[str, Any]) -> None:
@@ -214,17 +298,29 @@ def _print_refined(r: dict[str, Any]) -> None:
               "for this k)")
 
 
+def _check_servers(model, n: int, sampling: str) -> None:
+    """`--servers N` must be >= 1, and at least the largest choice number when sampling without replacement."""
+    if n < 1:
+        raise SpecError(f"--servers={n} must be >= 1")
+    w = np.asarray(model.choice.weights())
+    max_d = int(np.nonzero(w > 0)[0][-1]) + 1 if np.any(w > 0) else 1
+    if sampling == "without_replacement" and max_d > n:
+        raise SpecError(f"d={max_d} exceeds --servers={n}: cannot sample {max_d} distinct servers without "
+                        'replacement ([simulation] sampling = "without_replacement")')
+
+
 def _cmd_solve(args) -> int:
     spec = load_spec(args.spec)
     model = model_from_spec(spec, where=args.spec)
+    sampling = simulation_from_spec(spec, where=args.spec).get("sampling", "with_replacement")  # as simulate samples
     if args.servers is not None:
         if args.as_published:
             raise SpecError("--servers (refined mean field) applies to the exact mean field, not --as-published")
-        if args.servers < 1:
-            raise SpecError(f"--servers={args.servers} must be >= 1")
-    sampling = spec.get("simulation", {}).get("sampling", "with_replacement")  # as `jsmkt simulate` samples
-    out = (_solve_published(model) if args.as_published
-           else _solve_exact(model, args.auto_K, args.servers, sampling))
+        _check_servers(model, args.servers, sampling)
+    if args.plot:
+        _check_plot_path(args.plot)
+    out, model = (_solve_published(model, args.auto_K) if args.as_published
+                  else _solve_exact(model, args.auto_K, args.servers, sampling))
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
@@ -232,6 +328,10 @@ def _cmd_solve(args) -> int:
         _print_table(out, title + "\n" + _describe(model))
         if "refined" in out:
             _print_refined(out["refined"])
+    if "refined" in out and (outside := _outside_unit_interval(out["refined"])):
+        shown = ", ".join(outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
+        print(f"jsmkt: note: N={args.servers} servers is too small for the 1/N expansion: {shown} fall outside "
+              '[0, 1] (refined "in_range" is false)', file=sys.stderr)
     if args.plot:
         _plot(out, args.plot, f"{out['model']}, lam={out['lam']:g}, d={out['d']:g} ({out['variant']})")
     return 0
@@ -255,24 +355,18 @@ def _cmd_simulate(args) -> int:
     import jsmkt
 
     spec = load_spec(args.spec)
-    sim = spec.get("simulation", {})
     model = model_from_spec(spec, where=args.spec)
-    kwargs: dict[str, Any] = {}
-    if "service" in sim:
-        svc = sim["service"]
-        kind = svc.get("kind") if isinstance(svc, dict) else None
-        if kind == "deterministic":
-            kwargs["service"] = jsmkt.deterministic(svc.get("mean", 1.0))
-        elif kind == "lognormal":
-            kwargs["service"] = jsmkt.lognormal(svc.get("mean", 1.0), svc["scv"])
-        else:
-            kwargs["service"] = service_from_spec(svc, where="[simulation.service]")
-    if "sampling" in sim:
-        kwargs["sampling"] = sim["sampling"]
-    if args.servers < 1:
-        raise SpecError(f"--servers={args.servers} must be >= 1")
+    kwargs = simulation_from_spec(spec, where=args.spec)
+    _check_servers(model, args.servers, kwargs.get("sampling", "with_replacement"))
     if not (args.time > 0 and math.isfinite(args.time)):
         raise SpecError(f"--time={args.time} must be a positive finite time")
+    if args.warmup is not None and not (math.isfinite(args.warmup) and 0 <= args.warmup < args.time):
+        raise SpecError(f"--warmup={args.warmup} must be finite, >= 0 and less than --time={args.time}")
+    if args.replications < 1:
+        raise SpecError(f"--replications={args.replications} must be >= 1")
+    if not _SEED_RANGE[0] <= args.seed <= _SEED_RANGE[1]:
+        raise SpecError(f"--seed={args.seed} is out of range: give an integer from {_SEED_RANGE[0]} to "
+                        f"{_SEED_RANGE[1]}")
     res = jsmkt.simulate(
         model, args.servers, args.time, key=jr.PRNGKey(args.seed), n_replications=args.replications,
         warmup=args.warmup, progress=args.format == "table" and sys.stderr.isatty() or args.progress, **kwargs,

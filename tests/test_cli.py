@@ -99,10 +99,46 @@ def test_table_and_plot(tmp_path, capsys):
     ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "ph"\nalpha = [0.5, 0.6]\nT = [[-1.0, 0.0], [0.0, -1.0]]\n',
      "alpha sums to"),
     ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "weibull"\n', "kind='weibull' is not one of"),
-    ('model = "jsq"\nlam = 0.9\nK = 3\n', "K=3 is too small"),
+    ('model = "jsq"\nlam = 0.9\nK = 3\n', "K=3 is too small: the fraction of servers with K jobs is 0.25 > "
+     "tail_tol=1e-10; raise K in the spec (e.g. K=6) or pass --auto-K"),
     ('model = "jsq"\nlam = "fast"\n', "lam="),
     ('model = "jsq"\nlam = 0.5\nspeed = 2\n', "unknown key(s) 'speed'"),
     ("model = jsq", "not valid TOML"),
+    # wrong types: numbers must be TOML numbers, integer keys integers, clip a boolean
+    ('model = "jsq"\nlam = "0.9"\n', "lam='0.9' must be a number"),
+    ('model = "jsq"\nlam = true\nmu = 2.0\n', "lam=true must be a number"),
+    ('model = "jsq"\nlam = 0.5\nmu = "1"\n', "mu='1' must be a number"),
+    ('model = "jsq"\nlam = 0.5\nmu = true\n', "mu=true must be a number"),
+    ('model = "jsq"\nlam = 0.5\nK = 20.0\n', "K=20.0 must be an integer"),
+    ('model = "jsq"\nlam = 0.5\nd = "2"\n', "d='2' must be an integer, a real number >= 1 or a list"),
+    ('model = "jsq"\nlam = 0.5\nd = {x = 1}\n', "d={x = 1} must be an integer"),
+    ('model = "jsq"\nlam = 0.5\nd = ["a"]\n', "d=['a'] must be a list of numbers"),
+    ('model = "jsq"\nlam = 0.5\nd = nan\n', "d=nan must be finite"),
+    ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "erlang"\nk = true\n', "[service]: k=true must be an integer"),
+    ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "moments"\nm1 = 1.0\nm2 = 1.5\nm3 = 1.0\nclip = "false"\n',
+     "[service]: clip='false' must be true or false"),
+    ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "exponential"\nmean = "1"\n', "mean='1' must be a number"),
+    ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "exponential"\nmean = inf\n',
+     "[service]: mean=inf must be finite"),
+    ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "exponential"\nmean = 0.0\n',
+     "[service]: mean=0.0 must be positive"),
+    ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "exponential"\nrate = 1.0\nmean = 2.0\n',
+     "rate=1.0 and mean=2.0 are both given; give one of them"),
+    ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "ph"\nalpha = [1.0]\nT = [[-1.0], [0.0, 1.0]]\n',
+     "T=[[-1.0], [0.0, 1.0]] must be a list of equal-length lists of numbers"),
+    # the [simulation] table is checked by `solve` too
+    ('model = "jsq"\nlam = 0.5\nsimulation = 3\n', "[simulation] must be a table"),
+    ('model = "jsq"\nlam = 0.5\n[simulation]\nsamplng = "without_replacement"\n',
+     "[simulation]: unknown key(s) 'samplng'; allowed: sampling, service"),
+    ('model = "jsq"\nlam = 0.5\n[simulation]\nsampling = "bogus"\n', "sampling='bogus' is not one of"),
+    ('model = "jsq"\nlam = 0.5\n[simulation.service]\nkind = "lognormal"\n',
+     "[simulation.service]: missing key 'scv'"),
+    ('model = "jsq"\nlam = 0.5\n[simulation.service]\nkind = "deterministic"\nscv = 1.0\n',
+     "[simulation.service]: unknown key(s) 'scv'; allowed: kind, mean"),
+    ('model = "jsq"\nlam = 0.5\n[simulation.service]\nkind = "lognormal"\nscv = "2"\n', "scv='2' must be a number"),
+    ('model = "jsq"\nlam = 0.5\n[simulation.service]\nkind = "gamma"\n', "kind='gamma' is not one of deterministic"),
+    ('model = "jsq"\nlam = 0.5\n[simulation.service]\nkind = "erlang"\nk = 2\nscv = 1.0\n',
+     "[simulation.service]: unknown key(s) 'scv'; allowed: k, kind, mean"),
 ])
 def test_bad_specs_give_one_line_and_exit_2(tmp_path, capsys, text, needle):
     spec = tmp_path / "bad.toml"
@@ -144,9 +180,114 @@ def test_simulate_json_keys_and_agreement(tmp_path, capsys):
     (["--servers", "0", "--time", "10"], "--servers=0 must be >= 1"),
     (["--servers", "10", "--time", "-1"], "--time=-1.0 must be a positive"),
     (["--servers", "10", "--time", "10", "--cpu-devices", "0"], "--cpu-devices=0 must be >= 1"),
+    (["--servers", "10", "--time", "10", "--warmup", "20"], "--warmup=20.0 must be finite, >= 0 and less than --time"),
+    (["--servers", "10", "--time", "10", "--warmup", "-1"], "--warmup=-1.0 must be finite, >= 0"),
+    (["--servers", "10", "--time", "10", "--warmup", "nan"], "--warmup=nan must be finite"),
+    (["--servers", "10", "--time", "10", "--replications", "0"], "--replications=0 must be >= 1"),
+    (["--servers", "10", "--time", "10", "--seed", "100000000000000000000000"],
+     "--seed=100000000000000000000000 is out of range: give an integer from -9223372036854775808 to "
+     "9223372036854775807"),
+    (["--servers", "10", "--time", "10", "--seed", "-9223372036854775809"], "--seed=-9223372036854775809 is out"),
 ])
 def test_simulate_bad_arguments(tmp_path, capsys, args, needle):
     spec = tmp_path / "m.toml"
     spec.write_text('model = "jsq"\nlam = 0.5\n')
     code, _, err = run(["simulate", str(spec), *args], capsys)
-    assert code == 2 and needle in err
+    assert code == 2 and needle in err, err
+    assert err.count("\n") == 1 and err.startswith("jsmkt: error:")
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('model = "jsq"\nlam = 0.5\nsimulation = 3\n', "[simulation] must be a table"),
+    ('model = "jsq"\nlam = 0.5\n[simulation.service]\nkind = "lognormal"\n', "missing key 'scv'"),
+    ('model = "jsq"\nlam = 0.5\n[simulation.service]\nkind = "deterministic"\nscv = 1.0\n', "unknown key(s) 'scv'"),
+    ('model = "jsq"\nlam = 0.5\nd = 5\n[simulation]\nsampling = "without_replacement"\n',
+     "d=5 exceeds --servers=3: cannot sample 5 distinct servers without replacement"),
+])
+def test_simulate_bad_specs(tmp_path, capsys, text, needle):
+    spec = tmp_path / "bad.toml"
+    spec.write_text(text)
+    code, out, err = run(["simulate", str(spec), "--servers", "3", "--time", "10"], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("jsmkt: error:") and needle in err, err
+
+
+def test_unreadable_spec_files(tmp_path, capsys):
+    code, _, err = run(["solve", str(tmp_path)], capsys)
+    assert code == 2 and err == f"jsmkt: error: {tmp_path}: is a directory; give a TOML spec file\n"
+    spec = tmp_path / "latin1.toml"
+    spec.write_bytes('model = "jsq"\nlam = 0.5  # \u00e9\n'.encode("latin-1"))
+    code, _, err = run(["solve", str(spec)], capsys)
+    assert code == 2 and err.startswith(f"jsmkt: error: {spec}: not UTF-8 text") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("missing/tails.png", "directory {tmp}/missing does not exist"),
+    ("folder", "--plot={tmp}/folder is a directory"),
+    ("tails", "--plot={tmp}/tails has no file extension; end the name with one of"),
+    ("tails.xyz", "file type .xyz is not supported"),
+])
+def test_bad_plot_path_is_refused_before_solving(tmp_path, capsys, name, needle):
+    (tmp_path / "folder").mkdir()
+    code, out, err = run(["solve", str(EXAMPLES / "jsq3_exponential.toml"), "--plot", str(tmp_path / name)], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and needle.format(tmp=tmp_path) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
+def test_solve_without_replacement_needs_enough_servers(tmp_path, capsys):
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.5\nd = 2.5\n[simulation]\nsampling = "without_replacement"\n')
+    code, out, err = run(["solve", str(spec), "--servers", "2"], capsys)
+    assert code == 2 and out == ""
+    assert "d=3 exceeds --servers=2: cannot sample 3 distinct servers without replacement" in err
+    code, out, err = run(["solve", str(spec), "--servers", "3", "--format", "json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["refined"]["sampling"] == "without_replacement"
+
+
+def test_truncation_errors_point_to_the_spec_and_auto_K(tmp_path, capsys, monkeypatch):
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.9\nK = 2\n')
+    code, out, err = run(["solve", str(spec), "--as-published"], capsys)
+    assert code == 2 and out == ""
+    assert err == ("jsmkt: error: K=2 is too small: the published s_K is 0.729 > tail_tol=1e-10; raise K in the "
+                   "spec (e.g. K=8) or pass --auto-K\n")
+    code, out, err = run(["solve", str(spec), "--as-published", "--auto-K", "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["K"] == 8 and res["tail_mass_at_K"] <= 1e-10
+    spec.write_text('model = "jsq"\nlam = 0.9\nK = 3\n')
+    K = json.loads(run(["solve", str(spec), "--auto-K", "--format", "json"], capsys)[1])["K"]
+    code, out, err = run(["solve", str(spec), "--auto-K"], capsys)
+    assert code == 0 and K > 3 and f"K = {K} " in out  # the table describes the model solved
+
+    import jsmkt
+
+    def stopped(model, auto_K):
+        raise jsmkt.TruncationError(4096, 1e-3, 1e-10, True, 4096)
+
+    monkeypatch.setattr(jsmkt, "solve_fixed_point", stopped)
+    code, _, err = run(["solve", str(spec), "--auto-K"], capsys)
+    assert code == 2
+    assert err == ("jsmkt: error: K=4096 is too small: the fraction of servers with K jobs is 0.001 > "
+                   "tail_tol=1e-10; --auto-K stopped at K=4096: K would need to exceed 4096 for this model (lower "
+                   "the load or the service SCV)\n")
+
+
+def test_refined_mean_field_out_of_range_is_flagged(tmp_path, capsys):
+    """N = 1 is far too small for the 1/N expansion: some refined s_k exceed 1. The values are kept (a valid
+    expansion) but `in_range` is false and a note names them."""
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.9\nd = 2\n')
+    for fmt in ("json", "table"):
+        code, out, err = run(["solve", str(spec), "--servers", "1", "--format", fmt], capsys)
+        assert code == 0
+        assert err.count("\n") == 1 and err.startswith("jsmkt: note: N=1 servers is too small for the 1/N expansion")
+        assert "s_3 = 1.137" in err and "fall outside [0, 1]" in err
+    r = json.loads(run(["solve", str(spec), "--servers", "1", "--format", "json"], capsys)[1])["refined"]
+    assert r["in_range"] is False and max(r["tail"]) > 1
+    d1 = tmp_path / "d1.toml"
+    d1.write_text('model = "jsq"\nlam = 0.6\nd = 1\n')  # independent M/M/1 queues: no 1/N term
+    code, out, err = run(["solve", str(d1), "--servers", "50", "--format", "json"], capsys)
+    assert code == 0 and err == "" and json.loads(out)["refined"]["in_range"] is True
