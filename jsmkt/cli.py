@@ -71,7 +71,7 @@ def _solve_exact(
         fp = jsmkt.solve_fixed_point(model, auto_K=auto_K)
     except jsmkt.TruncationError as e:
         found = f"the fraction of servers with K jobs is {e.tail_mass:.3g} > tail_tol={e.tail_tol:.3g}"
-        raise _too_small(e.K, found, None if e.auto_K else 2 * e.K, e.auto_K, e.max_K) from None
+        raise _too_small(e.K, found, None if e.auto_K else 2 * e.K, e.auto_K, max(e.K, e.max_K)) from None
     model = fp.model
     s = np.asarray(jsmkt.tails(model, fp))
     out = {
