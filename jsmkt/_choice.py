@@ -22,11 +22,15 @@ Three rules are provided:
 import abc
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from ._errors import as_float_array, concrete_array
+
+
+_UNROLL_MAX_D = 16  # up to this many choice numbers the sums over them are written out; beyond, a `lax.scan`
 
 
 def _divided_differences(a: Array, b: Array, n: int) -> Array:
@@ -37,6 +41,36 @@ def _divided_differences(a: Array, b: Array, n: int) -> Array:
         bp = bp * b
         hs.append(a * hs[-1] + bp)
     return jnp.stack(hs)
+
+
+def _divided_difference(a: Array, b: Array, n: int) -> Array:
+    """`h_n(a, b) = sum_{i<n} a^i b^(n-1-i)` for a static integer n >= 1, in O(log n) operations by the binary
+    expansion of n: `h_{2m} = h_m (a^m + b^m)` and `h_{m+1} = a h_m + b^m` (sums and products only, no division)."""
+    h, pa, pb = jnp.ones_like(a + b), a, b  # h_m, a^m, b^m for m = 1
+    for bit in bin(n)[3:]:
+        h, pa, pb = h * (pa + pb), pa * pa, pb * pb
+        if bit == "1":
+            h, pa, pb = a * h + pb, pa * a, pb * b
+    return h
+
+
+def _weighted_pgf(w: Array, s: Array) -> Array:
+    """`sum_j w[j-1] s^j` by Horner's rule in a `lax.scan` (any number of weights)."""
+    p, _ = jax.lax.scan(lambda p, wj: (p * s + wj, None), jnp.zeros_like(s) + w[-1], w[:-1], reverse=True)
+    return p * s
+
+
+def _weighted_divided_differences(w: Array, a: Array, b: Array) -> Array:
+    """`sum_j w[j-1] h_j(a, b)` by the recursion `h_{j+1} = a h_j + b^j` in a `lax.scan`."""
+
+    def step(carry, wj):
+        h, bp, acc = carry
+        h = a * h + bp
+        return (h, bp * b, acc + wj * h), None
+
+    one = jnp.ones_like(a + b)
+    (_, _, acc), _ = jax.lax.scan(step, (one, b * one, w[0] * one), w[1:])
+    return acc
 
 
 class AbstractChoice(eqx.Module):
@@ -54,12 +88,16 @@ class AbstractChoice(eqx.Module):
     def pgf(self, s: ArrayLike) -> Array:
         r"""$g(s) = E[s^D]$."""
         s = jnp.asarray(s)
+        if self.max_d > _UNROLL_MAX_D:
+            return _weighted_pgf(self.weights(), s)
         powers = jnp.stack([s ** (j + 1) for j in range(self.max_d)])
         return jnp.tensordot(self.weights(), powers, axes=1)
 
     def join_factor(self, a: ArrayLike, b: ArrayLike) -> Array:
         r"""Divided difference $h(a, b) = (g(a) - g(b))/(a - b)$, computed without division."""
         a, b = jnp.asarray(a), jnp.asarray(b)
+        if self.max_d > _UNROLL_MAX_D:
+            return _weighted_divided_differences(self.weights(), a, b)
         return jnp.tensordot(self.weights(), _divided_differences(a, b, self.max_d), axes=1)
 
     @property
@@ -99,6 +137,8 @@ class FixedChoice(AbstractChoice):
 
     def join_factor(self, a: ArrayLike, b: ArrayLike) -> Array:
         a, b = jnp.asarray(a), jnp.asarray(b)
+        if self.d > _UNROLL_MAX_D:
+            return _divided_difference(a, b, self.d)
         return _divided_differences(a, b, self.d)[-1]
 
     @property

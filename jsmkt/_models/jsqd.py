@@ -1,6 +1,7 @@
 r"""JSQ(d) with Poisson arrivals and exponential service."""
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
@@ -82,6 +83,9 @@ class JSQd(AbstractSupermarketModel):
     def load(self) -> Array:
         return self.lam / self.mu
 
+    def rate_scale(self) -> Array:
+        return jnp.maximum(self.lam, self.mu)
+
     def state_space(self) -> list[tuple]:
         return [(k,) for k in range(self.K + 1)]
 
@@ -139,9 +143,8 @@ class JSQd(AbstractSupermarketModel):
 def exponential_tails(rho: Array, choice: AbstractChoice, K: int) -> Array:
     r"""Tails `s_1..s_K` of the exponential-service fixed point, from the exact recursion
     $s_k = \rho\, g(s_{k-1})$ (balance of the flow across level $k$), $s_0 = 1$."""
-    out = []
-    s = jnp.ones_like(rho)
-    for _ in range(K):
+    def level(s, _):
         s = rho * choice.pgf(s)
-        out.append(s)
-    return jnp.stack(out)
+        return s, s
+
+    return jax.lax.scan(level, jnp.ones_like(rho), None, length=K)[1]
