@@ -11,6 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
+import numpy as np
 import optimistix as optx
 from jaxtyping import Array, PyTree
 
@@ -23,6 +24,13 @@ from ._solution import RESULTS, FixedPoint
 
 def _residual_fn(y, model):
     return model.vector_field(0.0, y, None)
+
+
+def _scaled_residual_fn(y, model):
+    """The residual in units of the model's rates (Newton's tolerance `atol` on it is then free of the time unit;
+    the root and its implicit derivative are those of `_residual_fn`)."""
+    scale = model.rate_scale()
+    return jax.tree_util.tree_map(lambda f: f / scale, _residual_fn(y, model))
 
 
 def _max_abs(tree) -> Array:
@@ -55,7 +63,7 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
     if adjoint is None:
         adjoint = optx.ImplicitAdjoint(linear_solver=linear_solver(model))
     solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=linear_solver(model))
-    sol = optx.root_find(_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint, throw=False)
+    sol = optx.root_find(_scaled_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint, throw=False)
     y = sol.value
     residual = _max_abs(_residual_fn(y, model))
     tail_mass = model.tails(y)[-1]
@@ -75,6 +83,25 @@ def _initial_guess(model: AbstractSupermarketModel) -> PyTree[Array]:
     """`model.initial_guess()`, compiled once per model structure (run eagerly, its `lax.scan` was traced and
     compiled anew on every call: ~0.2 s)."""
     return model.initial_guess()
+
+
+_MAX_LINEAR_SYSTEM_BYTES = 2**33  # 8 GiB: Newton's linear system (block diagonals or dense matrix) and its probes
+
+
+def check_size(model: AbstractSupermarketModel, x0=None) -> None:
+    """Refuse, before tracing anything large, a model whose Newton linear system would not fit in memory: with
+    `n` unknowns, about `5 n m` floats for blocks of size `m` (probes and the three block diagonals), `2 n^2`
+    for a dense Jacobian."""
+    shapes = jax.eval_shape(model.initial_guess) if x0 is None else x0
+    n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+    m = model.jacobian_block_size
+    need = 8 * (5 * n * m if m is not None else 2 * n * n)
+    if need > _MAX_LINEAR_SYSTEM_BYTES:
+        order = f", {m} phases per level" if m is not None and m > 1 else ""
+        raise ValueError(
+            f"{n} unknowns (K={model.K}{order}): Newton's linear system needs about {need / 2**30:.3g} GiB (limit "
+            f"{_MAX_LINEAR_SYSTEM_BYTES / 2**30:.3g} GiB); lower K or use a service distribution with fewer phases"
+        )
 
 
 class TruncationError(ValueError):
@@ -115,7 +142,8 @@ def solve_fixed_point(
 
     **Other arguments:**
 
-    - `rtol`, `atol`: Newton's termination tolerances (max-norm).
+    - `rtol`, `atol`: Newton's termination tolerances (max-norm) on the steps and on the residual, which is
+      measured in units of `model.rate_scale()` (so the time unit does not matter).
     - `tail_tol`: the largest acceptable fraction of servers at the truncation level `K`.
     - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead.
     - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol` (up to `max_K`).
@@ -131,6 +159,8 @@ def solve_fixed_point(
     """
     if not isinstance(model, AbstractSupermarketModel):
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
+    if x0 is not None:
+        model.check_state(x0)
     concrete = is_concrete(model, x0)
     if auto_K and not concrete:
         raise ValueError("auto_K=True works outside jit/grad only: its loop inspects the tail mass")
@@ -141,6 +171,7 @@ def solve_fixed_point(
         return _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint)
 
     # Concrete inputs: plain Python errors with the offending values.
+    check_size(model, x0)
     if throw:
         model.check_values()
     _maps.before_compiling("jsmkt.solve_fixed_point", ("fixed_point", _maps.signature((model, x0))))

@@ -43,6 +43,57 @@ def test_jsqd_d1_is_mm1():
     assert abs(float(jsmkt.mean_sojourn_time(model, fp)) - 1 / (1 - lam)) < 1e-10
 
 
+def test_jsqd_d1_near_capacity_is_mm1():
+    """At load 0.99 the default K of d = 1 is about 4000 levels (a geometric tail): E[Q] = rho / (1 - rho)."""
+    model = jsmkt.JSQd(0.99, d=1)
+    assert model.K > 3000
+    fp = jsmkt.solve_fixed_point(model)
+    assert abs(float(jsmkt.mean_queue_length(model, fp)) - 99.0) < 1e-8
+
+
+@pytest.mark.parametrize("d", [17, 20, 1000])
+def test_jsqd_closed_form_large_d(d):
+    """Beyond 16 the divided differences of s^d go by the binary expansion of d: s_k = lam^((d^k - 1)/(d - 1))."""
+    lam = 0.9
+    model = jsmkt.JSQd(lam, d=d, K=6)
+    s = np.asarray(jsmkt.tails(model, jsmkt.solve_fixed_point(model)))
+    n_k = np.array([(d**k - 1) / (d - 1) for k in range(7)])
+    expected = lam**n_k
+    nz = expected > 1e-300  # XLA flushes subnormals to zero
+    rel = np.abs(s[nz] - expected[nz]) / expected[nz]
+    assert np.all(rel <= 1e-12 + 4 * np.finfo(float).eps * n_k[nz]), rel
+    assert np.all(s[~nz] < 1e-300)
+
+
+def test_long_choice_laws_equal_short_ones():
+    """A choice law with more than 16 entries (summed in a `lax.scan`) equals the same law written with 3 (summed
+    term by term), and so do the gradients with respect to lam and to the law."""
+    svc = jsmkt.hyperexponential2(1.0, 4.0)
+    w = jnp.array([0.2, 0.5, 0.3])
+
+    def ET(lam, w):
+        model = jsmkt.JSQdPH(lam, svc, d=w, K=50)
+        return jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model))
+
+    pad = lambda w: jnp.concatenate([w, jnp.zeros(17)])  # noqa: E731
+    short, long = jax.value_and_grad(ET, argnums=(0, 1)), jax.value_and_grad(lambda l, w: ET(l, pad(w)), argnums=(0, 1))
+    (v1, (gl1, gw1)), (v2, (gl2, gw2)) = short(0.9, w), long(0.9, w)
+    np.testing.assert_allclose([v2, gl2], [v1, gl1], rtol=1e-12)
+    np.testing.assert_allclose(gw2, gw1, rtol=1e-10)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1e3, 1e6])
+def test_fixed_point_does_not_depend_on_the_time_unit(scale):
+    """The same systems with every rate multiplied by `scale`: the fixed point is the same and E[T] scales by
+    1/scale (Newton's residual is measured in units of the model's rates)."""
+    for lam, svc in [(0.9, lambda m: jsmkt.hyperexponential2(m, 4.0)), (0.5, lambda m: jsmkt.erlang(3, m))]:
+        unit, scaled = jsmkt.JSQdPH(lam, svc(1.0)), jsmkt.JSQdPH(lam * scale, svc(1.0 / scale))
+        fu, fs = jsmkt.solve_fixed_point(unit), jsmkt.solve_fixed_point(scaled)
+        np.testing.assert_allclose(fs.value, fu.value, rtol=1e-10, atol=1e-15)
+        np.testing.assert_allclose(float(jsmkt.mean_sojourn_time(scaled, fs)) * scale,
+                                   float(jsmkt.mean_sojourn_time(unit, fu)), rtol=1e-10)
+
+
 def test_jsqd_mu_scaling():
     # Time rescaling: (lam, mu) = (1.8, 2) has the same tails as (0.9, 1) and half the sojourn time.
     a = jsmkt.JSQd(0.9, d=2, mu=1.0, K=30)
@@ -194,6 +245,9 @@ ZOO = {
     "jsqdph_erlang": lambda: jsmkt.JSQdPH(0.7, jsmkt.erlang(3), d=2, K=5),
     "jsqdph_h2_real_d": lambda: jsmkt.JSQdPH(0.7, jsmkt.hyperexponential2(1.0, 3.0), d=2.6, K=5),
     "jsqdph_coxian_d1": lambda: jsmkt.JSQdPH(0.4, jsmkt.coxian([2.0, 1.0, 3.0], [0.5, 0.2]), d=1, K=5),
+    "jsqd_d20": lambda: jsmkt.JSQd(0.7, d=20, K=6),
+    "jsqdph_long_law": lambda: jsmkt.JSQdPH(0.7, jsmkt.erlang(2), d=jnp.full(20, 0.05), K=5),
+    "jsqdph_real_d_18": lambda: jsmkt.JSQdPH(0.7, jsmkt.erlang(2), d=17.5, K=5),
 }
 
 

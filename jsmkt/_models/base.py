@@ -16,6 +16,7 @@ Each model provides
   Jacobian is nonsingular; `occupancy(y)` and `reduce(x)` convert, and `vector_field(t, y, args)` is the drift in
   reduced coordinates (hand-written for speed, tested equal to `reduce(drift(occupancy(y)))`);
 - `initial_state()` (the empty system) and `initial_guess()` (a cheap approximation of the fixed point);
+- `rate_scale()`: a typical transition rate, the unit in which the fixed-point residual is measured;
 - `value_errors()`: value checks (stability, valid parameters) run under `jit` at the public entry points.
 """
 
@@ -24,6 +25,7 @@ import copy
 from typing import Any, NamedTuple
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
@@ -103,6 +105,12 @@ class AbstractSupermarketModel(eqx.Module):
     def load(self) -> Float[Array, ""]:
         """Offered load ρ = λ / (service capacity per server); the mean field is stable iff ρ < 1."""
 
+    def rate_scale(self) -> Float[Array, ""]:
+        """A typical transition rate per server (the time unit of the model): the fixed-point solver measures the
+        residual of `vector_field` in these units, so that a fixed point does not depend on the unit of time. By
+        default the service capacity per server, λ/ρ."""
+        return self.arrival_rate / self.load()
+
     @abc.abstractmethod
     def tails(self, y: PyTree[Array]) -> Float[Array, " K+1"]:
         """`s_k`, fraction of servers with at least `k` jobs, for `k = 0..K` (`s_0 = 1`)."""
@@ -110,6 +118,23 @@ class AbstractSupermarketModel(eqx.Module):
     def value_errors(self) -> list[tuple[Array, str]]:
         """Value checks run at the public entry points: a list of `(bad, message)` pairs."""
         return []
+
+    def check_state(self, y: PyTree[Array], name: str = "x0") -> None:
+        """Raise `ValueError` unless `y` has the structure and shapes of this model's reduced state."""
+        want = jax.eval_shape(self.initial_state)
+        got = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), y)
+        shape = lambda t: jax.tree_util.tree_map(lambda a: a.shape, t)  # noqa: E731
+        try:
+            same = jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want) and all(
+                a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))
+            )
+        except TypeError:
+            same = False
+        if not same:
+            raise ValueError(
+                f"{name} has shape {shape(got)}, but the reduced state of this model (K={self.K}) has shape "
+                f"{shape(want)}; give a state of that shape (e.g. from model.initial_guess())"
+            )
 
     def check_values(self) -> None:
         """Raise `ValueError` with the first failing value check (concrete models only)."""

@@ -83,6 +83,9 @@ class JSQdPH(AbstractSupermarketModel):
     def load(self) -> Array:
         return self.lam * self.service.mean
 
+    def rate_scale(self) -> Array:
+        return jnp.maximum(self.lam, jnp.max(-jnp.diagonal(self.service.T)))
+
     def state_space(self) -> list[tuple]:
         return [(0,)] + [(k, i) for k in range(1, self.K + 1) for i in range(self.m)]
 
