@@ -1,5 +1,7 @@
 """Transient solutions of mean-field models with Diffrax."""
 
+import math
+
 import diffrax as dfx
 import equinox as eqx
 import jax
@@ -68,9 +70,15 @@ def integrate(
     """
     if not isinstance(model, AbstractSupermarketModel):
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
-    t1f = float(t1) if not isinstance(t1, jax.core.Tracer) else t1
-    if not isinstance(t1f, jax.core.Tracer) and not (t1f > 0 and jnp.isfinite(t1f)):
-        raise ValueError(f"t1={t1!r} must be a positive finite time")
+    if not isinstance(t1, jax.core.Tracer):
+        try:
+            t1f = float(t1)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"t1={t1!r} must be a positive finite time (a real number)") from e
+        if not (t1f > 0 and math.isfinite(t1f)):
+            raise ValueError(f"t1={t1!r} must be a positive finite time")
+    if x0 is not None:
+        model.check_state(x0)
     if is_concrete(model):
         model.check_values()
         _maps.before_compiling("jsmkt.integrate", ("integrate", _maps.signature((model, x0, ts)), type(solver)))
@@ -122,6 +130,8 @@ def steady_state(
     """
     if not isinstance(model, AbstractSupermarketModel):
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
+    if x0 is not None:
+        model.check_state(x0)
     if is_concrete(model):
         model.check_values()
         _maps.before_compiling("jsmkt.steady_state", ("steady_state", _maps.signature((model, x0))))

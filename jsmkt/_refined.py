@@ -21,13 +21,13 @@ is differentiable and vmappable); second derivatives enter only contracted with 
 products (no Hessian tensor).
 """
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
@@ -38,14 +38,22 @@ from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, FixedPoint
 
 
+_MAX_DENSE_BYTES = 2**33  # 8 GiB for the dense n x n matrices (about four alive at once)
 _SMITH_STEPS = 40  # doublings: sums 2**40 terms of the Stein series (contraction factor up to 1 - 2e-11 resolved)
 
 
 def _check_n(n_servers: Any) -> Any:
-    if isinstance(n_servers, (int, float)) and not isinstance(n_servers, bool):
-        if not (n_servers >= 1 and math.isfinite(n_servers)):
-            raise ValueError(f"n_servers={n_servers!r} must be a number of servers >= 1")
-    return n_servers
+    """A number of servers >= 1: checked when concrete (Python, NumPy or JAX scalar); a tracer passes."""
+    if isinstance(n_servers, jax.core.Tracer):
+        return n_servers.astype(float)
+    try:
+        a = np.asarray(n_servers)
+        ok = a.shape == () and a.dtype.kind in "iuf" and bool(a >= 1) and bool(np.isfinite(a))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"n_servers={n_servers!r} must be a number of servers >= 1")
+    return float(a)
 
 
 def lyapunov(A: Float[Array, "n n"], Q: Float[Array, "n n"]) -> Float[Array, "n n"]:
@@ -226,6 +234,12 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
         )
     if sampling not in ("with_replacement", "without_replacement"):
         raise ValueError(f"sampling={sampling!r} must be 'with_replacement' or 'without_replacement'")
+    n = sum(int(np.size(a)) for a in jax.tree_util.tree_leaves(fixed_point.value))
+    if 32 * n * n > _MAX_DENSE_BYTES:
+        raise ValueError(
+            f"the reduced state has {n} entries (K={fixed_point.model.K}): the refined mean field's dense n x n "
+            f"matrices need about {32 * n * n / 2**30:.3g} GiB (limit {_MAX_DENSE_BYTES / 2**30:.3g} GiB); lower K"
+        )
     if concrete:
         _maps.before_compiling("jsmkt.refined_mean_field", ("refine", _maps.signature(fixed_point.model), sampling))
     out = _refine(fixed_point.model, fixed_point.value, sampling == "with_replacement")

@@ -109,3 +109,36 @@ def test_traced_d_needs_d_max():
 def test_integrate_bad_time():
     with pytest.raises(ValueError, match=r"t1=-1.0 must be a positive finite time"):
         jsmkt.integrate(jsmkt.JSQd(0.5, K=10), -1.0)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda m: jsmkt.solve_fixed_point(m, x0=0.5 ** jnp.arange(1.0, 31.0)), r"x0 has shape \(30,\), but .* \(20,\)"),
+        (lambda m: jsmkt.integrate(m, 1.0, x0=jnp.zeros(5)), r"x0 has shape \(5,\), but .* \(20,\)"),
+        (lambda m: jsmkt.steady_state(m, x0=jnp.zeros(5)), r"x0 has shape \(5,\), but .* \(20,\)"),
+        (lambda m: jsmkt.solve_fixed_point(jsmkt.JSQdPH(0.5, jsmkt.erlang(2), K=20), x0=jnp.zeros((30, 2))),
+         r"x0 has shape \(30, 2\), but .* \(20, 2\)"),
+        (lambda m: jax.jit(lambda x: jsmkt.solve_fixed_point(m, x0=x).value)(jnp.zeros(3)), r"x0 has shape \(3,\)"),
+        (lambda m: jsmkt.integrate(m, jnp.array([1.0, 2.0])), r"t1=.* must be a positive finite time"),
+        (lambda m: jsmkt.solve_fixed_point(jsmkt.JSQd(0.5, d=2, K=10**11)),
+         r"100000000000 unknowns \(K=100000000000\): Newton's linear system needs about .* GiB \(limit 8 GiB\)"),
+    ],
+)
+def test_states_of_the_wrong_shape_and_oversized_systems_are_refused(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(jsmkt.JSQd(0.5, K=20))
+
+
+@pytest.mark.parametrize("n", [np.int64(0), jnp.array(-5.0), np.float64(np.nan), "3", True])
+def test_refined_state_refuses_bad_server_counts(n):
+    rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(jsmkt.JSQd(0.5, K=20)))
+    with pytest.raises(ValueError, match=r"n_servers=.* must be a number of servers >= 1"):
+        rmf.state(n)
+    np.testing.assert_allclose(rmf.state(np.int64(10)), rmf.state(10.0), rtol=1e-15)
+
+
+def test_refined_mean_field_refuses_oversized_dense_matrices():
+    fp = jsmkt.solve_fixed_point(jsmkt.JSQd(0.5, d=2, K=20000))
+    with pytest.raises(ValueError, match=r"20000 entries \(K=20000\): .* 11.9 GiB \(limit 8 GiB\); lower K"):
+        jsmkt.refined_mean_field(fp)
