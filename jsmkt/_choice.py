@@ -202,6 +202,8 @@ class InterpolatedChoice(AbstractChoice):
                     "d is traced (inside jit/grad) and no d_max was given; pass d_max, the largest choice "
                     "number the optimisation may reach, e.g. JSQd(lam, d=d, d_max=8)"
                 )
+            if not dc >= 1:
+                raise ValueError(f"d={float(dc)!r} must be >= 1 (the mean number of servers sampled)")
             d_max = int(np.floor(dc)) + 1
         self.d_max = int(d_max)
 
@@ -242,8 +244,8 @@ def as_choice(d, d_max: int | None = None) -> AbstractChoice:
     """
     if isinstance(d, AbstractChoice):
         return d
-    if isinstance(d, bool):
-        raise ValueError(f"d={d!r} is not a choice number")
+    if isinstance(d, (bool, str, bytes)) or d is None:
+        raise ValueError(f"d={d!r} is not a choice number; give an integer, a real number >= 1 or probabilities")
     if isinstance(d, (int, np.integer)):
         if d < 1:
             raise ValueError(f"d={int(d)!r} must be >= 1 (the number of servers sampled)")

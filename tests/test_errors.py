@@ -42,6 +42,9 @@ def test_invalid_ph_traced_is_caught_at_entry_point():
 @pytest.mark.parametrize("make, match", [
     (lambda: jsmkt.JSQd(0.5, d=0), r"d=0 must be an integer >= 1|d=0 must be >= 1"),
     (lambda: jsmkt.JSQd(0.5, d=0.5), r"d=0.5 must be >= 1"),
+    (lambda: jsmkt.JSQd(0.5, d=-1.5), r"d=-1.5 must be >= 1"),
+    (lambda: jsmkt.JSQd(0.5, d="2"), r"d='2' is not a choice number"),
+    (lambda: jsmkt.JSQdPH(0.5, jsmkt.erlang(2), d=None), r"d=None is not a choice number"),
     (lambda: jsmkt.JSQd(0.5, d=jnp.array([0.5, 0.6])), r"sums to 1.1"),
     (lambda: jsmkt.JSQd(0.5, d=jnp.array([1.2, -0.2])), r"d\[1\]=-0.2"),
     (lambda: jsmkt.JSQd(float("nan")), r"lam=nan has non-finite"),
