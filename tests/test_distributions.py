@@ -7,6 +7,7 @@ against central finite differences.
 """
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -74,13 +75,63 @@ def test_hyperexponential_moments():
         assert float(S.moment(n)) == pytest.approx(np.sum(p * math.factorial(n) / lam**n), rel=1e-13)
 
 
-@pytest.mark.parametrize("mean, scv", [(1.0, 4.0), (2.0, 1.5), (0.3, 20.0), (1.0, 1.0)])
+@pytest.mark.parametrize("mean, scv", [(1.0, 4.0), (2.0, 1.5), (0.3, 20.0), (1.0, 1.0 + 1e-12), (1.0, 1e12),
+                                       (2.0, 1e15), (1.0, 1e17), (0.5, 1e100)])
 def test_hyperexponential2(mean, scv):
+    """Also for huge SCVs, where p2 = (1 - sqrt((c^2-1)/(c^2+1)))/2 cancels (regression: SCV 1e15 came out 12 %
+    too large, 1e17 was refused)."""
     S = jsmkt.hyperexponential2(mean, scv)
     assert float(S.mean) == pytest.approx(mean, rel=1e-13)
     assert float(S.scv) == pytest.approx(scv, rel=1e-12)
+    assert float(S.moment(2)) == pytest.approx(mean**2 * (1 + scv), rel=1e-12)
     p, lam = np.asarray(S.alpha), -np.diagonal(np.asarray(S.T))
     assert p[0] / lam[0] == pytest.approx(p[1] / lam[1], rel=1e-13)  # balanced means
+    np.testing.assert_array_equal(np.asarray(S.T), np.diag(-lam))
+
+
+@pytest.mark.parametrize("mean", [1.0, 2.5])
+def test_hyperexponential2_at_scv_one_is_the_exponential(mean):
+    S = jsmkt.hyperexponential2(mean, 1.0)
+    x = np.array([0.0, 0.3, 1.0, 4.0])
+    np.testing.assert_allclose(S.cdf(x), 1 - np.exp(-x / mean), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(S.moments(4), [math.factorial(n) * mean**n for n in range(1, 5)], rtol=1e-13)
+
+
+def _one_sided_derivative(f, x, h):
+    """Second-order forward difference (-3 f(x) + 4 f(x+h) - f(x+2h)) / 2h."""
+    return (-3 * f(x) + 4 * f(x + h) - f(x + 2 * h)) / (2 * h)
+
+
+@pytest.mark.parametrize("mean", [1.0, 2.0])
+def test_hyperexponential2_derivative_at_scv_one(mean):
+    """E[S^2] = m^2 (1 + c^2) and E[S^3] = 3 m^3 c^2 (1 + c^2) for the balanced H2: finite derivatives at c^2 = 1,
+    although the balanced rates vary as sqrt(c^2 - 1) (regression: jax.grad gave NaN)."""
+    m2 = lambda c: jsmkt.hyperexponential2(mean, c).moment(2)  # noqa: E731
+    m3 = lambda c: jsmkt.hyperexponential2(mean, c).moment(3)  # noqa: E731
+    assert float(jax.grad(m2)(1.0)) == pytest.approx(mean**2, rel=1e-12)
+    assert float(jax.grad(m3)(1.0)) == pytest.approx(9 * mean**3, rel=1e-12)
+    assert float(jax.jit(jax.grad(m3))(1.0)) == pytest.approx(9 * mean**3, rel=1e-12)
+    assert float(_one_sided_derivative(m3, 1.0, 1e-5)) == pytest.approx(9 * mean**3, rel=1e-8)
+    # vmap over c across 1, and the derivative with respect to the mean there.
+    c = jnp.array([1.0, 1.0 + 1e-9, 1.5, 4.0])
+    np.testing.assert_allclose(jax.vmap(jax.grad(m3))(c), 3 * (2 * c + 1) * mean**3, rtol=1e-6)
+    dm = jax.grad(lambda m: jsmkt.hyperexponential2(m, 1.0).moment(2))(mean)
+    assert float(dm) == pytest.approx(4 * mean, rel=1e-12)
+    # Second derivative: d^2 E[S^3]/dc^2 = 6 m^3.
+    assert float(jax.grad(jax.grad(m3))(1.0)) == pytest.approx(6 * mean**3, rel=1e-10)
+
+
+def test_hyperexponential2_metric_derivative_at_scv_one():
+    """d E[T]/d c^2 through the mean-field model at c^2 = 1 equals the one-sided finite difference (0.6173)."""
+
+    def sojourn(c):
+        model = jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, c), d=2, K=80)
+        return jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model))
+
+    g = float(jax.grad(sojourn)(1.0))
+    assert math.isfinite(g)
+    assert g == pytest.approx(float(_one_sided_derivative(sojourn, 1.0, 1e-4)), rel=1e-6)
+    assert g == pytest.approx(0.61729, abs=1e-5)
 
 
 def _coxian2_moments(mu1, mu2, p):
@@ -119,9 +170,13 @@ def test_named_examples():
 
 def test_moment_order_must_be_positive_integer():
     S = jsmkt.erlang(2)
-    for n in [0, -1, 1.5]:
-        with pytest.raises(ValueError, match=f"n={n!r} must be a positive integer"):
+    for n in [0, -1, 1.5, float("nan"), float("inf"), "a", "2", None]:
+        with pytest.raises(ValueError, match=f"n={re.escape(repr(n))} must be a positive integer"):
             S.moment(n)
+        with pytest.raises(ValueError, match=f"n={re.escape(repr(n))} must be a positive integer"):
+            S.moments(n)
+    assert float(S.moment(np.int64(2))) == pytest.approx(1.5, rel=1e-14)  # E[S^2] = k(k+1)/r^2
+    assert float(S.moment(2.0)) == pytest.approx(1.5, rel=1e-14)
 
 
 # --- CDF and PDF ---------------------------------------------------------------------------------------------------
@@ -159,6 +214,42 @@ def test_cdf_pdf_outside_support(ph):
     assert F[0] == F[1] == f[0] == f[1] == 0.0
     np.testing.assert_allclose(F[[2, 5]], 0.0, atol=1e-15)
     np.testing.assert_allclose(F[3:5], 1.0, atol=1e-12)
+
+
+def test_cdf_pdf_at_large_and_infinite_x(ph):
+    """Regression: e^{Tx} overflowed in scaling and squaring (NaN from x ~ 1e5 on)."""
+    x = jnp.array([1e5, 3e5, 1e6, 1e300, jnp.inf])
+    np.testing.assert_array_equal(ph.cdf(x), 1.0)
+    np.testing.assert_array_equal(ph.pdf(x), 0.0)
+    assert float(jax.grad(ph.cdf)(jnp.inf)) == 0.0
+    assert np.isnan(ph.cdf(jnp.nan)) and np.isnan(ph.pdf(jnp.nan))
+
+
+def test_exponential_erlang_cdf_at_large_x():
+    x = np.array([30.0, 700.0, 1e6])
+    np.testing.assert_allclose(jsmkt.exponential(1.0).cdf(x), 1 - np.exp(-x), rtol=1e-14)
+    np.testing.assert_allclose(jsmkt.exponential(1.0).pdf(x), np.exp(-x), rtol=1e-10, atol=1e-300)
+    # Erlang-2 with rate 2: P(S > x) = e^{-2x} (1 + 2x).
+    np.testing.assert_allclose(jsmkt.erlang(2).cdf(x), 1 - np.exp(-2 * x) * (1 + 2 * x), rtol=1e-14)
+    np.testing.assert_array_equal(jsmkt.erlang(2).cdf(np.array([3e5, np.inf])), 1.0)
+
+
+def test_stiff_cdf_at_large_x():
+    """Rates 1e3 and 1e-4: at x = 1e4, |T| x = 1e7 is far beyond 16 squarings, yet the slow phase survives."""
+    x = np.array([1.0, 1e3, 1e4, 5e4, 3e5])
+    p, lam = np.array([0.5, 0.5]), np.array([1e3, 1e-4])
+    S = jsmkt.hyperexponential(p, lam)
+    surv = p[0] * np.exp(-lam[0] * x) + p[1] * np.exp(-lam[1] * x)
+    np.testing.assert_allclose(S.cdf(x), 1 - surv, rtol=1e-9)  # ~25 squarings, each doubling rounding
+    np.testing.assert_allclose(S.pdf(x), p[1] * lam[1] * np.exp(-lam[1] * x), rtol=1e-8)
+    # Hypoexponential a = 1e3, b = 1e-3: 1 - (b e^{-ax} - a e^{-bx})/(b - a).
+    a, b = 1e3, 1e-3
+    H = jsmkt.coxian([a, b], [1.0])
+    np.testing.assert_allclose(H.cdf(x), 1 - (b * np.exp(-a * x) - a * np.exp(-b * x)) / (b - a), rtol=1e-9)
+    # The same inside jit (T traced) and under grad (the density).
+    F = jax.jit(lambda T, t: jsmkt.PH(jnp.array([0.5, 0.5]), T).cdf(t))(S.T, jnp.asarray(x))
+    np.testing.assert_allclose(F, 1 - surv, rtol=1e-9)
+    np.testing.assert_allclose(jax.vmap(jax.grad(S.cdf))(jnp.asarray(x[1:])), S.pdf(x[1:]), rtol=1e-9)
 
 
 def test_cdf_pdf_shapes():
@@ -224,6 +315,12 @@ def test_sample_keys_and_shapes(getkey):
     np.testing.assert_array_equal(a, S.sample(key, (2, 3)))
     assert not np.array_equal(a, S.sample(getkey(), (2, 3)))
     assert S.sample(key).shape == ()
+    # An integer shape (regression: TypeError 'int' object is not iterable).
+    np.testing.assert_array_equal(S.sample(key, 5), S.sample(key, (5,)))
+    assert S.sample(key, np.int64(3)).shape == (3,) and S.sample(key, 0).shape == (0,)
+    for bad in [-1, 2.5, (2, -1), (2.0,), "5", None]:
+        with pytest.raises(ValueError, match=rf"shape={re.escape(repr(bad))} must be a non-negative integer"):
+            S.sample(key, bad)
 
 
 # --- Validation ----------------------------------------------------------------------------------------------------
@@ -288,11 +385,40 @@ def test_validation_is_scale_free(scale):
         (lambda: jsmkt.coxian([1.0, -2.0], [0.5]), r"rates\[1\]=-2\.0 must be positive"),
         (lambda: jsmkt.coxian([1.0, 2.0], [1.5]), r"probs\[0\]=1\.5 must lie in \[0, 1\]"),
         (lambda: jsmkt.coxian2(1.0, 0.4), r"scv=0\.4 must be >= 0\.5"),
+        # Arguments the user passed are named, not the rates built from them.
+        (lambda: jsmkt.hyperexponential2(-1.0, 4.0), r"^mean=-1\.0 must be positive"),
+        (lambda: jsmkt.hyperexponential2(0.0, 4.0), r"^mean=0\.0 must be positive"),
+        (lambda: jsmkt.coxian2(-1.0, 2.0), r"^mean=-1\.0 must be positive"),
+        (lambda: jsmkt.coxian2(0.0, 2.0), r"^mean=0\.0 must be positive"),
+        (lambda: jsmkt.hyperexponential2(1.0, 1e160), r"^scv=1e\+160 is too large to represent with mean=1\.0"),
+        (lambda: jsmkt.coxian2(1.0, 1e200), r"^scv=1e\+200 is too large to represent with mean=1\.0"),
+        (lambda: jsmkt.hyperexponential2(5e-324, 4.0), r"^mean=5e-324 is too small to represent"),
+        (lambda: jsmkt.erlang(2, 1e-320), r"^mean=1e-320 is too small to represent"),
+        (lambda: jsmkt.erlang(float("nan")), r"^k=nan must be a positive integer"),
+        (lambda: jsmkt.erlang(float("inf")), r"^k=inf must be a positive integer"),
+        (lambda: jsmkt.erlang("a"), r"^k='a' must be a positive integer"),
+        (lambda: jsmkt.erlang("2"), r"^k='2' must be a positive integer"),
+        (lambda: jsmkt.erlang(None), r"^k=None must be a positive integer"),
+        # Orders above MAX_ORDER are refused before the dense m x m sub-generator is allocated.
+        (lambda: jsmkt.erlang(100_000), r"^k=100000 phases exceed the largest PH order 4096 .*use fewer phases"),
+        (lambda: jsmkt.erlang(4097), r"^k=4097 phases exceed the largest PH order 4096"),
+        (lambda: jsmkt.hyperexponential(np.full(5000, 2e-4), np.ones(5000)),
+         r"^rates has 5000 entries: 5000 phases exceed the largest PH order 4096"),
+        (lambda: jsmkt.coxian(np.ones(5000), np.ones(4999)),
+         r"^rates has 5000 entries: 5000 phases exceed the largest PH order 4096"),
+        (lambda: jsmkt.PH(np.full(5000, 2e-4), [[-1.0]]),
+         r"^alpha has 5000 entries: 5000 phases exceed the largest PH order 4096"),
     ],
 )
 def test_constructor_errors(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+def test_largest_order():
+    assert jsmkt._distributions.ph.MAX_ORDER == 4096
+    S = jsmkt.erlang(1500, 3.0)  # validated in O(m^2) (regression: O(m^3), ~1 minute at the largest order)
+    assert S.order == 1500 and float(S.mean) == pytest.approx(3.0, rel=1e-12)
 
 
 # --- Under jit, grad and vmap --------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ exit-rate vector is $T^0 = -T\mathbf{1}$.
 
 import functools
 import math
+import numbers
 
 import equinox as eqx
 import jax
@@ -20,6 +21,35 @@ from .._errors import as_float_array, concrete_array
 
 
 _ATOL = 1e-10
+# The largest order (number of phases) of a PH representation: `T` is a dense m x m array (4096 phases: 128 MiB).
+MAX_ORDER = 4096
+# Squarings allowed in `jax.scipy.linalg.expm` when `T` is traced (a concrete `T` gets as many as it needs).
+_MAX_SQUARINGS = 64
+# Norm bound of `jax.scipy.linalg.expm`'s float64 Pade approximant (it squares once per doubling above it).
+_EXPM_MAXNORM = 5.371920351148152
+
+
+def _positive_integer(name: str, n, what: str) -> int:
+    """`n` as an `int`, or `ValueError` naming `name` when it is not a positive integer (NaN, inf and strings
+    included)."""
+    if isinstance(n, (bool, str, bytes)):
+        raise ValueError(f"{name}={n!r} must be a positive integer ({what})")
+    try:
+        x = float(n)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}={n!r} must be a positive integer ({what})") from e
+    if not (math.isfinite(x) and x == int(x) and x >= 1):
+        raise ValueError(f"{name}={n!r} must be a positive integer ({what})")
+    return int(x)
+
+
+def _check_order(prefix: str, m: int) -> None:
+    """Refuse more than `MAX_ORDER` phases before a dense sub-generator is allocated (`prefix` names the argument)."""
+    if m > MAX_ORDER:
+        raise ValueError(
+            f"{prefix}{m} phases exceed the largest PH order {MAX_ORDER} (a dense m x m sub-generator); "
+            "use fewer phases"
+        )
 
 
 def _check_ph_values(alpha: np.ndarray, T: np.ndarray) -> None:
@@ -33,46 +63,59 @@ def _check_ph_values(alpha: np.ndarray, T: np.ndarray) -> None:
         raise ValueError(
             f"alpha sums to {total!r}, not 1; alpha must be a probability vector (no mass at zero)"
         )
-    # Rates carry the time unit, so tolerances on T are relative to the row's total rate |T[i,i]|.
-    for i in range(m):
-        if not T[i, i] < 0:
+    # Rates carry the time unit, so tolerances on T are relative to the row's total rate |T[i,i]|. Rows are checked
+    # in order, each for its diagonal, then its off-diagonal entries, then its sum (vectorised: O(m^2)).
+    diag = np.diagonal(T)
+    scales = np.abs(diag)
+    bad_diag = ~(diag < 0)
+    off = T < -_ATOL * scales[:, None]
+    np.fill_diagonal(off, False)
+    rows = T.sum(axis=1)
+    bad_row = rows > _ATOL * scales
+    bad = bad_diag | off.any(axis=1) | bad_row
+    if bad.any():
+        i = int(np.argmax(bad))
+        if bad_diag[i]:
             raise ValueError(f"T[{i},{i}]={T[i, i]!r} must be negative (diagonal of a sub-generator)")
-        scale = abs(T[i, i])
-        for j in range(m):
-            if i != j and T[i, j] < -_ATOL * scale:
-                raise ValueError(f"T[{i},{j}]={T[i, j]!r} is negative; off-diagonal rates must be >= 0")
-        row = float(T[i].sum())
-        if row > _ATOL * scale:
-            raise ValueError(
-                f"row {i} of T sums to {row!r} > 0; each row of a sub-generator sums to <= 0 "
-                f"(its exit rate is -sum(T[{i}]))"
-            )
+        if off[i].any():
+            j = int(np.argmax(off[i]))
+            raise ValueError(f"T[{i},{j}]={T[i, j]!r} is negative; off-diagonal rates must be >= 0")
+        raise ValueError(
+            f"row {i} of T sums to {float(rows[i])!r} > 0; each row of a sub-generator sums to <= 0 "
+            f"(its exit rate is -sum(T[{i}]))"
+        )
     # Absorption must be reachable from every phase: -T must be invertible with a non-negative inverse.
-    scales = np.abs(np.diagonal(T))
-    reach = (T > _ATOL * scales[:, None]).astype(int) + np.eye(m, dtype=int)
-    exits = -T.sum(axis=1) > _ATOL * scales
-    can_exit = exits.copy()
-    for _ in range(m):
-        can_exit = can_exit | ((reach @ can_exit.astype(int)) > 0)
-    for i in range(m):
-        if not can_exit[i]:
-            raise ValueError(
-                f"phase {i} of T never reaches the absorbing state (no exit rate is reachable from it); "
-                "give T an absorbing exit from every phase"
-            )
+    moves = T > _ATOL * scales[:, None]
+    np.fill_diagonal(moves, False)
+    can_exit = -rows > _ATOL * scales
+    _close_backwards(moves, can_exit)
+    if not can_exit.all():
+        i = int(np.argmin(can_exit))
+        raise ValueError(
+            f"phase {i} of T never reaches the absorbing state (no exit rate is reachable from it); "
+            "give T an absorbing exit from every phase"
+        )
+
+
+def _close_backwards(moves: np.ndarray, marked: np.ndarray) -> None:
+    """Mark, in place, every phase from which a marked phase is reachable through `moves[i, j]` (i to j): a
+    breadth-first search from the marked phases, O(m^2) in all."""
+    frontier = marked.copy()
+    while frontier.any():
+        new = moves[:, frontier].any(axis=1) & ~marked
+        marked |= new
+        frontier = new
 
 
 def reachable_phases(alpha, T) -> np.ndarray:
     """Boolean mask of the phases a job can visit: those with `alpha_i > 0` and those reachable from them through
     positive off-diagonal rates of `T` (concrete arrays). A phase outside the mask never holds a job."""
     alpha, T = np.asarray(alpha, float), np.asarray(T, float)
-    moves = (T - np.diag(np.diag(T))) > 0.0
+    moves = T > 0.0
+    np.fill_diagonal(moves, False)
     reach = alpha > 0.0
-    while True:
-        more = reach | (moves & reach[:, None]).any(axis=0)
-        if (more == reach).all():
-            return reach
-        reach = more
+    _close_backwards(moves.T, reach)
+    return reach
 
 
 class PH(eqx.Module):
@@ -83,6 +126,8 @@ class PH(eqx.Module):
     - `alpha`: initial phase probabilities, shape `(m,)`, summing to 1.
     - `T`: sub-generator, shape `(m, m)`: negative diagonal, non-negative off-diagonal entries, row sums
       $\le 0$, and absorption reachable from every phase.
+
+    The order is at most `MAX_ORDER` = 4096 phases (`T` is dense).
 
     Values are validated when they are concrete; under `jit`/`grad` the public solvers check them instead.
 
@@ -105,6 +150,7 @@ class PH(eqx.Module):
         m = self.alpha.shape[0]
         if m < 1:
             raise ValueError("alpha is empty; a PH distribution needs at least one phase")
+        _check_order(f"alpha has {m} entries: ", m)
         if self.T.shape != (m, m):
             raise ValueError(
                 f"T has shape {self.T.shape} but alpha has {m} phase(s); T must be ({m}, {m})"
@@ -140,15 +186,15 @@ class PH(eqx.Module):
 
     def moment(self, n: int) -> Float[Array, ""]:
         r"""$E[S^n] = n!\,\alpha(-T)^{-n}\mathbf{1}$."""
-        if int(n) != n or n < 1:
-            raise ValueError(f"n={n!r} must be a positive integer")
+        n = _positive_integer("n", n, "the order of the moment")
         v = jnp.ones(self.order)
-        for _ in range(int(n)):
+        for _ in range(n):
             v = jnp.linalg.solve(-self.T, v)
-        return math.factorial(int(n)) * (self.alpha @ v)
+        return math.factorial(n) * (self.alpha @ v)
 
     def moments(self, n: int) -> Float[Array, " n"]:
         """The first `n` raw moments $E[S], \\ldots, E[S^n]$."""
+        n = _positive_integer("n", n, "the number of moments")
         return jnp.stack([self.moment(k) for k in range(1, n + 1)])
 
     @property
@@ -167,21 +213,52 @@ class PH(eqx.Module):
         v = jnp.linalg.solve(-self.T.T, self.alpha)
         return v / jnp.sum(v)
 
+    def _expm(self, x: Array) -> Float[Array, "... m m"]:
+        r"""$e^{Tx}$ for `x >= 0` (`inf` included), without the overflow of scaling and squaring at large `x`.
+
+        From every phase $P(S > eM) \le 1/e$ (Markov's inequality, $M$ the largest mean time to absorption), so
+        $P(S > x) \le e^{-2000}$ beyond $x_0 = 2000\,eM$: there $e^{Tx}$ is 0 in float64 (also times any exit rate).
+        `x` is clamped to $x_0$ and the result set to 0 beyond it; up to $x_0$, `expm` gets enough squarings."""
+        T = self.T
+        horizon = 2000.0 * math.e * jnp.max(self.mean_remaining)
+        norm = jnp.max(jnp.sum(jnp.abs(T), axis=0))
+        c = concrete_array(norm * horizon)
+        if c is None:
+            squarings = _MAX_SQUARINGS
+        else:
+            c = min(max(float(c), 1.0), float(np.finfo(float).max))
+            squarings = max(16, int(np.floor(np.log2(c / _EXPM_MAXNORM))) + 2)
+        t = jnp.minimum(x, horizon).reshape(-1)
+        E = jax.vmap(lambda u: jsl.expm(T * u, max_squarings=squarings))(t).reshape(*x.shape, *T.shape)
+        return jnp.where((x >= horizon)[..., None, None], 0.0, E)  # NaN stays NaN
+
     def cdf(self, x: ArrayLike) -> Float[Array, "..."]:
-        r"""$P(S \le x) = 1 - \alpha e^{Tx}\mathbf{1}$, for `x >= 0` (0 for `x < 0`)."""
+        r"""$P(S \le x) = 1 - \alpha e^{Tx}\mathbf{1}$, for `x >= 0` (0 for `x < 0`, 1 for `x = inf`)."""
         x = jnp.asarray(x, dtype=float)
-        surv = jnp.vectorize(lambda t: self.alpha @ jsl.expm(self.T * jnp.maximum(t, 0.0)) @ jnp.ones(self.order))(x)
+        surv = self._expm(jnp.maximum(x, 0.0)) @ jnp.ones(self.order) @ self.alpha
         return jnp.where(x < 0, 0.0, 1.0 - surv)
 
     def pdf(self, x: ArrayLike) -> Float[Array, "..."]:
-        r"""$f(x) = \alpha e^{Tx} T^0$ for `x >= 0` (0 for `x < 0`)."""
+        r"""$f(x) = \alpha e^{Tx} T^0$ for `x >= 0` (0 for `x < 0` and `x = inf`)."""
         x = jnp.asarray(x, dtype=float)
-        dens = jnp.vectorize(lambda t: self.alpha @ jsl.expm(self.T * jnp.maximum(t, 0.0)) @ self.exit_vector)(x)
+        dens = self._expm(jnp.maximum(x, 0.0)) @ self.exit_vector @ self.alpha
         return jnp.where(x < 0, 0.0, dens)
 
-    def sample(self, key: PRNGKeyArray, shape: tuple[int, ...] = ()) -> Float[Array, "..."]:
-        """Draw samples of shape `shape` by running the phase process to absorption (explicit `key`)."""
-        return _sample_ph(self.alpha, self.T, key, tuple(shape))
+    def sample(self, key: PRNGKeyArray, shape: int | tuple[int, ...] = ()) -> Float[Array, "..."]:
+        """Draw samples of shape `shape` (an integer or a tuple of integers) by running the phase process to
+        absorption (explicit `key`)."""
+        return _sample_ph(self.alpha, self.T, key, _sample_shape(shape))
+
+
+def _sample_shape(shape) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, numbers.Integral) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        dims = None
+    if dims is None or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in dims):
+        raise ValueError(f"shape={shape!r} must be a non-negative integer or a tuple of them (the sample shape)")
+    return tuple(int(n) for n in dims)
 
 
 def _sample_one(alpha, T, key):
@@ -226,26 +303,56 @@ def exponential(rate: float = 1.0) -> PH:
     return PH(jnp.ones(1), -rate.reshape(1, 1))
 
 
-def erlang(k: int, mean: float = 1.0) -> PH:
-    """Erlang distribution with `k` phases and mean `mean` (SCV `1/k`)."""
-    if int(k) != k or k < 1:
-        raise ValueError(f"k={k!r} must be a positive integer (number of phases)")
-    k = int(k)
+def _positive_mean(mean) -> Array:
     mean = as_float_array("mean", mean, ndim=0)
     mc = concrete_array(mean)
     if mc is not None and not mc > 0:
         raise ValueError(f"mean={float(mc)!r} must be positive")
+    return mean
+
+
+def _check_rates(rates: Array, mean: Array, scv: Array | None = None) -> None:
+    r"""Refuse concrete phase rates built from `mean` (and `scv`) that leave float64, naming those arguments: an
+    infinite rate (a tiny mean), or, with `scv`, a slow phase whose squared mean $1/\mu^2$ overflows in the second
+    moment (a huge SCV)."""
+    rc, mc = concrete_array(rates), concrete_array(mean)
+    if rc is None or mc is None:
+        return
+    if not np.all(np.isfinite(rc)):
+        raise ValueError(
+            f"mean={float(mc)!r} is too small to represent: the phase rates {rc.tolist()!r} overflow float64; "
+            "measure time in a larger unit"
+        )
+    sc = None if scv is None else concrete_array(scv)
+    if sc is not None:
+        with np.errstate(over="ignore", divide="ignore"):
+            ok = np.all(rc > 0) and np.all(np.isfinite((1.0 / rc) ** 2))
+        if not ok:
+            raise ValueError(
+                f"scv={float(sc)!r} is too large to represent with mean={float(mc)!r}: the slow phase's rate "
+                f"{float(rc.min())!r} is so small that its squared mean 1/rate^2 (in the second moment) overflows "
+                "float64; use a smaller scv (or a larger time unit)"
+            )
+
+
+def erlang(k: int, mean: float = 1.0) -> PH:
+    """Erlang distribution with `k` phases (at most `MAX_ORDER` = 4096) and mean `mean` (SCV `1/k`)."""
+    k = _positive_integer("k", k, "number of phases")
+    _check_order("k=", k)
+    mean = _positive_mean(mean)
     r = k / mean
+    _check_rates(r, mean)
     T = -r * jnp.eye(k) + r * jnp.eye(k, k=1)
     return PH(jnp.zeros(k).at[0].set(1.0), T)
 
 
 def hyperexponential(probs: ArrayLike, rates: ArrayLike) -> PH:
-    """Mixture of exponentials: rate `rates[i]` with probability `probs[i]`."""
+    """Mixture of exponentials: rate `rates[i]` with probability `probs[i]` (at most `MAX_ORDER` = 4096 phases)."""
     probs = as_float_array("probs", probs, ndim=1)
     rates = as_float_array("rates", rates, ndim=1)
     if probs.shape != rates.shape:
         raise ValueError(f"probs has shape {probs.shape} but rates has shape {rates.shape}; they must match")
+    _check_order(f"rates has {rates.shape[0]} entries: ", rates.shape[0])
     rc = concrete_array(rates)
     if rc is not None:
         for i, r in enumerate(rc):
@@ -255,26 +362,47 @@ def hyperexponential(probs: ArrayLike, rates: ArrayLike) -> PH:
 
 
 def hyperexponential2(mean: float = 1.0, scv: float = 4.0) -> PH:
-    r"""Two-phase hyperexponential with *balanced means* ($p_1/\mu_1 = p_2/\mu_2$), given mean and SCV $\ge 1$."""
-    mean = as_float_array("mean", mean, ndim=0)
+    r"""Two-phase hyperexponential with *balanced means* ($p_1/\mu_1 = p_2/\mu_2$), given mean and SCV $\ge 1$:
+    $p_{1,2} = \tfrac12(1 \pm \sqrt{(c^2-1)/(c^2+1)})$, $\mu_i = 2p_i/m$.
+
+    At $c^2 = 1$ (the exponential) the balanced rates vary as $\sqrt{c^2 - 1}$, so no derivative with respect to
+    `scv` exists through them. There the representation is $\alpha = (1, 0)$,
+    $T = \begin{pmatrix} -1 & 0 \\ 1 & -1 \end{pmatrix}/m$ (phase 2 is never entered), the value at $u = 0$ of
+    $T = \begin{pmatrix} -(1+2u) & u \\ 1-4u & -(1-2u) \end{pmatrix}/m$, $u = (c^2-1)/(c^2+1)$: the same
+    hyperexponential for $0 \le u < 1/4$, smooth in `scv`, so that `jax.grad` gives the one-sided derivative at 1.
+    """
+    mean = _positive_mean(mean)
     scv = as_float_array("scv", scv, ndim=0)
     sc = concrete_array(scv)
     if sc is not None and not sc >= 1:
         raise ValueError(f"scv={float(sc)!r} must be >= 1 for a hyperexponential distribution")
-    p1 = 0.5 * (1.0 + jnp.sqrt((scv - 1.0) / (scv + 1.0)))
-    p = jnp.stack([p1, 1.0 - p1])
+    u = (scv - 1.0) / (scv + 1.0)
+    at_one = u == 0.0
+    s = jnp.where(at_one, 0.0, jnp.sqrt(jnp.where(at_one, 1.0, u)))  # no infinite derivative at u = 0
+    # p2 = (1 - s)/2 = 1/((c^2 + 1)(1 + s)), free of cancellation as c^2 grows.
+    p = jnp.stack([0.5 * (1.0 + s), 1.0 / ((scv + 1.0) * (1.0 + s))])
     rates = 2.0 * p / mean
-    return hyperexponential(p, rates)
+    _check_rates(rates, mean, scv)
+    balanced = hyperexponential(p, rates)
+    if sc is not None and not sc == 1:
+        return balanced
+    smooth_T = jnp.stack([jnp.stack([-(1.0 + 2.0 * u), u]), jnp.stack([1.0 - 4.0 * u, -(1.0 - 2.0 * u)])]) / mean
+    return PH(
+        jnp.where(at_one, jnp.array([1.0, 0.0]), balanced.alpha),
+        jnp.where(at_one, smooth_T, balanced.T),
+    )
 
 
 def coxian(rates: ArrayLike, probs: ArrayLike) -> PH:
     r"""Coxian distribution: phase $i$ has rate `rates[i]`; after phase $i < m$ service continues to phase
-    $i+1$ with probability `probs[i]` and ends otherwise (`probs` has $m-1$ entries)."""
+    $i+1$ with probability `probs[i]` and ends otherwise (`probs` has $m-1$ entries; at most `MAX_ORDER` = 4096
+    phases)."""
     rates = as_float_array("rates", rates, ndim=1)
     probs = as_float_array("probs", probs, ndim=1)
     m = rates.shape[0]
     if probs.shape != (m - 1,):
         raise ValueError(f"probs has shape {probs.shape}; a Coxian with {m} rates needs {m - 1} continuation probabilities")
+    _check_order(f"rates has {m} entries: ", m)
     rc, pc = concrete_array(rates), concrete_array(probs)
     if rc is not None:
         for i, r in enumerate(rc):
@@ -291,7 +419,7 @@ def coxian(rates: ArrayLike, probs: ArrayLike) -> PH:
 def coxian2(mean: float = 1.0, scv: float = 2.0) -> PH:
     r"""Two-phase Coxian with given mean and SCV $\ge 1/2$ (Marie's parametrisation:
     $\mu_1 = 2/m$, $p = 1/(2c^2)$, $\mu_2 = 1/(m c^2)$)."""
-    mean = as_float_array("mean", mean, ndim=0)
+    mean = _positive_mean(mean)
     scv = as_float_array("scv", scv, ndim=0)
     sc = concrete_array(scv)
     if sc is not None and not sc >= 0.5:
@@ -299,4 +427,6 @@ def coxian2(mean: float = 1.0, scv: float = 2.0) -> PH:
     mu1 = 2.0 / mean
     p = 1.0 / (2.0 * scv)
     mu2 = 1.0 / (mean * scv)
-    return coxian(jnp.stack([mu1, mu2]), p.reshape(1))
+    rates = jnp.stack([mu1, mu2])
+    _check_rates(rates, mean, scv)
+    return coxian(rates, p.reshape(1))
