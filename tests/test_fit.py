@@ -263,6 +263,23 @@ def test_invalid_moments(bad, which):
         fit("a", 3.0, 15.0)
 
 
+def test_traced_moments_are_refused():
+    """The fit branches on the moments' values: under jax.grad/jit/vmap it says so (regression: it called the
+    tracer "not a real number")."""
+    import jax
+
+    def msg(i):
+        return rf"m{i} is traced \(inside jax.jit, jax.grad or jax.vmap\), but fit_ph2_three_moments takes concrete"
+
+    with pytest.raises(ValueError, match=msg(1) + " moments only: .*cannot be traced or differentiated"):
+        jax.grad(lambda m: fit(m, 3.0, 15.0).mean)(1.0)
+    with pytest.raises(ValueError, match=msg(3)):
+        jax.jit(lambda m: fit(1.0, 3.0, m).mean)(15.0)
+    with pytest.raises(ValueError, match=msg(2)):
+        jax.vmap(lambda m: fit(1.0, m, 15.0).mean)(jnp.array([3.0, 3.5]))
+    assert float(fit(jnp.asarray(1.0), np.float64(3.0), 15).mean) == pytest.approx(1.0, rel=1e-14)
+
+
 def test_infeasible_moments_name_the_range():
     with pytest.raises(ValueError, match=r"c\^2 = m2/m1\^2 - 1 = 0\.2 < 1/2.*m2 >= 1\.5\*m1\^2 = 1\.5.*clip=True"):
         fit(1.0, 1.2, 2.0)

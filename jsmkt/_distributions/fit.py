@@ -2,6 +2,7 @@ r"""Fitting PH distributions to moments."""
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -19,6 +20,12 @@ _EPS = float(np.finfo(float).eps)
 
 
 def _moment(name: str, value) -> float:
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(
+            f"{name} is traced (inside jax.jit, jax.grad or jax.vmap), but fit_ph2_three_moments takes concrete "
+            "moments only: its case analysis cannot be traced or differentiated; call it outside the transformation "
+            "(with plain numbers)"
+        )
     try:
         v = float(value)
     except (TypeError, ValueError) as e:
@@ -75,8 +82,9 @@ def fit_ph2_three_moments(
 
     **Raises:**
 
-    `ValueError` if a moment is not a finite positive number, or, when `clip=False`, if no PH(2) has these moments;
-    the message gives the feasible range.
+    `ValueError` if a moment is not a finite positive number, or is traced (the fit takes concrete moments only and
+    cannot be used inside `jax.jit`, `jax.grad` or `jax.vmap`), or, when `clip=False`, if no PH(2) has these
+    moments; the message gives the feasible range.
 
     !!! example
 
