@@ -1,5 +1,7 @@
 """The papers' published forms: where they are exact, and where (with numbers) they are not."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -29,8 +31,6 @@ def test_published_closed_form_is_exact_for_exponential_service(d, lam):
 
 def test_published_ode_equals_exact_for_exponential_service():
     # With m = 1 the Hadamard power is the right probability and the two ODEs coincide.
-    import jax.numpy as jnp
-
     svc = jsmkt.exponential(1.3)
     a = pub.JSQdPHAsPublished(0.6, svc, 3, K=12)
     b = jsmkt.JSQdPH(0.6, svc, d=3, K=12)
@@ -96,3 +96,104 @@ def test_published_requires_integer_d():
         pub.ph_fixed_point(0.5, jsmkt.erlang(2), 2.5, 10)
     with pytest.raises(ValueError, match="integer choice number"):
         pub.JSQdPHAsPublished(0.5, jsmkt.erlang(2), 0, K=10)
+
+
+@pytest.mark.parametrize("lam", [0.5, 0.9, 0.99])
+def test_published_sojourn_time_for_d1_is_mm1(lam):
+    """d = 1: the M/M/1 mean sojourn time 1/(1 - lam), also through Li & Lui's series (regression: it was cut
+    at 64 terms, 47.97 instead of 100 at lam = 0.99)."""
+    exact = 1.0 / (1.0 - lam)
+    assert float(pub.exponential_sojourn_time(lam, 1)) == pytest.approx(exact, rel=1e-13)
+    assert float(pub.ph_sojourn_time(lam, jsmkt.exponential(1.0), 1)) == pytest.approx(exact, rel=1e-13)
+    assert float(pub.ph_sojourn_time(2 * lam, jsmkt.exponential(2.0), 1)) == pytest.approx(exact / 2, rel=1e-13)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("lam", [0.99, 0.999999, 1 - 2**-52])
+def test_published_sojourn_time_near_saturation(d, lam):
+    """Mitzenmacher's series to convergence (the terms lam^((d^i - d)/(d - 1)) vanish once d^i (1 - lam) >> 1)."""
+    ET, i = 0.0, 1
+    while (term := lam ** ((d**i - d) / (d - 1))) > 0.0:
+        ET, i = ET + term, i + 1
+    assert float(pub.exponential_sojourn_time(lam, d)) == pytest.approx(ET, rel=1e-13)
+    assert float(pub.ph_sojourn_time(lam, jsmkt.exponential(1.0), d)) == pytest.approx(ET, rel=1e-13)
+
+
+def test_published_series_too_short_is_refused():
+    with pytest.raises(ValueError, match=r"terms=5 leaves out up to .* of the series .*raise terms"):
+        pub.exponential_sojourn_time(0.99, 2, terms=5)
+    with pytest.raises(ValueError, match=r"terms=3 leaves out up to .* of the series .*raise terms"):
+        pub.ph_sojourn_time(0.999, jsmkt.erlang(2), 2, terms=3)
+    with pytest.raises((ValueError, RuntimeError), match="terms=5 leaves out a non-negligible part"):
+        jax.jit(lambda lam: pub.exponential_sojourn_time(lam, 2, terms=5))(0.99)
+    # Enough terms when the rest is negligible: 5 terms at lam = 0.5 leave 0.5^62.
+    ET = sum(0.5 ** (2**i - 2) for i in range(1, 8))
+    assert float(pub.exponential_sojourn_time(0.5, 2, terms=5)) == pytest.approx(ET, rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: pub.exponential_sojourn_time(1.5, 1), r"^unstable: lam=1\.5 gives load rho=1\.5 >= 1 .*lower lam"),
+        (lambda: pub.exponential_sojourn_time(1.5, 2), r"^unstable: lam=1\.5 gives load rho=1\.5 >= 1"),
+        (lambda: pub.exponential_sojourn_time(1.0, 2), r"^unstable: lam=1 gives load rho=1 >= 1"),
+        (lambda: pub.exponential_sojourn_time(0.5, 2, mu=0.25), r"^unstable: lam=0\.5 gives load rho=2 >= 1"),
+        (lambda: pub.exponential_sojourn_time(-0.5, 2), r"^lam=-0\.5 must be positive"),
+        (lambda: pub.exponential_sojourn_time(0.0, 2), r"^lam=0 must be positive"),
+        (lambda: pub.exponential_sojourn_time(0.5, 2, mu=-1.0), r"^mu=-1 must be positive"),
+        (lambda: pub.exponential_sojourn_time(float("nan"), 2), r"^lam=\[?nan\]? has non-finite entries"),
+        (lambda: pub.exponential_sojourn_time(0.5, 2, terms=0), r"^terms=0 must be an integer >= 1"),
+        (lambda: pub.exponential_tails(1.5, 2, K=5), r"^unstable: lam=1\.5"),
+        (lambda: pub.exponential_tails(0.5, 2, K=-1), r"^K=-1 must be an integer >= 1"),
+        (lambda: pub.exponential_tails(0.5, 2, K=0), r"^K=0 must be an integer >= 1"),
+        (lambda: pub.exponential_tails(0.5, 2, K=2.0), r"^K=2\.0 must be an integer >= 1"),
+        (lambda: pub.ph_sojourn_time(1.5, jsmkt.erlang(2), 2), r"^unstable: lam=1\.5 .*rho = lam \* E\[S\]"),
+        (lambda: pub.ph_sojourn_time(0.6, jsmkt.erlang(2, 2.0), 2), r"^unstable: lam=0\.6 gives load rho=1\.2"),
+        (lambda: pub.ph_sojourn_time(-0.5, jsmkt.erlang(2), 2), r"^lam=-0\.5 must be positive"),
+        (lambda: pub.ph_sojourn_time(0.5, "erlang", 2), r"^service='erlang' must be a jsmkt\.PH distribution"),
+        (lambda: pub.ph_fixed_point(1.5, jsmkt.erlang(2), 2, 10), r"^unstable: lam=1\.5"),
+        (lambda: pub.ph_fixed_point(0.5, jsmkt.erlang(2), 2, 0), r"^K=0 must be an integer >= 1"),
+        (lambda: pub.ph_fixed_point_residuals(1.5, jsmkt.erlang(2), 2, 10), r"^unstable: lam=1\.5"),
+        (lambda: pub.exponential_sojourn_time(0.5, np.int64(0)), r"d=np\.int64\(0\): .*integer choice number"),
+        (lambda: pub.exponential_sojourn_time(0.5, True), r"d=True: .*integer choice number"),
+    ],
+)
+def test_published_input_errors(build, match):
+    """Regression: these returned -2.0, inf, 1.2657, tails above 1, [] and NaN."""
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_published_accepts_numpy_integers():
+    lam, d = 0.5, np.int64(2)
+    ET = sum(lam ** ((2**i - 2) / 1) for i in range(1, 40))
+    assert float(pub.exponential_sojourn_time(lam, d)) == pytest.approx(ET, rel=1e-14)
+    np.testing.assert_allclose(pub.exponential_tails(lam, d, K=np.int64(3)), [1.0, 0.5, 0.125, 0.0078125],
+                               rtol=1e-15)
+    assert pub.ph_fixed_point(lam, jsmkt.erlang(2), d, np.int64(4)).shape == (4, 2)
+    assert float(pub.ph_sojourn_time(lam, jsmkt.exponential(1.0), d, terms=np.int64(64))) == pytest.approx(ET)
+
+
+def test_published_traced_inputs():
+    """Valid traced inputs work (with the right derivative); invalid ones fail at run time."""
+    f = lambda lam: pub.exponential_sojourn_time(lam, 1)  # noqa: E731
+    assert float(jax.jit(f)(0.5)) == pytest.approx(2.0, rel=1e-14)
+    assert float(jax.grad(f)(0.5)) == pytest.approx(4.0, rel=1e-14)  # d/dlam 1/(1 - lam)
+    # d = 2: E[T] = sum_i lam^(2^i - 2); its derivative term by term.
+    lam = 0.9
+    dET = sum((2**i - 2) * lam ** (2**i - 3) for i in range(2, 40))
+    assert float(jax.grad(lambda x: pub.exponential_sojourn_time(x, 2))(lam)) == pytest.approx(dET, rel=1e-12)
+    assert float(jax.grad(lambda x: pub.ph_sojourn_time(x, jsmkt.exponential(1.0), 2))(lam)) == pytest.approx(
+        dET, rel=1e-12)
+    # Erlang-2, d = 1: E[T] = rho theta (omega - alpha)(-T)^{-1} 1 + E[S]/(1 - rho) with rho = lam, theta = 1,
+    # omega = (1/2, 1/2), (-T)^{-1} 1 = (1, 1/2): -rho/4 + 1/(1 - rho); derivative -1/4 + 1/(1 - rho)^2.
+    g = jax.grad(lambda x: pub.ph_sojourn_time(x, jsmkt.erlang(2), 1))(lam)
+    assert float(g) == pytest.approx(-0.25 + 1 / (1 - lam) ** 2, rel=1e-12)
+    assert float(pub.ph_sojourn_time(lam, jsmkt.erlang(2), 1)) == pytest.approx(-lam / 4 + 1 / (1 - lam), rel=1e-13)
+    np.testing.assert_allclose(jax.vmap(lambda x: pub.exponential_tails(x, 2, K=2))(jnp.array([0.5, 0.9])),
+                               [[1.0, 0.5, 0.125], [1.0, 0.9, 0.729]], rtol=1e-15)
+    for bad, match in [(1.5, "unstable: the load rho is >= 1"), (-0.5, "lam must be positive")]:
+        with pytest.raises((ValueError, RuntimeError), match=match):
+            jax.jit(f)(bad)
+        with pytest.raises((ValueError, RuntimeError), match=match):
+            jax.jit(lambda x: pub.ph_sojourn_time(x, jsmkt.erlang(2), 2))(bad)

@@ -24,19 +24,90 @@ Classic exponential JSQ(d) (Vvedenskaya et al. 1996; Mitzenmacher 2001):
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import FixedChoice
 from .._distributions.ph import PH
-from .._errors import as_float_array
-from .._models.base import AbstractSupermarketModel
+from .._errors import as_float_array, concrete_array
+from .._models.base import AbstractSupermarketModel, fmt
 from .._models.jsqd_ph import JSQdPH
 
 
+# A truncated series is accepted when the bound on its remainder is below this fraction of its sum.
+_SERIES_RTOL = 1e-16
+
+
 def _integer_d(d) -> int:
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
         raise ValueError(f"d={d!r}: the published formulas need an integer choice number d >= 1")
-    return d
+    return int(d)
+
+
+def _count(name: str, n, what: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{name}={n!r} must be an integer >= 1 ({what})")
+    return int(n)
+
+
+def _service(service) -> PH:
+    if not isinstance(service, PH):
+        raise ValueError(f"service={service!r} must be a jsmkt.PH distribution")
+    return service
+
+
+def _require(value, bad: Array, message: str):
+    """Raise `ValueError(message)` when `bad` is concretely true; when it is traced, check it at run time
+    (`eqx.error_if`) on the returned `value` (a pytree: everything computed from it carries the check)."""
+    c = concrete_array(bad)
+    if c is None:
+        return eqx.error_if(value, bad, message)
+    if bool(c):
+        raise ValueError(message)
+    return value
+
+
+def _positive(name: str, x: Array) -> Array:
+    return _require(x, ~(x > 0), fmt(f"{name}={{x}} must be positive", x=x, default=f"{name} must be positive"))
+
+
+def _stable(values, rho: Array, lam: Array, load: str, remedy: str):
+    """`values`, checked for a load `rho` < 1 (at loads >= 1 the formulas diverge or have no meaning)."""
+    msg = "unstable: " + fmt(
+        "lam={lam} gives load rho={rho} >= 1", lam=lam, rho=rho, default="the load rho is >= 1"
+    ) + f" ({load}); the published formulas need rho < 1 (a stable system): {remedy}"
+    return _require(values, ~(rho < 1.0), msg)
+
+
+def _exponential_load(lam, mu) -> tuple[Array, Array, Array]:
+    """`(lam, mu, rho)`, checked."""
+    lam = _positive("lam", as_float_array("lam", lam, ndim=0))
+    mu = _positive("mu", as_float_array("mu", mu, ndim=0))
+    rho = lam / mu
+    return _stable((lam, mu, rho), rho, lam, "rho = lam/mu", "lower lam or raise mu")
+
+
+def _ph_load(lam, service: PH) -> Array:
+    """The load `rho = lam * E[S]`, checked."""
+    lam = _positive("lam", as_float_array("lam", lam, ndim=0))
+    rho = lam * service.mean
+    return _stable(rho, rho, lam, "rho = lam * E[S]", "lower lam or speed up service")
+
+
+def _remainder_checked(total: Array, bound: Array, terms: int) -> Array:
+    """`total`, checked to leave out a remainder `bound` of at most `_SERIES_RTOL` of itself."""
+    msg = fmt(
+        "terms={terms} leaves out up to {bound} of the series (sum {total}); raise terms (64 suffice for any load "
+        "rho < 1 and d >= 2)", terms=jnp.asarray(terms), bound=bound, total=total,
+        default=f"terms={terms} leaves out a non-negligible part of the series; raise terms",
+    )
+    return _require(total, ~(bound <= _SERIES_RTOL * total), msg)
+
+
+def _tail_bound(a_next: Array, q: Array) -> Array:
+    r"""Bound on $\sum_{k>N} a_k$ for terms whose ratios $a_{k+1}/a_k$ decrease: $a_{N+1}/(1 - q)$ with $q$ the
+    ratio $a_{N+2}/a_{N+1}$ (infinite when $q \ge 1$)."""
+    return jnp.where(a_next == 0.0, 0.0, a_next / jnp.maximum(1.0 - q, 0.0))
 
 
 def _geometric_exponent(d: int, k: Array) -> Array:
@@ -47,27 +118,35 @@ def _geometric_exponent(d: int, k: Array) -> Array:
     return (float(d) ** k - 1.0) / (d - 1.0)
 
 
+def _exponent(d: int, k: Array) -> Array:
+    """(d^(k+1) - d)/(d - 1) = d + d^2 + ... + d^k, capped at 1e300 (where x^e is 0 for x < 1 anyway)."""
+    return jnp.minimum((float(d) ** (k + 1) - d) / (d - 1.0), 1e300)
+
+
 def exponential_tails(lam: ArrayLike, d: int, mu: ArrayLike = 1.0, K: int = 20) -> Float[Array, " K+1"]:
-    r"""Classic closed form $s_k = \rho^{(d^k-1)/(d-1)}$, $k = 0..K$, $\rho = \lambda/\mu$."""
+    r"""Classic closed form $s_k = \rho^{(d^k-1)/(d-1)}$, $k = 0..K$, $\rho = \lambda/\mu < 1$ (`K >= 1`)."""
     d = _integer_d(d)
-    rho = as_float_array("lam", lam, ndim=0) / as_float_array("mu", mu, ndim=0)
+    K = _count("K", K, "the largest queue length")
+    lam, mu, rho = _exponential_load(lam, mu)
     k = jnp.arange(K + 1, dtype=float)
     return rho ** _geometric_exponent(d, k)
 
 
 def exponential_sojourn_time(lam: ArrayLike, d: int, mu: ArrayLike = 1.0, terms: int = 64) -> Float[Array, ""]:
     r"""Mitzenmacher's mean time in system $E[T] = \frac1\mu\sum_{k\ge0}\rho^{(d^{k+1}-d)/(d-1)}$
-    ($= \sum_{i\ge1}\lambda^{(d^i-d)/(d-1)}$ for $\mu = 1$; $1/(\mu-\lambda)$ for $d = 1$)."""
+    ($= \sum_{i\ge1}\lambda^{(d^i-d)/(d-1)}$ for $\mu = 1$; $1/(\mu-\lambda)$ for $d = 1$), $\rho = \lambda/\mu < 1$.
+
+    For $d \ge 2$ the series is summed to `terms` terms, and a `ValueError` is raised (an `eqx.error_if` check when
+    traced) if the bound on the rest exceeds $10^{-16}$ of the sum; the default 64 suffices for every $\rho < 1$."""
     d = _integer_d(d)
-    lam = as_float_array("lam", lam, ndim=0)
-    mu = as_float_array("mu", mu, ndim=0)
-    rho = lam / mu
+    terms = _count("terms", terms, "the number of terms of the series")
+    lam, mu, rho = _exponential_load(lam, mu)
     if d == 1:
         return 1.0 / (mu - lam)
-    k = jnp.arange(terms, dtype=float)
-    expo = (float(d) ** (k + 1) - d) / (d - 1.0)
-    expo = jnp.minimum(expo, 1e300)
-    return jnp.sum(rho**expo) / mu
+    # Term k is rho^f_k, f_k = (d^(k+1) - d)/(d - 1); the ratios rho^(d^(k+1)) of successive terms decrease.
+    a = rho ** _exponent(d, jnp.arange(terms + 2, dtype=float))
+    total = _remainder_checked(jnp.sum(a[:terms]), _tail_bound(a[terms], a[terms + 1] / a[terms]), terms)
+    return total / mu
 
 
 def _theta(service: PH, d: int) -> Array:
@@ -76,10 +155,12 @@ def _theta(service: PH, d: int) -> Array:
 
 def ph_fixed_point(lam: ArrayLike, service: PH, d: int, K: int) -> Float[Array, "K m"]:
     r"""Li & Lui's closed form (Theorem 1, eq. (11)): $\pi_k = \theta^{(d^{k-1}-1)/(d-1)}\rho^{(d^k-1)/(d-1)}\omega$,
-    $k = 1..K$, with $\omega$ the stationary vector of $T + T^0\alpha$ and $\theta = \sum_i \omega_i^d$."""
+    $k = 1..K$, with $\omega$ the stationary vector of $T + T^0\alpha$ and $\theta = \sum_i \omega_i^d$
+    ($\rho = \lambda E[S] < 1$, `K >= 1`)."""
     d = _integer_d(d)
-    lam = as_float_array("lam", lam, ndim=0)
-    rho = lam * service.mean
+    service = _service(service)
+    K = _count("K", K, "the largest queue length")
+    rho = _ph_load(lam, service)
     k = jnp.arange(1, K + 1, dtype=float)
     scal = _theta(service, d) ** _geometric_exponent(d, k - 1) * rho ** _geometric_exponent(d, k)
     return scal[:, None] * service.stationary_vector[None, :]
@@ -88,20 +169,27 @@ def ph_fixed_point(lam: ArrayLike, service: PH, d: int, K: int) -> Float[Array, 
 def ph_sojourn_time(lam: ArrayLike, service: PH, d: int, terms: int = 64) -> Float[Array, ""]:
     r"""Li & Lui's expected sojourn time (Section 3):
     $E[T_d] = \rho^d\theta(\omega-\alpha)(-T)^{-1}\mathbf1
-    + \alpha(-T)^{-1}\mathbf1\,\big(1 + \sum_{k\ge1}\theta^{(d^k-1)/(d-1)}\rho^{(d^{k+1}-d)/(d-1)}\big)$."""
+    + \alpha(-T)^{-1}\mathbf1\,\big(1 + \sum_{k\ge1}\theta^{(d^k-1)/(d-1)}\rho^{(d^{k+1}-d)/(d-1)}\big)$,
+    $\rho = \lambda E[S] < 1$.
+
+    For $d = 1$ the series is geometric and summed in closed form, $\theta\rho/(1 - \theta\rho)$. For $d \ge 2$ it
+    is summed to `terms` terms, and a `ValueError` is raised (an `eqx.error_if` check when traced) if the bound on
+    the rest exceeds $10^{-16}$ of the sum; the default 64 suffices for every $\rho < 1$."""
     d = _integer_d(d)
-    lam = as_float_array("lam", lam, ndim=0)
-    rho = lam * service.mean
+    service = _service(service)
+    terms = _count("terms", terms, "the number of terms of the series")
+    rho = _ph_load(lam, service)
     theta = _theta(service, d)
     omega, alpha = service.stationary_vector, service.alpha
     resid = service.mean_remaining
-    k = jnp.arange(1, terms + 1, dtype=float)
     if d == 1:
-        series = jnp.sum(theta**k * rho**k)
+        series = theta * rho / (1.0 - theta * rho)
     else:
-        e_theta = jnp.minimum(_geometric_exponent(d, k), 1e300)
-        e_rho = jnp.minimum((float(d) ** (k + 1) - d) / (d - 1.0), 1e300)
-        series = jnp.sum(theta**e_theta * rho**e_rho)
+        # Term k is theta^e_k rho^f_k, e_k = (d^k - 1)/(d - 1), f_k = d e_k; the ratios theta^(d^k) rho^(d^(k+1))
+        # of successive terms decrease (theta = sum(omega^d) <= 1).
+        k = jnp.arange(1, terms + 3, dtype=float)
+        a = theta ** jnp.minimum(_geometric_exponent(d, k), 1e300) * rho ** _exponent(d, k)
+        series = _remainder_checked(jnp.sum(a[:terms]), _tail_bound(a[terms], a[terms + 1] / a[terms]), terms)
     return rho**d * theta * (omega - alpha) @ resid + service.mean * (1.0 + series)
 
 
