@@ -57,7 +57,7 @@ def _check_ph_values(alpha: np.ndarray, T: np.ndarray) -> None:
     m = alpha.shape[0]
     for i in range(m):
         if alpha[i] < -_ATOL:
-            raise ValueError(f"alpha[{i}]={alpha[i]!r} is negative; alpha must be a probability vector")
+            raise ValueError(f"alpha[{i}]={float(alpha[i])!r} is negative; alpha must be a probability vector")
     total = float(alpha.sum())
     if abs(total - 1.0) > 1e-8:
         raise ValueError(
@@ -76,10 +76,10 @@ def _check_ph_values(alpha: np.ndarray, T: np.ndarray) -> None:
     if bad.any():
         i = int(np.argmax(bad))
         if bad_diag[i]:
-            raise ValueError(f"T[{i},{i}]={T[i, i]!r} must be negative (diagonal of a sub-generator)")
+            raise ValueError(f"T[{i},{i}]={float(T[i, i])!r} must be negative (diagonal of a sub-generator)")
         if off[i].any():
             j = int(np.argmax(off[i]))
-            raise ValueError(f"T[{i},{j}]={T[i, j]!r} is negative; off-diagonal rates must be >= 0")
+            raise ValueError(f"T[{i},{j}]={float(T[i, j])!r} is negative; off-diagonal rates must be >= 0")
         raise ValueError(
             f"row {i} of T sums to {float(rows[i])!r} > 0; each row of a sub-generator sums to <= 0 "
             f"(its exit rate is -sum(T[{i}]))"
