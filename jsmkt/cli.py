@@ -340,10 +340,12 @@ def _cmd_solve(args) -> int:
 def _use_cpu_devices(requested: int | None) -> None:
     """Expose the CPU's cores as `requested` JAX devices (default: all cores), so that `simulate` runs
     replications on them in parallel."""
-    from ._config import use_cpu_cores
+    from ._config import max_cpu_devices, too_many_cpu_devices, use_cpu_cores
 
     if requested is not None and requested < 1:
         raise SpecError(f"--cpu-devices={requested} must be >= 1")
+    if requested is not None and requested > max_cpu_devices():
+        raise SpecError(f"--cpu-devices={requested} exceeds {too_many_cpu_devices()}")
     if not use_cpu_cores(requested) and requested is not None:
         print(f"jsmkt: note: --cpu-devices={requested} ignored, JAX's devices were already set up", file=sys.stderr)
 

@@ -180,6 +180,7 @@ def test_simulate_json_keys_and_agreement(tmp_path, capsys):
     (["--servers", "0", "--time", "10"], "--servers=0 must be >= 1"),
     (["--servers", "10", "--time", "-1"], "--time=-1.0 must be a positive"),
     (["--servers", "10", "--time", "10", "--cpu-devices", "0"], "--cpu-devices=0 must be >= 1"),
+    (["--servers", "10", "--time", "10", "--cpu-devices", "100000"], "--cpu-devices=100000 exceeds"),
     (["--servers", "10", "--time", "10", "--warmup", "20"], "--warmup=20.0 must be finite, >= 0 and less than --time"),
     (["--servers", "10", "--time", "10", "--warmup", "-1"], "--warmup=-1.0 must be finite, >= 0"),
     (["--servers", "10", "--time", "10", "--warmup", "nan"], "--warmup=nan must be finite"),

@@ -505,6 +505,8 @@ def test_use_cpu_cores_after_the_first_computation_and_bad_input():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match=r"n=.* must be an integer >= 1"):
             jsmkt.use_cpu_cores(bad)
+    with pytest.raises(ValueError, match=r"n=100000 exceeds \d+ devices, the most allowed \(this machine has"):
+        jsmkt.use_cpu_cores(100_000)
 
 
 def test_shard_counts():
