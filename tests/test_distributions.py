@@ -177,6 +177,13 @@ def test_moment_order_must_be_positive_integer():
             S.moments(n)
     assert float(S.moment(np.int64(2))) == pytest.approx(1.5, rel=1e-14)  # E[S^2] = k(k+1)/r^2
     assert float(S.moment(2.0)) == pytest.approx(1.5, rel=1e-14)
+    for n in [171, 1e300]:  # n! overflows float64 beyond 170 (1e300 looped for ever)
+        with pytest.raises(ValueError, match=r"n=.* exceeds 170: n! overflows float64"):
+            S.moment(n)
+        with pytest.raises(ValueError, match=r"n=.* exceeds 170: n! overflows float64"):
+            S.moments(n)
+    # E[S^n] = n! for exponential(1): finite up to n = 170.
+    assert float(jsmkt.exponential(1.0).moment(170)) == pytest.approx(math.factorial(170), rel=1e-12)
 
 
 # --- CDF and PDF ---------------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ _ATOL = 1e-10
 MAX_ORDER = 4096
 # Squarings allowed in `jax.scipy.linalg.expm` when `T` is traced (a concrete `T` gets as many as it needs).
 _MAX_SQUARINGS = 64
+_MAX_MOMENT = 170  # the largest n whose n! is a finite float64
+
 # Norm bound of `jax.scipy.linalg.expm`'s float64 Pade approximant (it squares once per doubling above it).
 _EXPM_MAXNORM = 5.371920351148152
 
@@ -187,14 +189,18 @@ class PH(eqx.Module):
     def moment(self, n: int) -> Float[Array, ""]:
         r"""$E[S^n] = n!\,\alpha(-T)^{-n}\mathbf{1}$."""
         n = _positive_integer("n", n, "the order of the moment")
+        if n > _MAX_MOMENT:
+            raise ValueError(f"n={n!r} exceeds {_MAX_MOMENT}: n! overflows float64 beyond it; ask for a lower moment")
         v = jnp.ones(self.order)
         for _ in range(n):
             v = jnp.linalg.solve(-self.T, v)
-        return math.factorial(n) * (self.alpha @ v)
+        return float(math.factorial(n)) * (self.alpha @ v)
 
     def moments(self, n: int) -> Float[Array, " n"]:
         """The first `n` raw moments $E[S], \\ldots, E[S^n]$."""
         n = _positive_integer("n", n, "the number of moments")
+        if n > _MAX_MOMENT:
+            raise ValueError(f"n={n!r} exceeds {_MAX_MOMENT}: n! overflows float64 beyond it; ask for fewer moments")
         return jnp.stack([self.moment(k) for k in range(1, n + 1)])
 
     @property
