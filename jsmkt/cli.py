@@ -3,7 +3,7 @@
 ```
 jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--auto-K] [--servers N]
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
-               [--cpu-devices K] [--progress]
+               [--max-queue Q] [--cpu-devices K] [--progress]
 ```
 Bad specifications give one error line on stderr and exit code 2.
 """
@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from typing import Any
 
@@ -21,6 +22,8 @@ from ._spec import SpecError, load_spec, model_from_spec, simulation_from_spec
 
 
 _SEED_RANGE = (-(2**63), 2**63 - 1)  # what jax.random.PRNGKey accepts
+_SIMULATE_OPTION_NAMES = {"max_queue": "--max-queue", "n_replications": "--replications", "n_servers": "--servers"}
+_SIMULATE_OPTIONS = re.compile(r"(?<![\w-])(" + "|".join(_SIMULATE_OPTION_NAMES) + r")\b")
 
 
 def _describe(model) -> str:
@@ -369,10 +372,16 @@ def _cmd_simulate(args) -> int:
     if not _SEED_RANGE[0] <= args.seed <= _SEED_RANGE[1]:
         raise SpecError(f"--seed={args.seed} is out of range: give an integer from {_SEED_RANGE[0]} to "
                         f"{_SEED_RANGE[1]}")
-    res = jsmkt.simulate(
-        model, args.servers, args.time, key=jr.PRNGKey(args.seed), n_replications=args.replications,
-        warmup=args.warmup, progress=args.format == "table" and sys.stderr.isatty() or args.progress, **kwargs,
-    )
+    if args.max_queue is not None and args.max_queue < 1:
+        raise SpecError(f"--max-queue={args.max_queue} must be >= 1")
+    try:
+        res = jsmkt.simulate(
+            model, args.servers, args.time, key=jr.PRNGKey(args.seed), n_replications=args.replications,
+            warmup=args.warmup, max_queue=args.max_queue,
+            progress=args.format == "table" and sys.stderr.isatty() or args.progress, **kwargs,
+        )
+    except ValueError as e:  # name simulate's arguments by their options
+        raise SpecError(_SIMULATE_OPTIONS.sub(lambda m: _SIMULATE_OPTION_NAMES[m.group(1)], str(e))) from None
     out = res.to_dict()
     out = {"variant": "simulation", "model": type(model).__name__, **out}
     if args.format == "json":
@@ -404,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--warmup", type=float, default=None, help="discarded initial time (default 10%% of --time)")
     m.add_argument("--replications", type=int, default=1)
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--max-queue", type=int, default=None, metavar="Q",
+                   help="largest queue a server may hold (default: chosen from the load, the SCV and N)")
     m.add_argument("--format", choices=("table", "json"), default="table")
     m.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     m.add_argument("--cpu-devices", type=int, default=None, metavar="K",

@@ -165,9 +165,10 @@ def test_simulate_json_keys_and_agreement(tmp_path, capsys):
     spec = tmp_path / "m.toml"
     spec.write_text('model = "jsq"\nlam = 0.5\nd = 1\n')  # M/M/1: E[T] = 2, s_k = 0.5^k
     code, out, err = run(["simulate", str(spec), "--servers", "50", "--time", "400", "--replications", "4",
-                          "--seed", "3", "--format", "json"], capsys)
+                          "--seed", "3", "--format", "json", "--max-queue", "120"], capsys)
     assert code == 0, err
     res = json.loads(out)
+    assert res["max_queue"] == 120
     for key in ("mean_queue_length", "mean_sojourn_time", "mean_sojourn_time_ci", "tail", "events",
                 "sojourn_time_percentiles"):
         assert key in res
@@ -189,6 +190,11 @@ def test_simulate_json_keys_and_agreement(tmp_path, capsys):
      "--seed=100000000000000000000000 is out of range: give an integer from -9223372036854775808 to "
      "9223372036854775807"),
     (["--servers", "10", "--time", "10", "--seed", "-9223372036854775809"], "--seed=-9223372036854775809 is out"),
+    (["--servers", "10", "--time", "10", "--max-queue", "0"], "--max-queue=0 must be >= 1"),
+    (["--servers", "20", "--time", "300", "--max-queue", "1"],
+     "--max-queue=1 is too small: "),  # simulate's own error, in the options' names
+    (["--servers", "1000000", "--time", "10", "--max-queue", "10000"],
+     "--replications=1 x --servers=1000000 x --max-queue=10000 ring-buffer slots"),
 ])
 def test_simulate_bad_arguments(tmp_path, capsys, args, needle):
     spec = tmp_path / "m.toml"
