@@ -163,10 +163,11 @@ def _concrete(name: str, x) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
-def _check_sampler(service: GeneralService) -> None:
-    """The sampler must map one key to one real scalar (checked abstractly, without running it)."""
+def _check_sampler(service: GeneralService, key) -> None:
+    """The sampler must map one key (of the run's kind) to one real scalar (checked abstractly, without running
+    it)."""
     try:
-        out = jax.eval_shape(service.sampler, jr.key(0))
+        out = jax.eval_shape(service.sampler, key)
     except Exception as e:  # noqa: BLE001  (whatever the sampler raises when traced)
         raise ValueError(
             f"service={service!r}: calling its sampler on one JAX key failed ({type(e).__name__}: {e}); a sampler "
@@ -202,7 +203,6 @@ def _service_of(model, service):
         mean, scv = _ph_mean_scv(alpha, T)
         return "ph", (alpha, T), mean, scv
     if isinstance(service, GeneralService):
-        _check_sampler(service)
         return "general", service, service.mean, service.scv
     raise ValueError(
         f"service={service!r} must be a jsmkt.PH, a jsmkt.GeneralService (e.g. jsmkt.deterministic(1.0), "
@@ -390,6 +390,8 @@ def simulate(
     if not lam > 0:
         raise ValueError(f"lam={lam!r} must be positive")
     kind, serv, mean_s, scv = _service_of(model, service)
+    if kind == "general":
+        _check_sampler(serv, keys[0])
     rho = lam * mean_s
     if not rho < 1:
         raise ValueError(f"lam={lam!r} gives load {rho:.6g} ≥ 1: the system is unstable (lower lam or E[S])")
