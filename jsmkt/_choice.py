@@ -234,6 +234,13 @@ class InterpolatedChoice(AbstractChoice):
         return [(~(self.d >= 1.0) | (self.d > self.d_max), f"choice number `d` must lie in [1, d_max={self.d_max}]")]
 
 
+def choice_support(weights) -> tuple[int, int] | None:
+    """`(d_min, d_max)`, the smallest and largest choice numbers with positive probability in the concrete
+    `weights` (`P(D = j)` for `j = 1, 2, ...`); `None` when no weight is positive."""
+    support = np.nonzero(np.asarray(weights) > 0)[0]
+    return (int(support[0]) + 1, int(support[-1]) + 1) if support.size else None
+
+
 def as_choice(d, d_max: int | None = None) -> AbstractChoice:
     """Convert a user's `d` into a choice rule.
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ._choice import choice_support
 from ._spec import SpecError, load_spec, model_from_spec, simulation_from_spec
 
 
@@ -305,8 +306,7 @@ def _check_servers(model, n: int, sampling: str) -> None:
     """`--servers N` must be >= 1, and at least the largest choice number when sampling without replacement."""
     if n < 1:
         raise SpecError(f"--servers={n} must be >= 1")
-    w = np.asarray(model.choice.weights())
-    max_d = int(np.nonzero(w > 0)[0][-1]) + 1 if np.any(w > 0) else 1
+    max_d = (choice_support(model.choice.weights()) or (1, 1))[1]
     if sampling == "without_replacement" and max_d > n:
         raise SpecError(f"d={max_d} exceeds --servers={n}: cannot sample {max_d} distinct servers without "
                         'replacement ([simulation] sampling = "without_replacement")')

@@ -17,6 +17,7 @@ Each model provides
   reduced coordinates (hand-written for speed, tested equal to `reduce(drift(occupancy(y)))`);
 - `initial_state()` (the empty system) and `initial_guess()` (a cheap approximation of the fixed point);
 - `rate_scale()`: a typical transition rate, the unit in which the fixed-point residual is measured;
+- `check_state(y)` (inherited): refuses a reduced state of the wrong structure or shape, e.g. a user's `x0`;
 - `value_errors()`: value checks (stability, valid parameters) run under `jit` at the public entry points.
 """
 

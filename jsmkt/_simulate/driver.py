@@ -13,6 +13,7 @@ import jax.random as jr
 import numpy as np
 
 from .. import _maps
+from .._choice import choice_support
 from .._distributions.ph import PH, reachable_phases
 from . import core
 from .result import SimulationResult
@@ -402,10 +403,10 @@ def simulate(
             f"that t1 / E[S] <= {_MAX_HORIZON:.0e}"
         )
     weights = _concrete("model.choice.weights()", model.choice.weights())
-    support = np.nonzero(weights > 0)[0]
-    if support.size == 0:
+    support = choice_support(weights)
+    if support is None:
         raise ValueError(f"the choice rule has weights {weights.tolist()!r}: no choice number has positive probability")
-    max_d, d_min = int(support[-1]) + 1, int(support[0]) + 1
+    d_min, max_d = support
     weights = weights[:max_d] / weights[:max_d].sum()
     fixed_d = bool(weights[-1] == 1.0)
     if not replace and max_d > n:
