@@ -137,8 +137,9 @@ def solve_fixed_point(
     **Main arguments:**
 
     - `model`: any `AbstractSupermarketModel` (`JSQd`, `JSQdPH`, ...).
-    - `x0`: starting point in reduced coordinates; defaults to `model.initial_guess()` (the exponential closed
-      form spread over phases), from which Newton converges in a few steps.
+    - `x0`: starting point in reduced coordinates; defaults to `model.initial_guess()` (the closed form for `JSQd`,
+      an exact forward recursion through the queue levels for `JSQdPH`), from which Newton converges in a few
+      steps.
 
     **Other arguments:**
 
@@ -179,7 +180,7 @@ def solve_fixed_point(
         fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint)
         if fp.result in (RESULTS.nonlinear_max_steps_reached, RESULTS.nonlinear_divergence, RESULTS.nonfinite_solution,
                          RESULTS.singular) and x0 is None:
-            # Newton did not converge from the closed-form guess: start it from the ODE's steady state instead.
+            # Newton did not converge from the model's initial guess: start it from the ODE's steady state instead.
             from ._integrate import steady_state
 
             y_ode, _ = steady_state(model, rtol=1e-8, atol=1e-10, throw=False)

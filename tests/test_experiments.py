@@ -93,16 +93,32 @@ def test_verification_two_cases(tmp_path):
     compute.main(argv)
     plot.main(["--quick", "--out", str(tmp_path)])
     _verification_checks(tmp_path, {"exponential", "erlang2"}, {0.8})
-    # The refined mean field against the stored simulations (no finite_n.json here: that part is skipped).
+    assert not (tmp_path / "finite_n.png").exists()
+    # The finite-N check (d = 3, lam = 0.8, H2; N = 125 and 500), then the refined mean field against both.
+    _load("verification", "finite_n").main(["--quick", "--out", str(tmp_path)])
+    fin = json.loads((tmp_path / "finite_n.json").read_text())
+    _check_metadata(fin["metadata"])
+    assert [(r["d"], r["lam"], r["service"], r["N"]) for r in fin["rows"]] == [
+        (3, 0.8, "hyperexp2", 125), (3, 0.8, "hyperexp2", 500)]
+    for r in fin["rows"]:
+        assert r["target_met"] and 0 < r["ET_ci"] < 0.03 * r["ET_sim"]
+        # s_1 = lam at every N (work conservation): its N x gap is noise, inside a few N x half-widths
+        assert abs(r["N_gap_s1"]) < 4 * r["N_gap_s1_ci"] + 1e-9, r
+        assert abs(r["ET_sim"] / r["ET_mf"] - 1) < 0.1, r
     _load("verification", "refined").main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "refined.json").read_text())
     _check_metadata(data["metadata"])
-    assert len(data["cases"]) == 2 and not data["finite_n"]  # d = 2, lam = 0.8, two services
+    assert len(data["cases"]) == 2  # d = 2, lam = 0.8, two services
     for r in data["cases"]:
         # s_1 has no 1/N term (work conservation); deeper tails and E[T] grow at finite N
         assert abs(r["V1"]) < 1e-9 and r["V2"] > 0 and r["ET_refined"] > r["ET_mf"]
         assert abs(r["ET_err_refined"]) < max(0.05, 3 * r["ET_ci"] / r["ET_sim"]), r
+    assert [r["N"] for r in data["finite_n"]] == [125, 500]
+    for r in data["finite_n"]:
+        assert abs(r["V1"]) < 1e-9 and r["N_relgap_ET_predicted"] > 0
     assert (tmp_path / "refined.md").read_text().count("\n| ") >= 4
+    plot.main(["--quick", "--out", str(tmp_path)])  # now with the finite-N figure
+    assert (tmp_path / "finite_n.png").stat().st_size > 0
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ class JSQdPH(AbstractSupermarketModel):
     - `service`: the service-time distribution, a `jsmkt.PH`.
     - `d`: choice number (integer, real, probability vector or `AbstractChoice`; see `JSQd`).
     - `K`: truncation level; chosen from the parameters when omitted.
+    - `d_max`: bound on a real `d` that is traced (inside `jax.grad`), see `InterpolatedChoice`.
 
     The reduced state is the array of phase tails $S_1..S_K$, shape `(K, m)`.
     """

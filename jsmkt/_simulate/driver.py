@@ -305,8 +305,8 @@ def simulate(
     This code path is independent of the mean-field solvers: it only reads `lam`, `mu`/`service` and the choice
     rule's weights from `model`. It runs one compiled loop per time chunk (the warm-up, then each batch), on CPU
     or GPU, with memory independent of `t1`. PH service is simulated by uniformisation ($O(1)$ work per event,
-    the phase of each server tracked): on a CPU one event at a time, replication after replication; elsewhere in
-    speculative blocks batched over replications. General service is simulated by completion times fixed when each
+    the phase of each server tracked): on a CPU, for choice numbers up to 12, one event at a time, replication
+    after replication; otherwise in speculative blocks batched over replications. General service is simulated by completion times fixed when each
     job arrives (FCFS), a server being brought up to date when an arrival samples it ($O(d)$ work per event). All
     are exact: see `jsmkt._simulate.core`. With several JAX devices (GPUs, or a CPU's
     cores exposed as devices by `jsmkt.use_cpu_cores()` before JAX's first computation, as `jsmkt simulate`
