@@ -17,7 +17,7 @@ from jaxtyping import Array, PyTree
 
 from . import _maps
 from ._errors import is_concrete
-from ._linalg import BlockTridiagonal
+from ._linalg import BlockTridiagonal, NeverFails
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, FixedPoint
 
@@ -57,11 +57,30 @@ def linear_solver(model: AbstractSupermarketModel) -> lx.AbstractLinearSolver:
     return lx.LU() if m is None else BlockTridiagonal(m)
 
 
+@jax.custom_jvp
+def _nan_derivatives(y, params, poison):
+    """`y`, whose derivatives with respect to `params` get `poison` added (0 or NaN per entry): marks the
+    derivatives of a failed solve as NaN without passing NaN through a linear solve (Lineax raises on it)."""
+    del params, poison
+    return y
+
+
+@_nan_derivatives.defjvp
+def _nan_derivatives_jvp(primals, tangents):
+    y, params, poison = primals
+    t_y, t_params, _ = tangents
+    total = sum((jnp.sum(t) for t in jax.tree_util.tree_leaves(t_params)), jnp.zeros((), poison.dtype))
+    return y, jax.tree_util.tree_map(lambda t: t + poison * total, t_y)
+
+
 @eqx.filter_jit
 def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
     y0, result = check_values(model, y0, throw)
     if adjoint is None:
-        adjoint = optx.ImplicitAdjoint(linear_solver=linear_solver(model))
+        # With throw=False a failed entry must not raise inside jvp/grad (Lineax's default), which would sink a
+        # whole vmap batch: its adjoint solve never fails, and its derivatives are made NaN below.
+        solver = linear_solver(model) if throw else NeverFails(linear_solver(model))
+        adjoint = optx.ImplicitAdjoint(linear_solver=solver)
     solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=linear_solver(model))
     sol = optx.root_find(_scaled_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint, throw=False)
     y = sol.value
@@ -69,11 +88,19 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
     tail_mass = model.tails(y)[-1]
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(y)]))
     newton = RESULTS.promote(sol.result)
+    # Near saturation (1 - rho of order 1e-5 and below) the Jacobian is so ill-conditioned that rounding keeps
+    # Newton's steps above `rtol` after the residual has reached `atol`: that iterate is as accurate as float64
+    # allows, so a residual within `atol` at the step limit counts as converged.
+    converged = jax.lax.stop_gradient(_max_abs(_scaled_residual_fn(y, model))) <= atol
+    newton = RESULTS.where((newton == RESULTS.nonlinear_max_steps_reached) & converged, RESULTS.successful, newton)
     out = RESULTS.where(result == RESULTS.successful, newton, result)
     out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
     out = RESULTS.where((out == RESULTS.successful) & (tail_mass > tail_tol), RESULTS.truncation_too_small, out)
     if throw:
         y = out.error_if(y, out != RESULTS.successful)
+    else:
+        poison = jnp.where(out == RESULTS.successful, 0.0, jnp.nan)
+        y = _nan_derivatives(y, eqx.filter(model, eqx.is_inexact_array), poison)
     return FixedPoint(value=y, result=out, tail_mass=tail_mass, residual=residual, model=model,
                       stats={"num_steps": sol.stats["num_steps"]})
 
@@ -146,7 +173,9 @@ def solve_fixed_point(
     - `rtol`, `atol`: Newton's termination tolerances (max-norm) on the steps and on the residual, which is
       measured in units of `model.rate_scale()` (so the time unit does not matter).
     - `tail_tol`: the largest acceptable fraction of servers at the truncation level `K`.
-    - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead.
+    - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead: an entry
+      that failed keeps Newton's last iterate as its value, and its derivatives (`grad`, `jvp`) are NaN, while
+      the other entries of a batch are unaffected.
     - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol` (up to `max_K`).
     - `adjoint`: how to differentiate; by default `optx.ImplicitAdjoint` (one linear solve, with the same
       block-tridiagonal or dense solver as Newton).

@@ -123,3 +123,31 @@ class BlockTridiagonal(lx.AbstractLinearSolver):
 
     def assume_full_rank(self):
         return True
+
+
+class NeverFails(lx.AbstractLinearSolver):
+    """Wraps a Lineax solver so that it always reports success: a failed or non-finite solution comes back as
+    zeros. For the implicit adjoint of a fixed point solved with `throw=False`: Lineax raises on a failed solve
+    inside `jvp`/`grad` whatever `throw` says, which would sink a whole `vmap` batch for one bad entry; the entry's
+    `result` reports the failure instead (and `solve_fixed_point` makes its derivatives NaN)."""
+
+    solver: lx.AbstractLinearSolver
+
+    def init(self, operator, options):
+        return self.solver.init(operator, options)
+
+    def compute(self, state, vector, options):
+        x, result, stats = self.solver.compute(state, vector, options)
+        leaves = jax.tree_util.tree_leaves(x)
+        ok = (result == lx.RESULTS.successful) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in leaves]))
+        x = jax.tree_util.tree_map(lambda a: jnp.where(ok, a, jnp.zeros_like(a)), x)
+        return x, lx.RESULTS.successful, stats
+
+    def transpose(self, state, options):
+        return self.solver.transpose(state, options)
+
+    def conj(self, state, options):
+        return self.solver.conj(state, options)
+
+    def assume_full_rank(self):
+        return self.solver.assume_full_rank()

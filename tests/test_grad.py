@@ -15,6 +15,8 @@ Everything is jitted with `eqx.filter_jit` on module-level functions, so that ea
 (the perturbed models of a finite difference share the structure of the base model).
 """
 
+import functools as ft
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -305,3 +307,39 @@ def test_interpolated_choice_weights_derivative_stays_on_simplex():
         t = jax.jacfwd(lambda x: jsmkt.InterpolatedChoice(x, d_max=d_max).weights())(jnp.asarray(d))
         assert abs(float(jnp.sum(t))) < 1e-15
         assert abs(float(jnp.arange(1, d_max + 1, dtype=float) @ t) - 1.0) < 1e-15  # d E[D] / d d = 1
+
+
+# Failed entries of a batch (throw=False) and the limit of float64 near saturation.
+
+
+def _jsqd_queue(lam, throw):
+    model = jsmkt.JSQd(lam, d=2, K=40)
+    return jsmkt.mean_queue_length(model, jsmkt.solve_fixed_point(model, throw=throw))
+
+
+def test_throw_false_batch_with_an_unstable_entry_keeps_the_others_gradients():
+    """One unstable lam in a vmapped batch: the other entries' derivatives are the closed form's (forward and
+    reverse mode), the bad entry's are NaN, and its `result` says why; nothing raises."""
+    lams = jnp.array([0.5, 0.9, 1.2])
+    f = ft.partial(_jsqd_queue, throw=False)
+    exact = [sum((2**k - 1) * lam ** (2**k - 2) for k in range(1, 12)) for lam in (0.5, 0.9)]
+    for grads in (jax.vmap(jax.grad(f))(lams), jax.vmap(jax.jacfwd(f))(lams),
+                  jax.vmap(lambda lam: jax.jvp(f, (lam,), (1.0,))[1])(lams)):
+        _assert_grad(grads[:2], exact)
+        assert np.isnan(grads[2])
+    unstable = jax.vmap(
+        lambda lam: jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=2, K=40), throw=False).result == jsmkt.RESULTS.unstable
+    )(lams)
+    assert unstable.tolist() == [False, False, True]
+
+
+def test_saturation_converges_under_jit_and_grad():
+    """1 - rho = 1e-7: rounding keeps Newton's steps above rtol after the residual is at float64's floor; the
+    iterate counts as converged (eagerly, under jit and under grad), against the closed form of JSQ(2)."""
+    lam = 1.0 - 1e-7
+    closed = sum(lam ** (2**k - 1) for k in range(1, 40))
+    dclosed = sum((2**k - 1) * lam ** (2**k - 2) for k in range(1, 40))
+    f = ft.partial(_jsqd_queue, throw=True)
+    assert float(f(lam)) == pytest.approx(closed, rel=1e-9)
+    assert float(jax.jit(f)(lam)) == pytest.approx(closed, rel=1e-9)
+    assert float(jax.jit(jax.grad(f))(lam)) == pytest.approx(dclosed, rel=1e-6)
