@@ -121,9 +121,10 @@ class FixedChoice(AbstractChoice):
 
     d: int = eqx.field(static=True)
 
-    def __check_init__(self):
-        if not isinstance(self.d, int) or isinstance(self.d, bool) or self.d < 1:
-            raise ValueError(f"d={self.d!r} must be an integer >= 1 (the number of servers sampled)")
+    def __init__(self, d: int):
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1:
+            raise ValueError(f"d={d!r} must be an integer >= 1 (the number of servers sampled)")
+        self.d = int(d)
 
     @property
     def max_d(self) -> int:
@@ -205,11 +206,11 @@ class InterpolatedChoice(AbstractChoice):
             if not dc >= 1:
                 raise ValueError(f"d={float(dc)!r} must be >= 1 (the mean number of servers sampled)")
             d_max = int(np.floor(dc)) + 1
+        elif isinstance(d_max, (bool, np.bool_)) or not isinstance(d_max, (int, np.integer)) or d_max < 1:
+            raise ValueError(f"d_max={d_max!r} must be an integer >= 1 (the largest number of servers sampled)")
         self.d_max = int(d_max)
 
     def __check_init__(self):
-        if self.d_max < 1:
-            raise ValueError(f"d_max={self.d_max!r} must be >= 1")
         dc = concrete_array(self.d)
         if dc is not None:
             if not dc >= 1:

@@ -12,10 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def staging() -> bool:
+    """True inside a `jit` trace (or any other that stages out computations), where even operations on concrete
+    arrays, such as the leaves of a model built outside the traced function, give tracers."""
+    return isinstance(jnp.zeros(()), jax.core.Tracer)
+
+
 def is_concrete(*xs: Any) -> bool:
-    """True when none of `xs` (pytrees) holds a tracer, so values may be inspected in Python."""
+    """True when none of `xs` (pytrees) holds a tracer and nothing is being staged, so that values, and what
+    `jax.numpy` computes from them, may be inspected in Python."""
     leaves = jax.tree_util.tree_leaves(xs)
-    return not any(isinstance(x, jax.core.Tracer) for x in leaves)
+    return not any(isinstance(x, jax.core.Tracer) for x in leaves) and not staging()
 
 
 def concrete_array(x: Any) -> np.ndarray | None:

@@ -6,6 +6,7 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, PyTree
 
 from . import _maps
@@ -34,10 +35,26 @@ def _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw):
     )
     ok = sol.result == dfx.RESULTS.successful
     out = RESULTS.where(result == RESULTS.successful, RESULTS.where(ok, RESULTS.successful, RESULTS.integration_failed), result)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(y)) for y in jax.tree_util.tree_leaves(sol.ys)]))
+    out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
     ys = sol.ys
     if throw:
         ys = out.error_if(ys, out != RESULTS.successful)
     return Trajectory(ts=sol.ts, ys=ys, result=out, model=model, stats=dict(sol.stats))
+
+
+def _real(name: str, x, what: str = "number"):
+    """A positive real number as a float64 JAX array (so that a new value does not compile anew), checked when
+    concrete."""
+    if isinstance(x, jax.core.Tracer):
+        return x
+    if isinstance(x, (str, bytes, bool, np.bool_)) or not (isinstance(x, (int, float, np.number)) or (
+            isinstance(x, (np.ndarray, jax.Array)) and x.ndim == 0)):
+        raise ValueError(f"{name}={x!r} must be a positive finite {what} (a real number)")
+    xf = float(x)
+    if not (math.isfinite(xf) and xf > 0):
+        raise ValueError(f"{name}={x!r} must be a positive finite {what}")
+    return jnp.asarray(xf)
 
 
 def integrate(
@@ -60,39 +77,55 @@ def integrate(
     - `model`: any jsmkt model.
     - `t1`: final time.
     - `x0`: initial reduced state; `model.initial_state()` (all servers empty) by default.
-    - `ts`: times at which to save (default: `t1` only).
+    - `ts`: times at which to save, non-decreasing in `[0, t1]` (default: `t1` only).
     - `solver`: a diffrax solver; `Kvaerno5` (L-stable, for the stiffness of fast PH phases) by default.
-    - `rtol`, `atol`: step-size controller tolerances.
+    - `rtol`, `atol`: step-size controller tolerances; `dt0`: first step; `max_steps`: the solver's step limit.
+    - `throw`: raise on failure (default); with `throw=False` (for `vmap`), inspect `result` instead.
+
+    `t1`, `rtol`, `atol` and `dt0` are passed to the compiled solve as values, so new values reuse it.
 
     **Returns:** a `jsmkt.Trajectory` whose `ys` has a leading time axis.
 
-    Differentiable with respect to the model's array leaves (diffrax's default adjoint).
+    Differentiable with respect to the model's array leaves and `t1` (diffrax's default adjoint).
     """
     if not isinstance(model, AbstractSupermarketModel):
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
-    if not isinstance(t1, jax.core.Tracer):
-        try:
-            t1f = float(t1)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"t1={t1!r} must be a positive finite time (a real number)") from e
-        if not (t1f > 0 and math.isfinite(t1f)):
-            raise ValueError(f"t1={t1!r} must be a positive finite time")
+    t1 = _real("t1", t1, "time")
+    rtol, atol, dt0 = _real("rtol", rtol), _real("atol", atol), _real("dt0", dt0)
+    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+        raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1")
     if x0 is not None:
         model.check_state(x0)
-    if is_concrete(model):
-        model.check_values()
-        _maps.before_compiling("jsmkt.integrate", ("integrate", _maps.signature((model, x0, ts)), type(solver)))
-    y0 = model.initial_state() if x0 is None else x0
     if ts is not None:
         ts = jnp.asarray(ts, dtype=float)
-        if ts.ndim != 1:
-            raise ValueError(f"ts must be a 1-d array of times; got shape {ts.shape}")
+        if ts.ndim != 1 or ts.shape[0] < 1:
+            raise ValueError(f"ts must be a 1-d array of at least one time; got shape {ts.shape}")
+        if is_concrete(ts, t1):
+            tc, t1c = np.asarray(ts), float(t1)
+            if not (np.all(np.isfinite(tc)) and np.all(np.diff(tc) >= 0) and tc[0] >= 0 and tc[-1] <= t1c):
+                raise ValueError(
+                    f"ts={tc.tolist()!r} must be finite, non-decreasing times in [0, t1={t1c:g}] (the system starts "
+                    "at time 0)"
+                )
+    if is_concrete(model):
+        model.check_values()
+        _maps.before_compiling(
+            "jsmkt.integrate", ("integrate", _maps.signature((model, x0, ts)), type(solver), int(max_steps))
+        )
+    y0 = model.initial_state() if x0 is None else x0
     solver = dfx.Kvaerno5() if solver is None else solver
-    return _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw)
+    if throw and is_concrete(model, y0, t1):
+        # Eagerly, a failure is a plain Python error (its message without a JAX runtime traceback).
+        tr = _integrate(model, y0, t1, ts, solver, rtol, atol, int(max_steps), dt0, False)
+        if tr.result != RESULTS.successful:
+            raise RuntimeError(f"jsmkt.integrate: {RESULTS[tr.result]} (t1={float(t1):g}, max_steps={max_steps})")
+        return tr
+    return _integrate(model, y0, t1, ts, solver, rtol, atol, int(max_steps), dt0, throw)
 
 
 @eqx.filter_jit
-def _steady_state(model, y0, rtol, atol, max_steps):
+def _steady_state(model, y0, rtol, atol, max_steps, throw):
+    y0, result = check_values(model, y0, throw)
     sol = dfx.diffeqsolve(
         dfx.ODETerm(lambda t, y, m: m.vector_field(t, y, None)),
         dfx.Kvaerno5(),
@@ -109,8 +142,11 @@ def _steady_state(model, y0, rtol, atol, max_steps):
         throw=False,
     )
     ok = (sol.result == dfx.RESULTS.successful) | (sol.result == dfx.RESULTS.event_occurred)
-    out = RESULTS.where(ok, RESULTS.successful, RESULTS.integration_failed)
-    return jax.tree_util.tree_map(lambda v: v[-1], sol.ys), out
+    out = RESULTS.where(result == RESULTS.successful, RESULTS.where(ok, RESULTS.successful, RESULTS.steady_state_failed), result)
+    y = jax.tree_util.tree_map(lambda v: v[-1], sol.ys)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(y)]))
+    out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
+    return y, out
 
 
 def steady_state(
@@ -130,13 +166,19 @@ def steady_state(
     """
     if not isinstance(model, AbstractSupermarketModel):
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
+    rtol, atol = _real("rtol", rtol), _real("atol", atol)
+    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+        raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1")
     if x0 is not None:
         model.check_state(x0)
     if is_concrete(model):
         model.check_values()
-        _maps.before_compiling("jsmkt.steady_state", ("steady_state", _maps.signature((model, x0))))
+        _maps.before_compiling("jsmkt.steady_state", ("steady_state", _maps.signature((model, x0)), int(max_steps)))
     y0 = model.initial_state() if x0 is None else x0
-    y, result = _steady_state(model, y0, rtol, atol, max_steps)
+    concrete = is_concrete(model, y0)
+    y, result = _steady_state(model, y0, rtol, atol, int(max_steps), throw and not concrete)
+    if throw and concrete and result != RESULTS.successful:
+        raise RuntimeError(f"jsmkt.steady_state: {RESULTS[result]} (max_steps={max_steps})")
     if throw:
         y = result.error_if(y, result != RESULTS.successful)
     return y, result

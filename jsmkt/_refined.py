@@ -226,6 +226,7 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
         raise TypeError(
             f"fixed_point must be a jsmkt.FixedPoint (from jsmkt.solve_fixed_point), got {type(fixed_point).__name__}"
         )
+    fixed_point.model.check_state(fixed_point.value, "fixed_point.value", values=False)
     concrete = is_concrete(*jax.tree_util.tree_leaves(fixed_point.value))
     if concrete and fixed_point.result != RESULTS.successful:
         raise ValueError(

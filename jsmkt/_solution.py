@@ -22,7 +22,14 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "(e.g. model.with_K(2 * model.K)) or call solve_fixed_point(..., auto_K=True)."
     )
     nonfinite_solution = "the solver produced non-finite values; check the parameters or raise K"
-    integration_failed = "the ODE integration failed (step-size or max_steps); raise `max_steps` or `t1`"
+    integration_failed = (
+        "the ODE integration did not reach t1 (step size or max_steps); raise `max_steps`, or integrate to a "
+        "smaller `t1`"
+    )
+    steady_state_failed = (
+        "the ODE integration did not reach a steady state within `max_steps` steps; raise `max_steps`, or use "
+        "solve_fixed_point"
+    )
 
 
 class FixedPoint(eqx.Module):

@@ -145,3 +145,91 @@ def test_refined_mean_field_refuses_oversized_dense_matrices():
     fp = jsmkt.solve_fixed_point(jsmkt.JSQd(0.5, d=2, K=20000))
     with pytest.raises(ValueError, match=r"20000 entries \(K=20000\): .* 11.9 GiB \(limit 8 GiB\); lower K"):
         jsmkt.refined_mean_field(fp)
+
+
+@pytest.mark.parametrize(
+    ("x0", "match"),
+    [
+        (jnp.full(20, jnp.nan), r"x0 has non-finite entries"),
+        (-0.5 * jnp.ones(20), r"x0 has a negative entry \(-0.5\)"),
+        (jnp.zeros(20).at[0].set(2.0), r"x0 puts a fraction s_1=2 > 1"),
+        (jnp.zeros(20).at[3].set(0.5), r"x0 has s_4=0.5 > s_3=0, but the fraction"),
+    ],
+)
+@pytest.mark.parametrize("entry", ["integrate", "steady_state", "solve_fixed_point"])
+def test_starting_states_that_are_not_states_are_refused(entry, x0, match):
+    model = jsmkt.JSQd(0.5, d=2, K=20)
+    call = {"integrate": lambda: jsmkt.integrate(model, 1.0, x0=x0),
+            "steady_state": lambda: jsmkt.steady_state(model, x0=x0),
+            "solve_fixed_point": lambda: jsmkt.solve_fixed_point(model, x0=x0)}[entry]
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(t1="5"), r"t1='5' must be a positive finite time \(a real number\)"),
+        (dict(t1=True), r"t1=True must be a positive finite time \(a real number\)"),
+        (dict(t1=5.0, ts=[1.0, float("nan")]), r"ts=\[1.0, nan\] must be finite, non-decreasing times in \[0, t1=5\]"),
+        (dict(t1=5.0, ts=[3.0, 1.0]), r"ts=\[3.0, 1.0\] must be finite, non-decreasing"),
+        (dict(t1=5.0, ts=[1.0, 10.0]), r"ts=\[1.0, 10.0\] must be .* in \[0, t1=5\]"),
+        (dict(t1=5.0, rtol=-1.0), r"rtol=-1.0 must be a positive finite number"),
+        (dict(t1=5.0, max_steps=2.5), r"max_steps=2.5 must be an integer >= 1"),
+    ],
+)
+def test_integrate_refuses_bad_times_and_tolerances(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        jsmkt.integrate(jsmkt.JSQd(0.9, d=2, K=20), **kwargs)
+
+
+def test_ode_failures_are_python_errors_with_the_right_advice():
+    model = jsmkt.JSQd(0.9, d=2, K=20)
+    with pytest.raises(RuntimeError, match=r"did not reach a steady state within `max_steps` steps; raise `max_st"):
+        jsmkt.steady_state(model, max_steps=5)
+    with pytest.raises(RuntimeError, match=r"did not reach t1 .*raise `max_steps`, or integrate to a smaller `t1`"):
+        jsmkt.integrate(model, 100.0, max_steps=3)
+
+
+def test_steady_state_under_jit_and_vmap_checks_the_load():
+    code = jax.vmap(lambda lam: jsmkt.steady_state(jsmkt.JSQd(lam, d=2, K=20), throw=False)[1] == jsmkt.RESULTS.unstable)
+    assert code(jnp.array([0.5, 1.2])).tolist() == [False, True]
+    with pytest.raises(Exception, match="unstable"):
+        jax.block_until_ready(jax.jit(lambda lam: jsmkt.steady_state(jsmkt.JSQd(lam, d=2, K=20))[0])(1.2))
+
+
+def test_jit_of_a_function_that_closes_over_a_concrete_model():
+    """A model built outside `jit` and used inside it: its leaves are concrete, but what is computed from them is
+    staged, so the entry points take their traced paths."""
+    model = jsmkt.JSQd(0.9, d=2, K=20)
+    eager = float(jsmkt.integrate(model, 2.0).ys[-1, 0])
+    assert float(jax.jit(lambda t: jsmkt.integrate(model, t).ys[-1, 0])(2.0)) == pytest.approx(eager, rel=1e-12)
+    assert float(jax.jit(lambda: jsmkt.steady_state(model)[0][0])()) == pytest.approx(0.9, rel=1e-8)
+    fp = jsmkt.solve_fixed_point(model)
+    assert float(jax.jit(lambda: jsmkt.mean_queue_length(model, jsmkt.solve_fixed_point(model)))()) == pytest.approx(
+        float(jsmkt.mean_queue_length(model, fp)), rel=1e-12)
+    np.testing.assert_allclose(jax.jit(lambda: jsmkt.refined_mean_field(fp).correction)(),
+                               jsmkt.refined_mean_field(fp).correction, rtol=1e-10, atol=1e-15)
+
+
+@pytest.mark.parametrize(("make", "match"), [
+    (lambda: jsmkt.JSQd(0.5, d=2.5, d_max=2.7), r"d_max=2.7 must be an integer >= 1"),
+    (lambda: jsmkt.InterpolatedChoice(2.5, d_max="3"), r"d_max='3' must be an integer >= 1"),
+    (lambda: jsmkt.FixedChoice(2.0), r"d=2.0 must be an integer >= 1"),
+])
+def test_choice_arguments_are_integers(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+    assert jsmkt.FixedChoice(np.int64(3)).d == 3 and jsmkt.InterpolatedChoice(2.5, d_max=np.int64(4)).d_max == 4
+
+
+def test_batches_outside_vmap_are_refused_with_advice():
+    import equinox as eqx
+
+    lams = jnp.array([0.5, 0.9])
+    fps = jax.vmap(lambda lam: jsmkt.solve_fixed_point(jsmkt.JSQd(lam, K=20), throw=False))(lams)
+    with pytest.raises(ValueError, match=r"fixed_point.value has shape \(2, 20\).*a batch of states"):
+        jsmkt.refined_mean_field(fps)
+    with pytest.raises(ValueError, match=r"the model holds a batch of parameters"):
+        jsmkt.solve_fixed_point(eqx.filter_vmap(lambda lam: jsmkt.JSQd(lam, K=20))(lams))
+    assert jax.vmap(jsmkt.refined_mean_field)(fps).correction.shape == (2, 20)

@@ -64,3 +64,23 @@ def test_mg1_waiting_probability_and_mean_wait():
     rho = lam * ES
     assert abs(float(jsmkt.prob_wait(model, fp)) - rho) < 1e-12
     assert abs(float(jsmkt.mean_waiting_time(model, fp)) - lam * ES2 / (2 * (1 - rho))) < 1e-10
+
+
+def test_light_load_waiting_time_keeps_its_relative_precision():
+    """JSQ(2) at lam = 1e-8: E[W] = lam^2 + lam^6 + ... = 1e-16, far below the rounding of E[T] - E[S]."""
+    import jax
+
+    lam = 1e-8
+    model = jsmkt.JSQd(lam, d=2, K=8)
+    assert float(jsmkt.mean_waiting_time(model, jsmkt.solve_fixed_point(model))) == pytest.approx(lam**2, rel=1e-12)
+    dW = jax.grad(lambda x: jsmkt.mean_waiting_time(m := jsmkt.JSQd(x, d=2, K=8), jsmkt.solve_fixed_point(m)))
+    assert float(dW(lam)) == pytest.approx(2 * lam, rel=1e-10)
+
+
+def test_metrics_refuse_trajectories_and_states_of_another_shape():
+    model = jsmkt.JSQd(0.9, d=2, K=20)
+    tr = jsmkt.integrate(model, 5.0, ts=[1.0, 5.0])
+    with pytest.raises(ValueError, match=r"state is a jsmkt.Trajectory.*one snapshot"):
+        jsmkt.mean_queue_length(model, tr)
+    with pytest.raises(ValueError, match=r"state has shape \(3,\), but the reduced state of this model \(K=20\)"):
+        jsmkt.mean_queue_length(model, 0.5 * jnp.ones(3))

@@ -396,3 +396,15 @@ def test_default_K_follows_the_geometric_tail_of_single_choice_arrivals():
     eta = mph1_tail_decay(lam, np.asarray(svc.alpha), np.asarray(svc.T))
     assert s[100] / s[99] == pytest.approx(eta, rel=1e-6)
     assert s[-1] < 1e-10
+
+
+def test_integrate_compiles_once_for_new_times_and_tolerances():
+    """t1, rtol, atol and dt0 are values, not static arguments: a sweep over them compiles one kernel."""
+    import jsmkt._integrate as integ
+
+    model = jsmkt.JSQd(0.7, d=2, K=12)
+    jsmkt.integrate(model, 1.0)
+    before = integ._integrate._cached._cache_size()
+    for t1, rtol in [(1.5, 1e-8), (2.5, 1e-7), (3.5, 1e-9)]:
+        jsmkt.integrate(model, t1, rtol=rtol, atol=1e-11, dt0=1e-2)
+    assert integ._integrate._cached._cache_size() == before

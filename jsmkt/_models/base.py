@@ -32,7 +32,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._distributions.ph import reachable_phases
-from .._errors import concrete_array
+from .._errors import concrete_array, is_concrete
 
 
 class TransitionClass(NamedTuple):
@@ -120,8 +120,10 @@ class AbstractSupermarketModel(eqx.Module):
         """Value checks run at the public entry points: a list of `(bad, message)` pairs."""
         return []
 
-    def check_state(self, y: PyTree[Array], name: str = "x0") -> None:
-        """Raise `ValueError` unless `y` has the structure and shapes of this model's reduced state."""
+    def check_state(self, y: PyTree[Array], name: str = "x0", values: bool = True) -> None:
+        """Raise `ValueError` unless `y` has the structure and shapes of this model's reduced state and, with
+        `values` when `y` is concrete, is a state: finite, non-negative entries whose tails $s_k$ lie in [0, 1]
+        and do not grow with $k$ (up to 1e-9, for rounding)."""
         want = jax.eval_shape(self.initial_state)
         got = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), y)
         shape = lambda t: jax.tree_util.tree_map(lambda a: a.shape, t)  # noqa: E731
@@ -132,14 +134,46 @@ class AbstractSupermarketModel(eqx.Module):
         except TypeError:
             same = False
         if not same:
+            g, w = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+            batched = len(g) == len(w) and all(a.ndim == b.ndim + 1 and a.shape[1:] == b.shape for a, b in zip(g, w))
+            advice = (
+                "it looks like a batch of states (from jax.vmap): take one (e.g. y[0]), or call this inside jax.vmap"
+                if batched else "give a state of that shape (e.g. from model.initial_guess())"
+            )
             raise ValueError(
                 f"{name} has shape {shape(got)}, but the reduced state of this model (K={self.K}) has shape "
-                f"{shape(want)}; give a state of that shape (e.g. from model.initial_guess())"
+                f"{shape(want)}; {advice}"
+            )
+        if values and is_concrete(y):
+            self._check_state_values(y, name)
+
+    def _check_state_values(self, y: PyTree[Array], name: str, tol: float = 1e-9) -> None:
+        leaves = [np.asarray(a, dtype=float) for a in jax.tree_util.tree_leaves(y)]
+        advice = "give fractions of servers (e.g. model.initial_state(), or a state from jsmkt.integrate)"
+        if not all(np.all(np.isfinite(a)) for a in leaves):
+            raise ValueError(f"{name} has non-finite entries; {advice}")
+        low = min(float(a.min()) for a in leaves if a.size)
+        if low < -tol:
+            raise ValueError(f"{name} has a negative entry ({low:.6g}); {advice}")
+        s = np.asarray(self.tails(y))
+        if s[1] > 1 + tol:
+            raise ValueError(f"{name} puts a fraction s_1={s[1]:.6g} > 1 of the servers at one job or more; {advice}")
+        up = np.flatnonzero(np.diff(s) > tol)
+        if up.size:
+            k = int(up[0]) + 1
+            raise ValueError(
+                f"{name} has s_{k}={s[k]:.6g} > s_{k - 1}={s[k - 1]:.6g}, but the fraction of servers with at least "
+                f"k jobs cannot grow with k; {advice}"
             )
 
     def check_values(self) -> None:
         """Raise `ValueError` with the first failing value check (concrete models only)."""
         for bad, msg in self.value_errors():
+            if np.ndim(bad):
+                raise ValueError(
+                    "the model holds a batch of parameters (e.g. built by jax.vmap): call jsmkt's functions on it "
+                    "inside jax.vmap (or eqx.filter_vmap), or build one model per parameter set"
+                )
             if bool(bad):
                 raise ValueError(msg)
 
