@@ -32,7 +32,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from . import _maps
-from ._choice import AbstractChoice, _divided_differences
+from ._choice import _UNROLL_MAX_D, AbstractChoice, _divided_differences, _weighted_divided_differences, _weighted_pgf
 from ._errors import is_concrete
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, FixedPoint
@@ -122,26 +122,36 @@ class _SampledWithoutReplacement(AbstractChoice):
     def weights(self) -> Array:
         return self.base.weights()
 
-    def _polynomials(self) -> Array:
-        r"""Coefficients (in powers of s) of $\prod_{i<j} (s - i\varepsilon)/(1 - i\varepsilon)$, j = 1..max_d:
-        shape (max_d, max_d + 1)."""
-        D = self.max_d
-        poly = jnp.zeros(D + 1, self.eps.dtype).at[0].set(1.0)
-        rows = []
-        for i in range(D):
+    def _coefficients(self) -> Array:
+        r"""Coefficients (in powers $s^0..s^D$) of $\sum_j w_j \prod_{i<j} (s - i\varepsilon)/(1 - i\varepsilon)$,
+        $D$ = `max_d`: the probability that all sampled servers have at least $k$ jobs, as a polynomial in $s_k$.
+        One `lax.scan` over the factors (compiled size independent of $D$, $O(D^2)$ work, $O(D)$ memory)."""
+        w = self.weights()
+
+        def step(carry, xs):
+            i, w_next = xs
+            poly, acc = carry
             shifted = jnp.concatenate([jnp.zeros(1, poly.dtype), poly[:-1]])  # s * poly
             poly = (shifted - i * self.eps * poly) / (1.0 - i * self.eps)
-            rows.append(poly)
-        return jnp.stack(rows)
+            return (poly, acc + w_next * poly), None
+
+        one = jnp.zeros(self.max_d + 1, self.eps.dtype).at[0].set(1.0)
+        xs = (jnp.arange(self.max_d, dtype=self.eps.dtype), w)
+        (_, coeffs), _ = jax.lax.scan(step, (one, jnp.zeros_like(one)), xs)
+        return coeffs
 
     def pgf(self, s: ArrayLike) -> Array:
         s = jnp.asarray(s)
-        coeffs = self.weights() @ self._polynomials()  # (max_d + 1,)
+        coeffs = self._coefficients()
+        if self.max_d > _UNROLL_MAX_D:
+            return coeffs[0] + _weighted_pgf(coeffs[1:], s)
         return jnp.tensordot(coeffs, jnp.stack([s**l for l in range(self.max_d + 1)]), axes=1)
 
     def join_factor(self, a: ArrayLike, b: ArrayLike) -> Array:
         a, b = jnp.asarray(a), jnp.asarray(b)
-        coeffs = self.weights() @ self._polynomials()  # the constant term drops out of a divided difference
+        coeffs = self._coefficients()  # the constant term drops out of a divided difference
+        if self.max_d > _UNROLL_MAX_D:
+            return _weighted_divided_differences(coeffs[1:], a, b)
         return jnp.tensordot(coeffs[1:], _divided_differences(a, b, self.max_d), axes=1)
 
 
