@@ -17,7 +17,8 @@ Each model provides
   reduced coordinates (hand-written for speed, tested equal to `reduce(drift(occupancy(y)))`);
 - `initial_state()` (the empty system) and `initial_guess()` (a cheap approximation of the fixed point);
 - `rate_scale()`: a typical transition rate, the unit in which the fixed-point residual is measured;
-- `check_state(y)` (inherited): refuses a reduced state of the wrong structure or shape, e.g. a user's `x0`;
+- `check_state(y)` (inherited): refuses a reduced state of the wrong structure or shape, e.g. a user's `x0`, and,
+  when concrete, one that is not a state (non-finite or negative entries, tails outside [0, 1] or growing with k);
 - `value_errors()`: value checks (stability, valid parameters) run under `jit` at the public entry points.
 """
 
