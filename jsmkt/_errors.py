@@ -12,6 +12,18 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def all_finite(tree: Any) -> jax.Array:
+    """Whether every entry of every array leaf of `tree` is finite (a traced boolean under `jit`)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
+
+
+def check_count(name: str, n: Any) -> int:
+    """An integer count >= 1 (a NumPy integer too), or a `ValueError` naming `name` and the value."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{name}={n!r} must be an integer >= 1")
+    return int(n)
+
+
 def staging() -> bool:
     """True inside a `jit` trace (or any other that stages out computations), where even operations on concrete
     arrays, such as the leaves of a model built outside the traced function, give tracers."""

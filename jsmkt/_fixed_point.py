@@ -16,7 +16,7 @@ import optimistix as optx
 from jaxtyping import Array, PyTree
 
 from . import _maps
-from ._errors import is_concrete
+from ._errors import all_finite, is_concrete
 from ._linalg import BlockTridiagonal, NeverFails
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, FixedPoint
@@ -86,7 +86,7 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
     y = sol.value
     residual = _max_abs(_residual_fn(y, model))
     tail_mass = model.tails(y)[-1]
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(y)]))
+    finite = all_finite(y)
     newton = RESULTS.promote(sol.result)
     # Near saturation (1 - rho of order 1e-5 and below) the Jacobian is so ill-conditioned that rounding keeps
     # Newton's steps above `rtol` after the residual has reached `atol`: that iterate is as accurate as float64

@@ -10,7 +10,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, PyTree
 
 from . import _maps
-from ._errors import is_concrete
+from ._errors import all_finite, check_count, is_concrete
 from ._fixed_point import check_values
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, Trajectory
@@ -35,7 +35,7 @@ def _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw):
     )
     ok = sol.result == dfx.RESULTS.successful
     out = RESULTS.where(result == RESULTS.successful, RESULTS.where(ok, RESULTS.successful, RESULTS.integration_failed), result)
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(y)) for y in jax.tree_util.tree_leaves(sol.ys)]))
+    finite = all_finite(sol.ys)
     out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
     ys = sol.ys
     if throw:
@@ -92,8 +92,7 @@ def integrate(
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
     t1 = _real("t1", t1, "time")
     rtol, atol, dt0 = _real("rtol", rtol), _real("atol", atol), _real("dt0", dt0)
-    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
-        raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1")
+    max_steps = check_count("max_steps", max_steps)
     if x0 is not None:
         model.check_state(x0)
     if ts is not None:
@@ -110,17 +109,17 @@ def integrate(
     if is_concrete(model):
         model.check_values()
         _maps.before_compiling(
-            "jsmkt.integrate", ("integrate", _maps.signature((model, x0, ts)), type(solver), int(max_steps))
+            "jsmkt.integrate", ("integrate", _maps.signature((model, x0, ts)), type(solver), max_steps)
         )
     y0 = model.initial_state() if x0 is None else x0
     solver = dfx.Kvaerno5() if solver is None else solver
     if throw and is_concrete(model, y0, t1):
         # Eagerly, a failure is a plain Python error (its message without a JAX runtime traceback).
-        tr = _integrate(model, y0, t1, ts, solver, rtol, atol, int(max_steps), dt0, False)
+        tr = _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, False)
         if tr.result != RESULTS.successful:
             raise RuntimeError(f"jsmkt.integrate: {RESULTS[tr.result]} (t1={float(t1):g}, max_steps={max_steps})")
         return tr
-    return _integrate(model, y0, t1, ts, solver, rtol, atol, int(max_steps), dt0, throw)
+    return _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw)
 
 
 @eqx.filter_jit
@@ -144,7 +143,7 @@ def _steady_state(model, y0, rtol, atol, max_steps, throw):
     ok = (sol.result == dfx.RESULTS.successful) | (sol.result == dfx.RESULTS.event_occurred)
     out = RESULTS.where(result == RESULTS.successful, RESULTS.where(ok, RESULTS.successful, RESULTS.steady_state_failed), result)
     y = jax.tree_util.tree_map(lambda v: v[-1], sol.ys)
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(y)]))
+    finite = all_finite(y)
     out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
     return y, out
 
@@ -167,16 +166,15 @@ def steady_state(
     if not isinstance(model, AbstractSupermarketModel):
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
     rtol, atol = _real("rtol", rtol), _real("atol", atol)
-    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
-        raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1")
+    max_steps = check_count("max_steps", max_steps)
     if x0 is not None:
         model.check_state(x0)
     if is_concrete(model):
         model.check_values()
-        _maps.before_compiling("jsmkt.steady_state", ("steady_state", _maps.signature((model, x0)), int(max_steps)))
+        _maps.before_compiling("jsmkt.steady_state", ("steady_state", _maps.signature((model, x0)), max_steps))
     y0 = model.initial_state() if x0 is None else x0
     concrete = is_concrete(model, y0)
-    y, result = _steady_state(model, y0, rtol, atol, int(max_steps), throw and not concrete)
+    y, result = _steady_state(model, y0, rtol, atol, max_steps, throw and not concrete)
     if throw and concrete and result != RESULTS.successful:
         raise RuntimeError(f"jsmkt.steady_state: {RESULTS[result]} (max_steps={max_steps})")
     if throw:

@@ -7,6 +7,8 @@ import lineax as lx
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
+from ._errors import all_finite
+
 
 _UNROLL_MAX = 6
 
@@ -138,8 +140,7 @@ class NeverFails(lx.AbstractLinearSolver):
 
     def compute(self, state, vector, options):
         x, result, stats = self.solver.compute(state, vector, options)
-        leaves = jax.tree_util.tree_leaves(x)
-        ok = (result == lx.RESULTS.successful) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in leaves]))
+        ok = (result == lx.RESULTS.successful) & all_finite(x)
         x = jax.tree_util.tree_map(lambda a: jnp.where(ok, a, jnp.zeros_like(a)), x)
         return x, lx.RESULTS.successful, stats
 
