@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from ._errors import as_float_array, concrete_array
+from ._errors import as_float_array, check_count, concrete_array
 
 
 _UNROLL_MAX_D = 16  # up to this many choice numbers the sums over them are written out; beyond, a `lax.scan`
@@ -122,9 +122,7 @@ class FixedChoice(AbstractChoice):
     d: int = eqx.field(static=True)
 
     def __init__(self, d: int):
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1:
-            raise ValueError(f"d={d!r} must be an integer >= 1 (the number of servers sampled)")
-        self.d = int(d)
+        self.d = check_count("d", d, "the number of servers sampled")
 
     @property
     def max_d(self) -> int:
@@ -206,9 +204,7 @@ class InterpolatedChoice(AbstractChoice):
             if not dc >= 1:
                 raise ValueError(f"d={float(dc)!r} must be >= 1 (the mean number of servers sampled)")
             d_max = int(np.floor(dc)) + 1
-        elif isinstance(d_max, (bool, np.bool_)) or not isinstance(d_max, (int, np.integer)) or d_max < 1:
-            raise ValueError(f"d_max={d_max!r} must be an integer >= 1 (the largest number of servers sampled)")
-        self.d_max = int(d_max)
+        self.d_max = check_count("d_max", d_max, "the largest number of servers sampled")
 
     def __check_init__(self):
         dc = concrete_array(self.d)

@@ -17,10 +17,11 @@ def all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
-def check_count(name: str, n: Any) -> int:
-    """An integer count >= 1 (a NumPy integer too), or a `ValueError` naming `name` and the value."""
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"{name}={n!r} must be an integer >= 1")
+def check_count(name: str, n: Any, what: str | None = None, minimum: int = 1) -> int:
+    """An integer >= `minimum` (a NumPy integer too) as an `int`, or a `ValueError` naming `name`, the value and,
+    when given, `what` it counts."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < minimum:
+        raise ValueError(f"{name}={n!r} must be an integer >= {minimum}" + (f" ({what})" if what else ""))
     return int(n)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._distributions.ph import reachable_phases
-from .._errors import concrete_array, is_concrete
+from .._errors import check_count, concrete_array, is_concrete
 
 
 class TransitionClass(NamedTuple):
@@ -200,9 +200,7 @@ def fmt(template: str, *, default: str, **values: Any) -> str:
 
 def check_K(K: Any) -> int:
     """Validate a truncation level."""
-    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 2:
-        raise ValueError(f"K={K!r} must be an integer >= 2 (the largest queue length kept)")
-    return int(K)
+    return check_count("K", K, "the largest queue length kept", minimum=2)
 
 
 def default_K(

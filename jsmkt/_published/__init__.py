@@ -29,7 +29,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import FixedChoice
 from .._distributions.ph import PH
-from .._errors import as_float_array, concrete_array
+from .._errors import as_float_array, check_count, concrete_array
 from .._models.base import AbstractSupermarketModel, fmt
 from .._models.jsqd_ph import JSQdPH
 
@@ -42,12 +42,6 @@ def _integer_d(d) -> int:
     if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
         raise ValueError(f"d={d!r}: the published formulas need an integer choice number d >= 1")
     return int(d)
-
-
-def _count(name: str, n, what: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"{name}={n!r} must be an integer >= 1 ({what})")
-    return int(n)
 
 
 def _service(service) -> PH:
@@ -126,7 +120,7 @@ def _exponent(d: int, k: Array) -> Array:
 def exponential_tails(lam: ArrayLike, d: int, mu: ArrayLike = 1.0, K: int = 20) -> Float[Array, " K+1"]:
     r"""Classic closed form $s_k = \rho^{(d^k-1)/(d-1)}$, $k = 0..K$, $\rho = \lambda/\mu < 1$ (`K >= 1`)."""
     d = _integer_d(d)
-    K = _count("K", K, "the largest queue length")
+    K = check_count("K", K, "the largest queue length")
     lam, mu, rho = _exponential_load(lam, mu)
     k = jnp.arange(K + 1, dtype=float)
     return rho ** _geometric_exponent(d, k)
@@ -139,7 +133,7 @@ def exponential_sojourn_time(lam: ArrayLike, d: int, mu: ArrayLike = 1.0, terms:
     For $d \ge 2$ the series is summed to `terms` terms, and a `ValueError` is raised (an `eqx.error_if` check when
     traced) if the bound on the rest exceeds $10^{-16}$ of the sum; the default 64 suffices for every $\rho < 1$."""
     d = _integer_d(d)
-    terms = _count("terms", terms, "the number of terms of the series")
+    terms = check_count("terms", terms, "the number of terms of the series")
     lam, mu, rho = _exponential_load(lam, mu)
     if d == 1:
         return 1.0 / (mu - lam)
@@ -159,7 +153,7 @@ def ph_fixed_point(lam: ArrayLike, service: PH, d: int, K: int) -> Float[Array, 
     ($\rho = \lambda E[S] < 1$, `K >= 1`)."""
     d = _integer_d(d)
     service = _service(service)
-    K = _count("K", K, "the largest queue length")
+    K = check_count("K", K, "the largest queue length")
     rho = _ph_load(lam, service)
     k = jnp.arange(1, K + 1, dtype=float)
     scal = _theta(service, d) ** _geometric_exponent(d, k - 1) * rho ** _geometric_exponent(d, k)
@@ -177,7 +171,7 @@ def ph_sojourn_time(lam: ArrayLike, service: PH, d: int, terms: int = 64) -> Flo
     the rest exceeds $10^{-16}$ of the sum; the default 64 suffices for every $\rho < 1$."""
     d = _integer_d(d)
     service = _service(service)
-    terms = _count("terms", terms, "the number of terms of the series")
+    terms = check_count("terms", terms, "the number of terms of the series")
     rho = _ph_load(lam, service)
     theta = _theta(service, d)
     omega, alpha = service.stationary_vector, service.alpha
