@@ -45,8 +45,26 @@ def concrete_array(x: Any) -> np.ndarray | None:
     return np.asarray(x)
 
 
+# The smallest positive normal float64. XLA flushes smaller (subnormal) numbers to zero, so `1e-320 > 0` is False
+# inside JAX computations: such inputs are refused rather than silently read as 0.
+TINY = float(np.finfo(np.float64).tiny)
+
+
+def _dtype_kind(x: Any) -> str | None:
+    """NumPy's dtype kind of `x` ("b" for booleans), or `None` when `x` is not array-like."""
+    if isinstance(x, jax.core.Tracer):
+        return x.dtype.kind
+    try:
+        return np.asarray(x).dtype.kind
+    except (TypeError, ValueError):
+        return None
+
+
 def as_float_array(name: str, x: Any, ndim: int | None = None) -> jax.Array:
-    """Convert to a float64 JAX array, refusing wrong ranks and, when concrete, non-finite values."""
+    """Convert to a float64 JAX array, refusing booleans, wrong ranks and, when concrete, non-finite values and
+    nonzero values below the smallest normal float64 (which XLA reads as 0)."""
+    if _dtype_kind(x) == "b":
+        raise ValueError(f"{name}={x!r} is boolean; give a real number or an array of real numbers")
     if isinstance(x, jax.core.Tracer):
         arr = x.astype(jnp.result_type(float)) if not jnp.issubdtype(x.dtype, jnp.inexact) else x
     else:
@@ -57,6 +75,14 @@ def as_float_array(name: str, x: Any, ndim: int | None = None) -> jax.Array:
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s); got shape {arr.shape} ({name}={x!r})")
     c = concrete_array(arr)
-    if c is not None and not np.all(np.isfinite(c)):
-        raise ValueError(f"{name}={c.tolist()!r} has non-finite entries; give finite numbers")
+    if c is not None:
+        if not np.all(np.isfinite(c)):
+            raise ValueError(f"{name}={c.tolist()!r} has non-finite entries; give finite numbers")
+        tiny = (c != 0) & (np.abs(c) < TINY)
+        if np.any(tiny):
+            what = "is nonzero but" if c.ndim == 0 else "has nonzero entries"
+            raise ValueError(
+                f"{name}={c.tolist()!r} {what} below {TINY:.6g}, the smallest normal float64, which JAX reads as 0; "
+                "measure in another unit"
+            )
     return arr

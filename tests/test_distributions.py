@@ -386,7 +386,8 @@ def test_validation_is_scale_free(scale):
         (lambda: jsmkt.erlang(2, -1.0), r"mean=-1\.0 must be positive"),
         (lambda: jsmkt.hyperexponential([0.5, 0.5], [1.0]), r"probs has shape \(2,\) but rates has shape \(1,\)"),
         (lambda: jsmkt.hyperexponential([0.5, 0.5], [1.0, 0.0]), r"rates\[1\]=0\.0 must be positive"),
-        (lambda: jsmkt.hyperexponential([1.5, -0.5], [1.0, 2.0]), r"alpha\[1\]=.* is negative"),
+        (lambda: jsmkt.hyperexponential([1.5, -0.5], [1.0, 2.0]),
+         r"^probs\[1\]=-0\.5 is negative; probs must be a probability vector"),
         (lambda: jsmkt.hyperexponential2(1.0, 0.5), r"scv=0\.5 must be >= 1"),
         (lambda: jsmkt.coxian([1.0, 2.0], [0.5, 0.5]), r"probs has shape \(2,\); a Coxian with 2 rates needs 1"),
         (lambda: jsmkt.coxian([1.0, -2.0], [0.5]), r"rates\[1\]=-2\.0 must be positive"),
@@ -399,8 +400,10 @@ def test_validation_is_scale_free(scale):
         (lambda: jsmkt.coxian2(0.0, 2.0), r"^mean=0\.0 must be positive"),
         (lambda: jsmkt.hyperexponential2(1.0, 1e160), r"^scv=1e\+160 is too large to represent with mean=1\.0"),
         (lambda: jsmkt.coxian2(1.0, 1e200), r"^scv=1e\+200 is too large to represent with mean=1\.0"),
-        (lambda: jsmkt.hyperexponential2(5e-324, 4.0), r"^mean=5e-324 is too small to represent"),
-        (lambda: jsmkt.erlang(2, 1e-320), r"^mean=1e-320 is too small to represent"),
+        (lambda: jsmkt.hyperexponential2(5e-324, 4.0),
+         r"^mean=5e-324 is nonzero but below 2\.22507e-308, the smallest normal float64"),
+        (lambda: jsmkt.erlang(2, 1e-320), r"^mean=1e-320 is nonzero but below 2\.22507e-308"),
+        (lambda: jsmkt.erlang(100, 1e-307), r"^mean=1e-307 is too small to represent"),
         (lambda: jsmkt.erlang(float("nan")), r"^k=nan must be a positive integer"),
         (lambda: jsmkt.erlang(float("inf")), r"^k=inf must be a positive integer"),
         (lambda: jsmkt.erlang("a"), r"^k='a' must be a positive integer"),
@@ -489,3 +492,44 @@ def test_grad_through_constructors():
     d2 = jax.grad(lambda m: jsmkt.erlang(k, m).moment(2))(mean)
     assert float(d2) == pytest.approx(2 * (k + 1) * mean / k, rel=1e-12)
     assert float(jax.grad(lambda s: jsmkt.hyperexponential2(1.0, s).scv)(4.0)) == pytest.approx(1.0, rel=1e-10)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: jsmkt.exponential(1e-160),  # E[S^2] = 2e320 overflows
+        lambda: jsmkt.exponential(1e300),  # E[S^2] = 2e-600 underflows
+        lambda: jsmkt.erlang(2, mean=1e160),
+        lambda: jsmkt.hyperexponential([0.5, 0.5], [1e-160, 1.0]),
+        lambda: jsmkt.PH([1.0], [[-1e-155]]),
+    ],
+)
+def test_time_scales_outside_float64_are_refused(build):
+    """Regression: these were accepted, and their SCV, variance or second moment was NaN."""
+    with pytest.raises(ValueError, match=r"^the PH's time scale leaves float64: E\[S\]=.*measure time in another unit"):
+        build()
+
+
+def test_wide_but_representable_time_scales_are_kept():
+    # E[S^2] = 2e300 and 2e-300: finite and normal. Exponential SCV 1, hyperexponential SCV by hand.
+    assert float(jsmkt.exponential(1e-150).scv) == pytest.approx(1.0, rel=1e-12)
+    assert float(jsmkt.exponential(1e150).scv) == pytest.approx(1.0, rel=1e-12)
+    h = jsmkt.hyperexponential([0.5, 0.5], [1e-100, 1.0])
+    m1, m2 = 0.5e100 + 0.5, 1e200 + 1.0
+    assert float(h.scv) == pytest.approx(m2 / m1**2 - 1.0, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: jsmkt.coxian([], []), r"^rates is empty; a Coxian distribution needs at least one phase$"),
+        (lambda: jsmkt.erlang(2).pdf("a"), r"^x='a' is not a real number"),
+        (lambda: jsmkt.erlang(2).cdf("a"), r"^x='a' is not a real number"),
+        (lambda: jsmkt.hyperexponential([0.5, 0.4], [1.0, 2.0]), r"^probs sums to 0\.9, not 1"),
+    ],
+)
+def test_messages_name_the_argument(build, match):
+    """Regression: these said 'a Coxian with 0 rates needs -1 continuation probabilities', 'could not convert
+    string to float' and 'alpha sums to 0.9'."""
+    with pytest.raises(ValueError, match=match):
+        build()

@@ -233,3 +233,37 @@ def test_batches_outside_vmap_are_refused_with_advice():
     with pytest.raises(ValueError, match=r"the model holds a batch of parameters"):
         jsmkt.solve_fixed_point(eqx.filter_vmap(lambda lam: jsmkt.JSQd(lam, K=20))(lams))
     assert jax.vmap(jsmkt.refined_mean_field)(fps).correction.shape == (2, 20)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: jsmkt.exponential(True), "rate"),
+        (lambda: jsmkt.erlang(2, mean=True), "mean"),
+        (lambda: jsmkt.hyperexponential2(1.0, scv=True), "scv"),
+        (lambda: jsmkt.hyperexponential([True, False], [1.0, 2.0]), "probs"),
+        (lambda: jsmkt.JSQd(True, d=2), "lam"),
+        (lambda: jsmkt.JSQdPH(0.5, jsmkt.exponential(), d=np.bool_(True)), "d"),
+        (lambda: jsmkt.published.exponential_sojourn_time(0.5, 2, mu=True), "mu"),
+        (lambda: jsmkt.fit_ph2_three_moments(True, 3.0, 15.0), "m1"),
+    ],
+)
+def test_booleans_are_not_numbers(call, name):
+    """Regression: True was read as 1.0 (integer arguments already refused it)."""
+    with pytest.raises(ValueError, match=rf"^{name}=(np\.)?(True|\[True, False\]).* (is boolean|must be)"):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: jsmkt.published.exponential_sojourn_time(1e-320, 2), "lam"),
+        (lambda: jsmkt.exponential(1e-320), "rate"),
+        (lambda: jsmkt.JSQd(1e-320, d=2), "lam"),
+    ],
+)
+def test_subnormal_numbers_are_refused(call, name):
+    """Regression: 'lam=9.99989e-321 must be positive', since JAX reads numbers below the smallest normal float64 as
+    0; or, for a rate, an infinite mean."""
+    with pytest.raises(ValueError, match=rf"^{name}=1e-320 is nonzero but below 2\.22507e-308, the smallest"):
+        call()

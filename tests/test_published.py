@@ -197,3 +197,56 @@ def test_published_traced_inputs():
             jax.jit(f)(bad)
         with pytest.raises((ValueError, RuntimeError), match=match):
             jax.jit(lambda x: pub.ph_sojourn_time(x, jsmkt.erlang(2), 2))(bad)
+
+
+def test_published_gradients_survive_overflowing_exponents():
+    """Regression: once d^k overflowed float64 the gradient was NaN (inf * 0) although the values were right."""
+    lam = 0.6
+    # sum_k lam^(2^k - 1), k = 0..1100: the derivative sum_k (2^k - 1) lam^(2^k - 2), summed where it is not 0.
+    d_tails = sum((2**k - 1) * lam ** (2**k - 2) for k in range(1, 12))
+    g = jax.grad(lambda x: jnp.sum(pub.exponential_tails(x, 2, K=1100)))(lam)
+    assert float(g) == pytest.approx(d_tails, rel=1e-13)
+    # d = 50: 1 + lam + lam^51 + ...; derivative 1 + 51 lam^50 (the rest underflows).
+    g = jax.grad(lambda x: jnp.sum(pub.exponential_tails(x, 50, K=200)))(lam)
+    assert float(g) == pytest.approx(1 + 51 * lam**50, rel=1e-13)
+    # Erlang-2, d = 3, K = 700: central finite difference.
+    f = lambda x: jnp.sum(pub.ph_fixed_point(x, jsmkt.erlang(2), 3, 700))  # noqa: E731
+    h = 1e-6
+    assert float(jax.grad(f)(lam)) == pytest.approx(float(f(lam + h) - f(lam - h)) / (2 * h), rel=1e-7)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda s: jsmkt.coxian2(1.0, s), lambda s: jsmkt.hyperexponential2(1.0, s)],
+    ids=["coxian2", "hyperexponential2"],
+)
+def test_published_check_a_traced_service(make):
+    """Regression: a traced service that is not a PH (coxian2 with continuation probability 1/(2 scv) > 1,
+    hyperexponential2 with NaN rates below scv = 1) gave numbers, or blamed the load."""
+    for f in (
+        lambda s: pub.ph_sojourn_time(0.5, make(s), 2),
+        lambda s: pub.ph_fixed_point(0.5, make(s), 2, 5),
+        lambda s: pub.ph_fixed_point_residuals(0.5, make(s), 2, 5)["published"],
+    ):
+        with pytest.raises((ValueError, RuntimeError), match="invalid PH service: alpha must be a probability"):
+            jax.jit(f)(0.2)
+    # Valid traced services still work: the balanced H2 and Marie's Coxian at scv = 2 against the eager values.
+    eager = float(pub.ph_sojourn_time(0.5, make(2.0), 2))
+    assert float(jax.jit(lambda s: pub.ph_sojourn_time(0.5, make(s), 2))(2.0)) == pytest.approx(eager, rel=1e-14)
+
+
+def test_published_forms_depend_on_the_representation():
+    """Exp(1) written with two identical phases: the exact model still gives Mitzenmacher's E[T]; the published
+    closed form does not (its omega^d and theta change with the representation), and neither does the published
+    ODE. hyperexponential2 switches representation at scv = 1, where the published sojourn time jumps."""
+    lam = 0.6
+    ET = sum(lam ** (2**i - 2) for i in range(1, 40))  # Mitzenmacher, d = 2
+    split = jsmkt.hyperexponential([0.5, 0.5], [1.0, 1.0])
+    exact = jsmkt.JSQdPH(lam, split, d=2)
+    assert float(jsmkt.mean_sojourn_time(exact, jsmkt.solve_fixed_point(exact))) == pytest.approx(ET, rel=1e-12)
+    assert float(pub.ph_sojourn_time(lam, jsmkt.exponential(1.0), 2)) == pytest.approx(ET, rel=1e-13)
+    published = float(pub.ph_sojourn_time(lam, split, 2))
+    assert published == pytest.approx(1.1858381222, rel=1e-9) and abs(published - ET) > 0.2
+    assert float(pub.ph_sojourn_time(lam, jsmkt.hyperexponential2(1.0, 1.0), 2)) == pytest.approx(ET, rel=1e-13)
+    assert float(pub.ph_sojourn_time(lam, jsmkt.hyperexponential2(1.0, 1.0 + 1e-12), 2)) == pytest.approx(
+        published, rel=1e-6)

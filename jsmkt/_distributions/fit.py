@@ -26,6 +26,8 @@ def _moment(name: str, value) -> float:
             "moments only: its case analysis cannot be traced or differentiated; call it outside the transformation "
             "(with plain numbers)"
         )
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}={value!r} is boolean; give a real number (a raw moment of a service time)")
     try:
         v = float(value)
     except (TypeError, ValueError) as e:

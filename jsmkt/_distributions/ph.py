@@ -15,8 +15,10 @@ import jax.numpy as jnp
 import jax.random as jr
 import jax.scipy.linalg as jsl
 import numpy as np
+import scipy.linalg
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._errors import TINY as _TINY
 from .._errors import as_float_array, concrete_array
 
 
@@ -97,6 +99,45 @@ def _check_ph_values(alpha: np.ndarray, T: np.ndarray) -> None:
             f"phase {i} of T never reaches the absorbing state (no exit rate is reachable from it); "
             "give T an absorbing exit from every phase"
         )
+    _check_scale(alpha, T)
+
+
+def _check_scale(alpha: np.ndarray, T: np.ndarray) -> None:
+    r"""Refuse a PH whose first two moments leave the normal float64 range (its SCV, variance and the solvers'
+    truncation levels need them): $E[S] = \alpha(-T)^{-1}\mathbf1$ and $E[S^2] = 2\alpha(-T)^{-2}\mathbf1$ from every
+    phase, so that no moment is 0 * inf (NaN)."""
+    if not np.any(np.tril(T, -1)):  # Erlang, Coxian, hyperexponential: O(m^2) back substitution
+        solve = functools.partial(scipy.linalg.solve_triangular, -T, check_finite=False)
+    else:
+        solve = functools.partial(scipy.linalg.lu_solve, scipy.linalg.lu_factor(-T, check_finite=False),
+                                  check_finite=False)
+    with np.errstate(all="ignore"):
+        m1 = solve(np.ones(T.shape[0]))
+        m2 = 2.0 * solve(m1)
+        mean, second = float(alpha @ m1), float(alpha @ m2)
+    vectors_ok = np.all(np.isfinite(m1)) and np.all(np.isfinite(m2))
+    if not (vectors_ok and _TINY <= mean and _TINY <= second < np.inf):
+        raise ValueError(
+            f"the PH's time scale leaves float64: E[S]={mean:.6g}, E[S^2]={second:.6g} (both must be finite and "
+            f"at least {_TINY:.6g}, from every phase, for its SCV and the solvers); measure time in another unit"
+        )
+
+
+def not_a_ph(service: "PH") -> Array:
+    """Whether `service` is not a PH representation (NaN entries included), as a boolean array that may be traced:
+    the sign and sum tests of construction, for the public entry points' `eqx.error_if` checks when the
+    representation is traced (construction has then checked nothing)."""
+    alpha, T = service.alpha, service.T
+    diag = jnp.diagonal(T)
+    scales = jnp.abs(diag)
+    off = T - jnp.diag(diag)
+    valid = (
+        jnp.all(jnp.isfinite(alpha)) & jnp.all(jnp.isfinite(T))
+        & jnp.all(alpha >= -_ATOL) & (jnp.abs(jnp.sum(alpha) - 1.0) <= 1e-8)
+        & jnp.all(diag < 0) & jnp.all(off >= -_ATOL * scales[:, None])
+        & jnp.all(jnp.sum(T, axis=1) <= _ATOL * scales)
+    )
+    return ~valid
 
 
 def _close_backwards(moves: np.ndarray, marked: np.ndarray) -> None:
@@ -240,13 +281,13 @@ class PH(eqx.Module):
 
     def cdf(self, x: ArrayLike) -> Float[Array, "..."]:
         r"""$P(S \le x) = 1 - \alpha e^{Tx}\mathbf{1}$, for `x >= 0` (0 for `x < 0`, 1 for `x = inf`)."""
-        x = jnp.asarray(x, dtype=float)
+        x = _points(x)
         surv = self._expm(jnp.maximum(x, 0.0)) @ jnp.ones(self.order) @ self.alpha
         return jnp.where(x < 0, 0.0, 1.0 - surv)
 
     def pdf(self, x: ArrayLike) -> Float[Array, "..."]:
         r"""$f(x) = \alpha e^{Tx} T^0$ for `x >= 0` (0 for `x < 0` and `x = inf`)."""
-        x = jnp.asarray(x, dtype=float)
+        x = _points(x)
         dens = self._expm(jnp.maximum(x, 0.0)) @ self.exit_vector @ self.alpha
         return jnp.where(x < 0, 0.0, dens)
 
@@ -254,6 +295,16 @@ class PH(eqx.Module):
         """Draw samples of shape `shape` (an integer or a tuple of integers) by running the phase process to
         absorption (explicit `key`)."""
         return _sample_ph(self.alpha, self.T, key, _sample_shape(shape))
+
+
+def _points(x) -> Array:
+    """The points `x` of `cdf` and `pdf` as a float array (infinities allowed), or a `ValueError` naming `x`."""
+    if isinstance(x, jax.core.Tracer):
+        return x.astype(float)
+    try:
+        return jnp.asarray(x, dtype=float)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"x={x!r} is not a real number or array of real numbers (the points to evaluate at)") from e
 
 
 def _sample_shape(shape) -> tuple[int, ...]:
@@ -359,11 +410,17 @@ def hyperexponential(probs: ArrayLike, rates: ArrayLike) -> PH:
     if probs.shape != rates.shape:
         raise ValueError(f"probs has shape {probs.shape} but rates has shape {rates.shape}; they must match")
     _check_order(f"rates has {rates.shape[0]} entries: ", rates.shape[0])
-    rc = concrete_array(rates)
+    rc, pc = concrete_array(rates), concrete_array(probs)
     if rc is not None:
         for i, r in enumerate(rc):
             if not r > 0:
                 raise ValueError(f"rates[{i}]={float(r)!r} must be positive")
+    if pc is not None:
+        for i, q in enumerate(pc):
+            if q < -_ATOL:
+                raise ValueError(f"probs[{i}]={float(q)!r} is negative; probs must be a probability vector")
+        if pc.size and abs(float(pc.sum()) - 1.0) > 1e-8:
+            raise ValueError(f"probs sums to {float(pc.sum())!r}, not 1; probs must be a probability vector")
     return PH(probs, -jnp.diag(rates))
 
 
@@ -376,6 +433,8 @@ def hyperexponential2(mean: float = 1.0, scv: float = 4.0) -> PH:
     $T = \begin{pmatrix} -1 & 0 \\ 1 & -1 \end{pmatrix}/m$ (phase 2 is never entered), the value at $u = 0$ of
     $T = \begin{pmatrix} -(1+2u) & u \\ 1-4u & -(1-2u) \end{pmatrix}/m$, $u = (c^2-1)/(c^2+1)$: the same
     hyperexponential for $0 \le u < 1/4$, smooth in `scv`, so that `jax.grad` gives the one-sided derivative at 1.
+    This holds for functions of the distribution (jsmkt's models, moments); the as-published formulas of
+    `jsmkt.published` depend on the representation and jump at `scv = 1`.
     """
     mean = _positive_mean(mean)
     scv = as_float_array("scv", scv, ndim=0)
@@ -406,6 +465,8 @@ def coxian(rates: ArrayLike, probs: ArrayLike) -> PH:
     rates = as_float_array("rates", rates, ndim=1)
     probs = as_float_array("probs", probs, ndim=1)
     m = rates.shape[0]
+    if m < 1:
+        raise ValueError("rates is empty; a Coxian distribution needs at least one phase")
     if probs.shape != (m - 1,):
         raise ValueError(f"probs has shape {probs.shape}; a Coxian with {m} rates needs {m - 1} continuation probabilities")
     _check_order(f"rates has {m} entries: ", m)

@@ -7,7 +7,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
-from .._distributions.ph import PH
+from .._distributions.ph import PH, not_a_ph
 from .._errors import as_float_array, concrete_array
 from .._linalg import mmatrix_solve
 from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt, mph1_tail_decay
@@ -198,11 +198,7 @@ class JSQdPH(AbstractSupermarketModel):
 
     def value_errors(self):
         alpha, T = self.service.alpha, self.service.T
-        off = T - jnp.diag(jnp.diagonal(T))
-        bad_ph = (
-            jnp.any(alpha < -1e-10) | (jnp.abs(jnp.sum(alpha) - 1.0) > 1e-8) | jnp.any(jnp.diagonal(T) >= 0)
-            | jnp.any(off < -1e-10) | jnp.any(jnp.sum(T, axis=1) > 1e-10)
-        )
+        bad_ph = not_a_ph(self.service)
         bad_num = ~jnp.isfinite(self.lam) | ~jnp.all(jnp.isfinite(alpha)) | ~jnp.all(jnp.isfinite(T))
         return [
             (bad_num | ~(self.lam > 0),

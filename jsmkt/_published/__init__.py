@@ -16,6 +16,14 @@ $\omega^{\odot d}$ is proportional to $\alpha$ (since $\omega T = -\mu\alpha$): 
 Erlang or hyperexponential service, not even with $d = 1$ (M/PH/1 tails are not $\rho^k\omega$).
 `ph_fixed_point_residuals` reports its residual in the published and in the exact equations.
 
+The published forms depend on the representation $(\alpha, T)$, not only on the service distribution: $S_k^{\odot d}$,
+$\omega^{\odot d}$ and $\theta = \sum_i \omega_i^d$ change when a phase is split into several. They are the
+mean-field limit only for service written with one phase (exponential). For example
+`hyperexponential([0.5, 0.5], [1, 1])` is Exp(1), yet `ph_sojourn_time(0.6, ., 2)` gives 1.18584 against
+Mitzenmacher's 1.40744 (which the exact model gives for both). `hyperexponential2(mean, scv)` changes
+representation at `scv = 1` (one reachable phase there, two balanced phases above), so the published forms jump
+there, and their derivative with respect to `scv` at 1 is that of the one-phase branch only.
+
 Classic exponential JSQ(d) (Vvedenskaya et al. 1996; Mitzenmacher 2001):
 
 - `exponential_tails`: $s_k = \rho^{(d^k-1)/(d-1)}$ ($\rho^k$ for $d = 1$);
@@ -28,7 +36,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import FixedChoice
-from .._distributions.ph import PH
+from .._distributions.ph import PH, not_a_ph
 from .._errors import as_float_array, check_count, concrete_array
 from .._models.base import AbstractSupermarketModel, fmt
 from .._models.jsqd_ph import JSQdPH
@@ -45,9 +53,15 @@ def _integer_d(d) -> int:
 
 
 def _service(service) -> PH:
+    """`service`, checked to be a PH representation (with `eqx.error_if` when traced: construction checked
+    nothing then)."""
     if not isinstance(service, PH):
         raise ValueError(f"service={service!r} must be a jsmkt.PH distribution")
-    return service
+    return _require(
+        service, not_a_ph(service),
+        "invalid PH service: alpha must be a probability vector (entries >= 0, sum 1) and T a sub-generator "
+        "(negative diagonal, non-negative off-diagonal entries, row sums <= 0), all finite",
+    )
 
 
 def _require(value, bad: Array, message: str):
@@ -105,11 +119,12 @@ def _tail_bound(a_next: Array, q: Array) -> Array:
 
 
 def _geometric_exponent(d: int, k: Array) -> Array:
-    """(d^k - 1)/(d - 1) = 1 + d + ... + d^(k-1) (= k for d = 1)."""
+    """(d^k - 1)/(d - 1) = 1 + d + ... + d^(k-1) (= k for d = 1), capped at 1e300 (where x^e is 0 for x < 1 anyway,
+    and its derivative e x^(e-1) is 0 rather than inf * 0)."""
     k = jnp.asarray(k, dtype=float)
     if d == 1:
         return k
-    return (float(d) ** k - 1.0) / (d - 1.0)
+    return jnp.minimum((float(d) ** k - 1.0) / (d - 1.0), 1e300)
 
 
 def _exponent(d: int, k: Array) -> Array:
@@ -182,7 +197,7 @@ def ph_sojourn_time(lam: ArrayLike, service: PH, d: int, terms: int = 64) -> Flo
         # Term k is theta^e_k rho^f_k, e_k = (d^k - 1)/(d - 1), f_k = d e_k; the ratios theta^(d^k) rho^(d^(k+1))
         # of successive terms decrease (theta = sum(omega^d) <= 1).
         k = jnp.arange(1, terms + 3, dtype=float)
-        a = theta ** jnp.minimum(_geometric_exponent(d, k), 1e300) * rho ** _exponent(d, k)
+        a = theta ** _geometric_exponent(d, k) * rho ** _exponent(d, k)
         series = _remainder_checked(jnp.sum(a[:terms]), _tail_bound(a[terms], a[terms + 1] / a[terms]), terms)
     return rho**d * theta * (omega - alpha) @ resid + service.mean * (1.0 + series)
 
@@ -196,8 +211,9 @@ class JSQdPHAsPublished(AbstractSupermarketModel):
     $S_k^{\odot d}$ (entrywise power of a phase vector) is not the probability that an arrival joins a server
     with at least $k$ jobs in a given phase unless $m = 1$, and eq. (2) puts the arrivals to busy servers in the
     wrong phases ($\lambda(\alpha - S_1)$ where the exact flow into level 1 is $\lambda(1 - s_1)\alpha$), so
-    except for exponential service this is not the mean-field limit of the stated system, not even for $d = 1$
-    (its fixed point then has the M/M/1 mean queue length whatever the service). The exact one is
+    except for exponential service written with one phase this is not the mean-field limit of the stated system,
+    not even for $d = 1$ (its fixed point then has the M/M/1 mean queue length whatever the service); with $m \ge 2$
+    phases it depends on the representation, not only on the distribution. The exact one is
     `jsmkt.JSQdPH`. Same arguments as `JSQdPH`
     (integer `d` only). It has no `transitions` (the system is stated as an ODE on tails).
     """
