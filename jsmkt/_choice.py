@@ -31,6 +31,9 @@ from ._errors import as_float_array, check_count, concrete_array
 
 
 _UNROLL_MAX_D = 16  # up to this many choice numbers the sums over them are written out; beyond, a `lax.scan`
+# The largest choice number: a choice law is a dense vector of P(D = j), j = 1..max_d.
+MAX_CHOICE = 2**16
+_MAX_WHAT = "number of servers an arrival samples"
 
 
 def _divided_differences(a: Array, b: Array, n: int) -> Array:
@@ -122,7 +125,7 @@ class FixedChoice(AbstractChoice):
     d: int = eqx.field(static=True)
 
     def __init__(self, d: int):
-        self.d = check_count("d", d, "the number of servers sampled")
+        self.d = check_count("d", d, _MAX_WHAT, maximum=MAX_CHOICE)
 
     @property
     def max_d(self) -> int:
@@ -160,11 +163,17 @@ class MixedChoice(AbstractChoice):
     def __check_init__(self):
         if self.probs.shape[0] < 1:
             raise ValueError("d=[] is empty; give probabilities of sampling 1, 2, ... servers")
+        if self.probs.shape[0] > MAX_CHOICE:
+            raise ValueError(
+                f"d has {self.probs.shape[0]} probabilities: more than {MAX_CHOICE}, the largest {_MAX_WHAT} jsmkt "
+                "handles"
+            )
         w = concrete_array(self.probs)
         if w is not None:
             for j, p in enumerate(w):
                 if p < -1e-12:
-                    raise ValueError(f"d[{j}]={float(p)!r} (probability of sampling {j + 1} servers) is negative")
+                    servers = "1 server" if j == 0 else f"{j + 1} servers"
+                    raise ValueError(f"d[{j}]={float(p)!r} (probability of sampling {servers}) is negative")
             if abs(w.sum() - 1.0) > 1e-8:
                 raise ValueError(f"d={w.tolist()!r} sums to {float(w.sum())!r}; choice-number probabilities must sum to 1")
 
@@ -203,8 +212,13 @@ class InterpolatedChoice(AbstractChoice):
                 )
             if not dc >= 1:
                 raise ValueError(f"d={float(dc)!r} must be >= 1 (the mean number of servers sampled)")
+            if dc >= MAX_CHOICE:
+                raise ValueError(
+                    f"d={float(dc)!r} must be below {MAX_CHOICE}: its law samples up to floor(d) + 1 servers, and "
+                    f"{MAX_CHOICE} is the largest {_MAX_WHAT} jsmkt handles"
+                )
             d_max = int(np.floor(dc)) + 1
-        self.d_max = check_count("d_max", d_max, "the largest number of servers sampled")
+        self.d_max = check_count("d_max", d_max, _MAX_WHAT, maximum=MAX_CHOICE)
 
     def __check_init__(self):
         dc = concrete_array(self.d)
@@ -221,6 +235,8 @@ class InterpolatedChoice(AbstractChoice):
     def weights(self) -> Array:
         # Out-of-range d is reported by `value_errors` at the entry points; keep the weights a probability
         # vector regardless. At d = d_max the derivative is the left one (lo = d_max - 1, frac = 1).
+        if self.d_max == 1:  # the only law is D = 1, whatever d (its tangent too)
+            return jnp.ones(1, dtype=self.d.dtype)
         d = jnp.where(self.d > self.d_max, float(self.d_max), jnp.where(self.d < 1.0, 1.0, self.d))
         lo = jnp.minimum(jnp.floor(d), float(max(self.d_max - 1, 1)))
         frac = d - lo

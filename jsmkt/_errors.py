@@ -7,6 +7,7 @@ when they are concrete, and at the public entry points with `eqx.error_if` when 
 
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,11 +18,13 @@ def all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
-def check_count(name: str, n: Any, what: str | None = None, minimum: int = 1) -> int:
-    """An integer >= `minimum` (a NumPy integer too) as an `int`, or a `ValueError` naming `name`, the value and,
-    when given, `what` it counts."""
+def check_count(name: str, n: Any, what: str | None = None, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer in [`minimum`, `maximum`] (a NumPy integer too) as an `int`, or a `ValueError` naming `name`, the
+    value and, when given, `what` it counts."""
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < minimum:
         raise ValueError(f"{name}={n!r} must be an integer >= {minimum}" + (f" ({what})" if what else ""))
+    if maximum is not None and n > maximum:
+        raise ValueError(f"{name}={n!r} exceeds {maximum}, the largest {what or name} jsmkt handles")
     return int(n)
 
 
@@ -86,3 +89,28 @@ def as_float_array(name: str, x: Any, ndim: int | None = None) -> jax.Array:
                 "measure in another unit"
             )
     return arr
+
+
+@jax.custom_jvp
+def _guard(x: Any, check: jax.Array) -> Any:
+    del check
+    return x
+
+
+@_guard.defjvp
+def _guard_jvp(primals, tangents):
+    x, check = primals
+    t_x, _ = tangents
+    return x, jax.tree_util.tree_map(lambda t: t if t.dtype == jax.dtypes.float0 else t + check * t, t_x)
+
+
+def error_if(x: Any, pred: Any, msg: Any, enumeration: Any = None) -> Any:
+    """`eqx.error_if(x, pred, msg)` (or `enumeration.error_if(x, pred)` for a result code), whose check also runs
+    when only derivatives of `x` are used. The reverse pass of a function linear in `x` never reads `x`, and `jit`
+    drops a check on an unused value as dead code; here the derivatives of `x` are scaled by `1 + z`, with `z` a
+    zero that carries the same check, so that no derivative is computed without it."""
+    if enumeration is not None:
+        check = lambda v: enumeration.error_if(v, pred)  # noqa: E731
+    else:
+        check = lambda v: eqx.error_if(v, pred, msg)  # noqa: E731
+    return _guard(check(x), check(jnp.zeros(())))

@@ -16,7 +16,7 @@ import optimistix as optx
 from jaxtyping import Array, PyTree
 
 from . import _maps
-from ._errors import all_finite, is_concrete
+from ._errors import all_finite, error_if, is_concrete
 from ._linalg import BlockTridiagonal, NeverFails
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, FixedPoint
@@ -97,7 +97,7 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
     out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
     out = RESULTS.where((out == RESULTS.successful) & (tail_mass > tail_tol), RESULTS.truncation_too_small, out)
     if throw:
-        y = out.error_if(y, out != RESULTS.successful)
+        y = error_if(y, out != RESULTS.successful, None, enumeration=out)
     else:
         poison = jnp.where(out == RESULTS.successful, 0.0, jnp.nan)
         y = _nan_derivatives(y, eqx.filter(model, eqx.is_inexact_array), poison)
@@ -207,9 +207,11 @@ def solve_fixed_point(
     _maps.before_compiling("jsmkt.solve_fixed_point", ("fixed_point", _maps.signature((model, x0))))
     while True:
         fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint)
-        if fp.result in (RESULTS.nonlinear_max_steps_reached, RESULTS.nonlinear_divergence, RESULTS.nonfinite_solution,
-                         RESULTS.singular) and x0 is None:
-            # Newton did not converge from the model's initial guess: start it from the ODE's steady state instead.
+        newton_failed = fp.result not in (RESULTS.successful, RESULTS.unstable, RESULTS.invalid_parameters,
+                                          RESULTS.truncation_too_small)
+        if newton_failed and x0 is None:
+            # Newton did not converge from the model's initial guess (it diverged, stalled, met a singular or
+            # non-finite linear system): start it from the ODE's steady state instead.
             from ._integrate import steady_state
 
             y_ode, _ = steady_state(model, rtol=1e-8, atol=1e-10, throw=False)

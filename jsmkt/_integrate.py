@@ -10,7 +10,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, PyTree
 
 from . import _maps
-from ._errors import all_finite, check_count, is_concrete
+from ._errors import all_finite, check_count, error_if, is_concrete
 from ._fixed_point import check_values
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, Trajectory
@@ -39,7 +39,7 @@ def _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw):
     out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
     ys = sol.ys
     if throw:
-        ys = out.error_if(ys, out != RESULTS.successful)
+        ys = error_if(ys, out != RESULTS.successful, None, enumeration=out)
     return Trajectory(ts=sol.ts, ys=ys, result=out, model=model, stats=dict(sol.stats))
 
 
@@ -135,7 +135,7 @@ def _steady_state(model, y0, rtol, atol, max_steps, throw):
         args=model,
         saveat=dfx.SaveAt(t1=True),
         stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol),
-        event=dfx.Event(dfx.steady_state_event(rtol=rtol, atol=atol)),
+        event=dfx.Event(dfx.steady_state_event()),  # the controller's rtol, atol (no traced closure)
         max_steps=max_steps,
         adjoint=dfx.ImplicitAdjoint(),
         throw=False,
@@ -178,5 +178,5 @@ def steady_state(
     if throw and concrete and result != RESULTS.successful:
         raise RuntimeError(f"jsmkt.steady_state: {RESULTS[result]} (max_steps={max_steps})")
     if throw:
-        y = result.error_if(y, result != RESULTS.successful)
+        y = error_if(y, result != RESULTS.successful, None, enumeration=result)
     return y, result

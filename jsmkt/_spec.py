@@ -178,7 +178,10 @@ def service_from_spec(table: dict[str, Any], where: str = "[service]") -> PH:
                 raise SpecError(f"{where}: clip={show(clip)} must be true or false")
             if clip:
                 return fit_ph2_three_moments(*m, clip=True)[0]
-            return fit_ph2_three_moments(*m)
+            try:
+                return fit_ph2_three_moments(*m)
+            except ValueError as e:
+                raise SpecError(f"{where}: {e}".replace("pass clip=True", "set clip = true in the table")) from None
     except SpecError:
         raise
     except (ValueError, TypeError) as e:

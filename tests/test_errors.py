@@ -267,3 +267,24 @@ def test_subnormal_numbers_are_refused(call, name):
     0; or, for a rate, an infinite mean."""
     with pytest.raises(ValueError, match=rf"^{name}=1e-320 is nonzero but below 2\.22507e-308, the smallest"):
         call()
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: jsmkt.JSQd(0.5, d=2**63 - 1), r"^d=9223372036854775807 exceeds 65536, the largest number of servers"),
+        (lambda: jsmkt.JSQd(0.5, d=10**11), r"^d=100000000000 exceeds 65536"),
+        (lambda: jsmkt.JSQd(0.5, d=1e300), r"^d=1e\+300 must be below 65536"),
+        (lambda: jsmkt.JSQd(0.5, d=2.5, d_max=10**11), r"^d_max=100000000000 exceeds 65536"),
+        (lambda: jsmkt.JSQd(0.5, d=jnp.full(70000, 1 / 70000)), r"^d has 70000 probabilities: more than 65536"),
+        (lambda: jsmkt.JSQd(0.5, d=jnp.array([-0.5, 1.5])),
+         r"^d\[0\]=-0\.5 \(probability of sampling 1 server\) is negative$"),
+        (lambda: jsmkt.MixedChoice([True]), r"^d=\[True\] is boolean"),
+        (lambda: jsmkt.InterpolatedChoice(True), r"^d=True is boolean"),
+    ],
+)
+def test_choice_numbers_are_bounded_real_numbers(make, match):
+    """Regression: d = 2^63 - 1 aborted the process inside XLA, d = 1e11 ran out of memory, d = 1e300 raised
+    OverflowError (the choice law is a dense vector of P(D = j)); booleans were read as 1.0."""
+    with pytest.raises(ValueError, match=match):
+        make()

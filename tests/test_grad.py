@@ -343,3 +343,47 @@ def test_saturation_converges_under_jit_and_grad():
     assert float(f(lam)) == pytest.approx(closed, rel=1e-9)
     assert float(jax.jit(f)(lam)) == pytest.approx(closed, rel=1e-9)
     assert float(jax.jit(jax.grad(f))(lam)) == pytest.approx(dclosed, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        # Metrics linear in the state: their reverse pass never reads the checked value itself.
+        lambda lam: jsmkt.mean_queue_length(m := jsmkt.JSQd(lam, d=1, K=40), jsmkt.solve_fixed_point(m)),
+        lambda lam: jsmkt.utilisation(m := jsmkt.JSQd(lam, d=1, K=40), jsmkt.solve_fixed_point(m)),
+        lambda lam: jnp.sum(jsmkt.integrate(jsmkt.JSQd(lam, d=2, K=20), 10.0, max_steps=2).ys),
+        lambda lam: jnp.sum(jsmkt.steady_state(jsmkt.JSQd(lam, d=2, K=20), max_steps=3)[0]),
+        lambda lam: jsmkt.published.exponential_sojourn_time(lam, 2, terms=2),
+    ],
+    ids=["truncation-mean_queue_length", "truncation-utilisation", "integrate", "steady_state", "published"],
+)
+def test_jit_of_grad_keeps_the_failure_checks(loss):
+    """Regression: under `jit(grad(...))` a failed solve (truncation level too small: the fraction of servers at
+    K = 40 is 0.9^40 = 0.015; an integration or steady state cut short; a series cut short) returned a gradient
+    (74.48 for E[Q], 0.951 for the utilisation, whose true derivative is 1), because `jit` dropped the check on a
+    value that the reverse pass does not read."""
+    with jax.numpy_dtype_promotion("standard"):  # diffrax's implicit adjoint multiplies float t by an int
+        with pytest.raises((ValueError, RuntimeError), match="K is too small|did not reach|leaves out"):
+            jax.block_until_ready(jax.jit(jax.grad(loss))(0.9))
+
+
+def test_grad_of_steady_state():
+    """Regression: `jax.grad` through `steady_state` failed ('No constant handler for type DynamicJaxprTracer').
+    Exponential JSQ(2): s_k = lam^(2^k - 1), so d/dlam sum_k s_k = sum_k (2^k - 1) lam^(2^k - 2)."""
+    lam, K = 0.7, 20
+    expected = sum((2**k - 1) * lam ** (2**k - 2) for k in range(1, K + 1))
+    loss = lambda x: jnp.sum(jsmkt.steady_state(jsmkt.JSQd(x, d=2, K=K))[0])  # noqa: E731
+    with jax.numpy_dtype_promotion("standard"):  # diffrax's implicit adjoint multiplies float t by an int
+        assert float(jax.grad(loss)(lam)) == pytest.approx(expected, rel=1e-7)
+        assert float(jax.jit(jax.grad(loss))(lam)) == pytest.approx(expected, rel=1e-7)
+
+
+def test_real_d_with_d_max_1_has_zero_derivative():
+    """Regression: with d_max = 1 the only law is D = 1, yet the weights' tangent was [-1] and d E[Q]/dd = -2.0."""
+    def loss(d):
+        model = jsmkt.JSQd(0.5, d=d, d_max=1)
+        return jsmkt.mean_queue_length(model, jsmkt.solve_fixed_point(model))
+
+    assert float(loss(1.0)) == pytest.approx(1.0, rel=1e-12)  # M/M/1 at rho = 1/2
+    assert float(jax.grad(loss)(1.0)) == 0.0
+    np.testing.assert_array_equal(jax.jacfwd(lambda d: jsmkt.InterpolatedChoice(d, d_max=1).weights())(1.0), [0.0])

@@ -332,6 +332,9 @@ def test_integrate_mm1_transient_mean():
     lambda: jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=40),
     lambda: jsmkt.JSQdPH(0.7, jsmkt.erlang(3), d=3, K=20),
     lambda: jsmkt.JSQd(0.95, d=jnp.array([0.1, 0.6, 0.3]), K=80),
+    # Regression: Newton met a non-finite linear system from the initial guess (s_2..s_5 ~ 0.99 where s_2 is
+    # 0.874) and `solve_fixed_point` raised instead of restarting from the ODE's steady state.
+    lambda: jsmkt.JSQdPH(0.999, jsmkt.erlang(4), d=16),
 ])
 def test_newton_agrees_with_ode_steady_state(make):
     # Oracle independent of Newton: integrate the ODE from the empty system until the drift vanishes.

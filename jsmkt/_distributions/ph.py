@@ -409,6 +409,8 @@ def hyperexponential(probs: ArrayLike, rates: ArrayLike) -> PH:
     rates = as_float_array("rates", rates, ndim=1)
     if probs.shape != rates.shape:
         raise ValueError(f"probs has shape {probs.shape} but rates has shape {rates.shape}; they must match")
+    if rates.shape[0] < 1:
+        raise ValueError("probs and rates are empty; a hyperexponential distribution needs at least one phase")
     _check_order(f"rates has {rates.shape[0]} entries: ", rates.shape[0])
     rc, pc = concrete_array(rates), concrete_array(probs)
     if rc is not None:

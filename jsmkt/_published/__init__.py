@@ -37,7 +37,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import FixedChoice
 from .._distributions.ph import PH, not_a_ph
-from .._errors import as_float_array, check_count, concrete_array
+from .._errors import as_float_array, check_count, concrete_array, error_if
 from .._models.base import AbstractSupermarketModel, fmt
 from .._models.jsqd_ph import JSQdPH
 
@@ -69,7 +69,7 @@ def _require(value, bad: Array, message: str):
     (`eqx.error_if`) on the returned `value` (a pytree: everything computed from it carries the check)."""
     c = concrete_array(bad)
     if c is None:
-        return eqx.error_if(value, bad, message)
+        return error_if(value, bad, message)
     if bool(c):
         raise ValueError(message)
     return value
