@@ -23,7 +23,10 @@ from ._spec import SpecError, load_spec, model_from_spec, simulation_from_spec
 
 
 _SEED_RANGE = (-(2**63), 2**63 - 1)  # what jax.random.PRNGKey accepts
-_SIMULATE_OPTION_NAMES = {"max_queue": "--max-queue", "n_replications": "--replications", "n_servers": "--servers"}
+_SIMULATE_OPTION_NAMES = {
+    "max_queue": "--max-queue", "n_replications": "--replications", "n_servers": "--servers", "t1": "--time",
+    "warmup": "--warmup",
+}
 _SIMULATE_OPTIONS = re.compile(r"(?<![\w-])(" + "|".join(_SIMULATE_OPTION_NAMES) + r")\b")
 
 
@@ -190,7 +193,7 @@ def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
         "source": source,
         "model": type(model).__name__,
         "lam": float(model.lam),
-        "d": d,
+        "d": float(d),
         "K": model.K,
         "load": float(model.load()),
         "mean_queue_length": float(np.sum(s[1:])),

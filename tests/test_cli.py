@@ -81,6 +81,8 @@ def test_as_published_switches_equations(capsys):
     assert abs(pub["tail"][2] - 0.3645) < 1e-12  # rho^(d+1) * theta, theta = 1/2
     assert abs(exact["tail"][2] - 0.668646) < 1e-6
     assert pub["residual_in_exact_equations"] > 0.1
+    # Regression: "d" was 2.0 in the exact output and 2 in the published one.
+    assert json.dumps(pub["d"]) == json.dumps(exact["d"]) == "2.0"
 
 
 def test_table_and_plot(tmp_path, capsys):
@@ -99,6 +101,12 @@ def test_table_and_plot(tmp_path, capsys):
     ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "ph"\nalpha = [0.5, 0.6]\nT = [[-1.0, 0.0], [0.0, -1.0]]\n',
      "alpha sums to"),
     ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "weibull"\n', "kind='weibull' is not one of"),
+    # Regression: these said "pass clip=True", crashed the process (XLA), ran out of memory, or raised OverflowError.
+    ('model = "jsq-ph"\nlam = 0.5\n[service]\nkind = "moments"\nm1 = 1.0\nm2 = 1.5\nm3 = 1.0\n',
+     "feasible m3 range is [3, 3]; set clip = true in the table to project onto it"),
+    ('model = "jsq"\nlam = 0.5\nd = 9223372036854775807\n', "d=9223372036854775807 exceeds 65536, the largest "
+     "number of servers an arrival samples jsmkt handles"),
+    ('model = "jsq"\nlam = 0.5\nd = 1e300\n', "d=1e+300 must be below 65536"),
     ('model = "jsq"\nlam = 0.9\nK = 3\n', "K=3 is too small: the fraction of servers with K jobs is 0.25 > "
      "tail_tol=1e-10; raise K in the spec (e.g. K=6) or pass --auto-K"),
     ('model = "jsq"\nlam = "fast"\n', "lam="),
@@ -195,6 +203,9 @@ def test_simulate_json_keys_and_agreement(tmp_path, capsys):
      "--max-queue=1 is too small: "),  # simulate's own error, in the options' names
     (["--servers", "1000000", "--time", "10", "--max-queue", "10000"],
      "--replications=1 x --servers=1000000 x --max-queue=10000 ring-buffer slots"),
+    # Regression: these named the Python arguments t1 and warmup.
+    (["--servers", "10", "--time", "2e10"], "--time=20000000000.0 is 2e+10 mean service times"),
+    (["--servers", "10", "--time", "0.001"], "during [--warmup, --time] = [0.0001, 0.001]"),
 ])
 def test_simulate_bad_arguments(tmp_path, capsys, args, needle):
     spec = tmp_path / "m.toml"

@@ -9,6 +9,7 @@ No RNG stream is pinned: every check must hold for any key.
 import json
 import math
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -173,6 +174,7 @@ def test_chunking_does_not_change_the_run(getkey, service):
         assert a.mean_sojourn_time == pytest.approx(b.mean_sojourn_time, rel=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:the n_batches=30 batch means")  # short batches on purpose
 def test_reproducible_and_key_dependent(getkey, capsys):
     model = jsmkt.JSQdPH(0.8, jsmkt.coxian2(1.0, 2.0), d=2)
     key = getkey()
@@ -288,6 +290,26 @@ def test_traced_key_is_refused():
     model = jsmkt.JSQd(0.5, d=2)
     with pytest.raises(ValueError, match=r"key is traced: simulate was called inside jit/grad/vmap"):
         jax.vmap(lambda k: jsmkt.simulate(model, 5, 10.0, key=k).mean_queue_length)(jr.split(jr.PRNGKey(0), 2))
+
+
+@pytest.mark.parametrize("d", [jnp.array([0.3, 0.7]), 2.5, 3])
+@pytest.mark.parametrize("service", [None, jsmkt.deterministic(1.0)], ids=["markov", "general"])
+def test_simulate_inside_jit_is_refused(d, service):
+    """Regression: with a concrete key and model closed over by `jit`, a randomised choice rule failed inside JAX
+    ('`compiler_options` can only be passed to top-level `jax.jit`', or TracerArrayConversionError)."""
+    model, key = jsmkt.JSQd(0.5, d=d), jr.PRNGKey(0)
+    with pytest.raises(ValueError, match=r"^simulate was called inside jit/grad/vmap; call it outside JAX"):
+        jax.jit(lambda: jsmkt.simulate(model, 20, 20.0, key=key, service=service).mean_queue_length)()
+
+
+@pytest.mark.parametrize("scv", [1e12, 1e308])
+def test_default_max_queue_too_large_says_it_is_the_default(scv):
+    """Regression: a huge service SCV crashed with OverflowError (`math.ceil(inf)`) or named a max_queue the user
+    never gave."""
+    service = jsmkt.lognormal(1.0, scv)
+    with pytest.raises(ValueError, match=r"max_queue=\d+ \(the default for load 0\.5 and service SCV .*give a "
+                                         r"smaller max_queue"):
+        jsmkt.simulate(jsmkt.JSQd(0.5, d=2), 5, 20.0, key=jr.PRNGKey(0), service=service)
 
 
 @pytest.mark.parametrize(
@@ -642,3 +664,64 @@ def test_block_size_follows_the_measured_optima(monkeypatch, backend):
         assert sizes == sorted(sizes, reverse=True), (n, sizes)
     measured = {"gpu": {1: 64, 16: 64, 1024: 64, 4096: 64, 16384: 32}, "cpu": {1: 64, 16: 16}}[backend]
     assert {r: driver._markov_block_size(1000, r) for r in measured} == measured
+
+
+_BIG_MAX_QUEUE_SCRIPT = """
+import json, resource
+import jax.random as jr
+import jsmkt
+res = jsmkt.simulate(jsmkt.JSQd(0.5, d=2), 2, 50.0, key=jr.PRNGKey(0), max_queue=5_000_000)
+print(json.dumps({"rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                  "n_tails": len(res.tails), "tails": res.tails[:65].tolist(), "ci": res.tails_ci[:65].tolist(),
+                  "soj": res.mean_sojourn_time}))
+"""
+
+
+def test_statistics_memory_follows_the_levels_reached_not_max_queue():
+    """Regression: the batch statistics took about 7 x n_batches x (max_queue + 1) floats, so a large max_queue
+    (the default near rho = 1: 17 million levels at lam = 0.999999) took 8.5 GiB here, and was killed at 24 GiB.
+    They now keep only the levels some server reached; the results still have max_queue + 1 levels and equal
+    those of a small max_queue."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _BIG_MAX_QUEUE_SCRIPT], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["rss_gib"] < 2.0  # 0.7 GiB measured (ring buffers of 80 MB and one cell array of 40 MB)
+    assert out["n_tails"] == 5_000_001
+    small = jsmkt.simulate(jsmkt.JSQd(0.5, d=2), 2, 50.0, key=jr.PRNGKey(0), max_queue=64)
+    assert out["tails"] == small.tails.tolist() and out["ci"] == small.tails_ci.tolist()
+    assert out["soj"] == small.mean_sojourn_time
+    assert small.tails[0] == 1.0 and small.tails_ci[0] == 0.0
+
+
+def test_correlated_batch_means_are_flagged():
+    """Regression: at high load one replication's batch-means confidence intervals covered E[Q] 60 % of the time
+    (M/M/1 queues, lam = 0.9, t1 = 3000: batches of 90 time units against a relaxation time 2(1 + rho)/(1 - rho)^2
+    = 380) without a word. Batch means whose lag-1 autocorrelation exceeds 0.6 now give a RuntimeWarning (7 of
+    seeds 1000-1011 here); long batches, a lower load and independent replications do not."""
+    model = jsmkt.JSQd(0.9, d=1)
+    with pytest.warns(RuntimeWarning, match=r"batch means \(batches of 90 time units\) are correlated .*raise t1"):
+        jsmkt.simulate(model, 20, 3000.0, key=jr.PRNGKey(1010))  # 0.79
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jsmkt.simulate(model, 20, 3000.0, key=jr.PRNGKey(1001), n_replications=2)
+        jsmkt.simulate(model, 20, 30000.0, key=jr.PRNGKey(1001))
+        jsmkt.simulate(jsmkt.JSQd(0.7, d=1), 20, 4000.0, key=jr.PRNGKey(1001))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda m: jsmkt.deterministic(m), lambda m: jsmkt.lognormal(m, 1.0), lambda m: jsmkt.GeneralService(
+        lambda k: jr.exponential(k), mean=m)],
+    ids=["deterministic", "lognormal", "GeneralService"],
+)
+def test_service_parameters_must_be_concrete_real_numbers(make):
+    """Regression: a traced mean was 'mean=JitTracer(~float64[]) ... must be real numbers'; True was read as 1.0."""
+    with pytest.raises(ValueError, match=r"^mean is traced \(inside jit/grad/vmap\); a simulated service takes "):
+        jax.jit(lambda m: make(m).mean)(1.0)
+    with pytest.raises(ValueError, match=r"^mean=True is boolean; give a real number$"):
+        make(True)
+    with pytest.raises(ValueError, match=r"^mean='a' is not a real number$"):
+        make("a")

@@ -6,6 +6,7 @@ import numbers
 import operator
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ import numpy as np
 from .. import _maps
 from .._choice import choice_support
 from .._distributions.ph import PH, reachable_phases
+from .._errors import staging
 from . import core
 from .result import SimulationResult
 from .service import GeneralService
@@ -217,7 +219,7 @@ def _default_max_queue(rho: float, scv: float, d_min: int, n: int) -> int:
     tails, but only while the servers are many: the jobs in excess of N, whose number has about the tail of that
     M/G/1 queue (N servers of rate 1 against one server of rate N), share N queues, so a few servers (e.g. N = 1,
     an M/G/1 queue whatever d) need about 80 scale / N more levels."""
-    scale = rho * (1.0 + scv) / (2.0 * (1.0 - rho))
+    scale = min(rho * (1.0 + scv) / (2.0 * (1.0 - rho)), 2.0**62)  # an SCV of 1e308 stays finite
     if d_min == 1:
         return 64 + math.ceil(80.0 * scale)
     return 32 + math.ceil(scale) + math.ceil(80.0 * scale / n)
@@ -337,7 +339,9 @@ def simulate(
       SCV, the smallest choice number and $N$ when omitted (deeper for few servers, whose queues have geometric
       tails whatever $d$); a `ValueError` is raised after the run if an arrival found a full queue.
     - `n_batches`: number of batch means (of equal length, $\ge 30$ recommended) for confidence intervals of a
-      single replication (with several, the run after the warm-up is not split).
+      single replication (with several, the run after the warm-up is not split). Batches shorter than the
+      system's relaxation time give correlated batch means and half-widths that are too narrow: a
+      `RuntimeWarning` says so when the lag-1 autocorrelation of the queue length's batch means exceeds 0.6.
     - `progress`: print a progress bar on stderr (the results do not depend on it).
 
     **Returns:** a `jsmkt.SimulationResult`. Sojourn times are those of the jobs that leave during
@@ -374,10 +378,11 @@ def simulate(
         max_queue = _int_arg("max_queue", max_queue, 1)
     if not isinstance(progress, bool):
         raise ValueError(f"progress={progress!r} must be True or False")
-    if isinstance(key, jax.core.Tracer):
+    if isinstance(key, jax.core.Tracer) or staging():
         raise ValueError(
-            "key is traced: simulate was called inside jit/grad/vmap; call it outside JAX transformations (it "
-            "vmaps over replications itself: use n_replications)"
+            ("key is traced: " if isinstance(key, jax.core.Tracer) else "")
+            + "simulate was called inside jit/grad/vmap; call it outside JAX transformations (it runs its own "
+            "compiled loops and vmaps over replications itself: use n_replications)"
         )
     try:
         keys = jr.split(key, n_rep)
@@ -413,14 +418,18 @@ def simulate(
         raise ValueError(
             f"d={max_d} exceeds n_servers={n}: cannot sample {max_d} distinct servers without replacement"
         )
-    if max_queue is None:
+    given = max_queue is not None
+    if not given:
         max_queue = _default_max_queue(rho, scv, d_min, n)
     slot_bytes = 8 if kind == "ph" else 16  # arrival times (and, for general service, completion times)
     if n_rep * n * max_queue > _MAX_RING_SLOTS:
+        size = (f"max_queue={max_queue}" if given else
+                f"max_queue={max_queue} (the default for load {rho:.6g} and service SCV {scv:.6g})")
         raise ValueError(
-            f"n_replications={n_rep} x n_servers={n} x max_queue={max_queue} ring-buffer slots "
-            f"({slot_bytes * n_rep * n * max_queue / 2**30:.1f} GiB) exceed the limit of {_MAX_RING_SLOTS:.3g}; "
-            "lower max_queue or n_replications (run replications in several calls)"
+            f"n_replications={n_rep} x n_servers={n} x {size} ring-buffer slots "
+            f"({slot_bytes * n_rep * n * max_queue / 2**30:.3g} GiB) exceed the limit of {_MAX_RING_SLOTS:.3g}; "
+            + ("lower max_queue" if given else "give a smaller max_queue") + " or n_replications (run replications in "
+            "several calls)"
         )
     if n_rep * (_N_BINS + 2) >= 2**31:
         raise ValueError(
@@ -490,7 +499,7 @@ def simulate(
             if progress:
                 _progress((i + (j + 1) / sub) / len(chunks), t_end, t1, events, start)
         if keep:
-            per_batch.append(total)
+            per_batch.append(_trim_levels(total, m))
     if progress:
         sys.stderr.write("\n")
         sys.stderr.flush()
@@ -507,12 +516,15 @@ def simulate(
             f"were dropped; raise max_queue (e.g. max_queue={2 * max_queue})"
         )
 
-    # -- statistics: per replication r and batch b
+    # -- statistics: per replication r and batch b, over the levels 0..top that some server reached (the cells
+    # above are 0); the results are padded with zeros back to max_queue + 1 levels.
     batch_len = np.diff(np.asarray([warmup] + ends))  # (B,)
-    area = np.stack([s.area for s in per_batch], axis=1)  # (R, B, C)
-    p = (area / (n * batch_len[None, :, None])).reshape(n_rep, n_run_batches, max_queue + 1, m)
+    width = max(s.area.shape[1] for s in per_batch)
+    area = np.stack([np.pad(s.area, ((0, 0), (0, width - s.area.shape[1]))) for s in per_batch], axis=1)  # (R, B, C)
+    p = (area / (n * batch_len[None, :, None])).reshape(n_rep, n_run_batches, width // m, m)
     levels = p.sum(axis=3)  # (R, B, K+1): fraction with exactly k jobs
     tails_rb = np.cumsum(levels[..., ::-1], axis=2)[..., ::-1]
+    tails_rb[..., 0] = 1.0  # every server has at least 0 jobs (the sum of the levels is 1 only to rounding)
     phase_rb = np.cumsum(p[..., ::-1, :], axis=2)[..., ::-1, :][:, :, 1:, :]  # (R, B, K, m)
     queue_rb = tails_rb[..., 1:].sum(axis=2)
     soj_sum = np.stack([s.soj_sum for s in per_batch], axis=1)  # (R, B)
@@ -535,6 +547,7 @@ def simulate(
         return np.tensordot(w[0], x, axes=([0], [1])) if x.ndim > 2 else (w * x).sum(axis=1)
 
     tails_r, phase_r, queue_r = rep(tails_rb), rep(phase_rb), rep(queue_rb)
+    tails_r[:, 0] = 1.0  # (the batch weights sum to 1 only to rounding)
     soj_r = soj_sum.sum(axis=1) / n_jobs.sum(axis=1)
     if n_rep >= 2:
         ci_method = "replications"
@@ -542,6 +555,7 @@ def simulate(
         queue_ci, soj_ci = float(_half_width(queue_r)), float(_half_width(soj_r))
     else:
         ci_method = "batch_means"
+        _warn_if_correlated(queue_rb[0], batch_len[0])
         tails_ci, phase_ci = _half_width(tails_rb[0]), _half_width(phase_rb[0])
         queue_ci = float(_half_width(queue_rb[0]))
         # The mean sojourn time is a ratio (time summed over jobs / number of jobs); the delta method gives its
@@ -551,6 +565,9 @@ def simulate(
     if reach is not None and not reach.all():  # phases no job visits: zero columns
         phase_r = _with_zero_phases(phase_r, reach)
         phase_ci = _with_zero_phases(phase_ci, reach)
+    above = max_queue + 1 - width // m  # levels no server reached: tails and their half-widths are 0
+    tails_r, tails_ci = _pad_levels(tails_r, above, 1), _pad_levels(tails_ci, above, 0)  # (R, K+1), (K+1,)
+    phase_r, phase_ci = _pad_levels(phase_r, above, 1), _pad_levels(phase_ci, above, 0)  # (R, K, m), (K, m)
 
     hist = sum(s.hist for s in per_batch).sum(axis=0)
     percentiles = {q: float(_percentile(hist, q, hist_lo)) for q in (50, 90, 99)}
@@ -576,6 +593,42 @@ def simulate(
         sampling=sampling,
         ci_method=ci_method,
     )
+
+
+# Lag-1 autocorrelation of the batch means above which their confidence intervals are flagged as too narrow (for
+# 30 independent batch means the estimate exceeds it with probability about 0.3 %).
+_MAX_BATCH_CORRELATION = 0.6
+
+
+def _warn_if_correlated(means: np.ndarray, batch_len: float) -> None:
+    """Warn when the batch means of the queue length are correlated: batches shorter than the system's relaxation
+    time give half-widths that are too narrow (at high load, e.g. 60 % coverage instead of 95 %)."""
+    x = means - means.mean()
+    denom = float(x @ x)
+    r1 = float(x[:-1] @ x[1:]) / denom if denom > 0 else 0.0
+    if r1 > _MAX_BATCH_CORRELATION:
+        warnings.warn(
+            f"the n_batches={means.size} batch means (batches of {batch_len:.4g} time units) are correlated (lag-1 "
+            f"autocorrelation {r1:.2f}): the batches are shorter than the system's relaxation time, so the "
+            "confidence intervals are too narrow; raise t1, or use n_replications >= 2",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _trim_levels(stats: core.Stats, m: int) -> core.Stats:
+    """`stats` with the time integrals cut after the highest queue length any server reached (the cells above are
+    0): the statistics then take memory for the levels reached, not for `max_queue`."""
+    reached = np.flatnonzero(stats.area.reshape(stats.area.shape[0], -1, m).any(axis=(0, 2)))
+    top = int(reached[-1]) if reached.size else 0
+    return stats._replace(area=stats.area[:, : (top + 1) * m].copy())
+
+
+def _pad_levels(x: np.ndarray, above: int, axis: int) -> np.ndarray:
+    """`x` with `above` zero levels appended along its queue-level axis `axis`."""
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, above)
+    return np.pad(x, pad)
 
 
 def _with_zero_phases(x: np.ndarray, reach: np.ndarray) -> np.ndarray:

@@ -8,8 +8,10 @@ import functools
 import math
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 
@@ -38,11 +40,7 @@ class GeneralService:
     def __init__(self, sampler: Callable[[PRNGKeyArray], Float[Array, ""]], mean: float, *, scv: float = 1.0):
         if not callable(sampler):
             raise ValueError(f"sampler={sampler!r} must be a function key -> service time")
-        try:
-            mean = float(mean)
-            scv = float(scv)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"mean={mean!r} and scv={scv!r} must be real numbers") from e
+        mean, scv = _real("mean", mean), _real("scv", scv)
         if not (math.isfinite(mean) and mean > 0):
             raise ValueError(f"mean={mean!r} must be a positive, finite mean service time")
         if not (math.isfinite(scv) and scv >= 0):
@@ -73,6 +71,21 @@ def _deterministic_sampler(value: float) -> Callable:
     return functools.partial(_deterministic_sample, value)
 
 
+def _real(name: str, x) -> float:
+    """`x` as a Python float, or a `ValueError` naming `name` (a simulation's parameters are concrete numbers)."""
+    if isinstance(x, jax.core.Tracer):
+        raise ValueError(
+            f"{name} is traced (inside jit/grad/vmap); a simulated service takes concrete numbers: build it, and "
+            "call jsmkt.simulate, outside JAX transformations"
+        )
+    if isinstance(x, (bool, np.bool_)):
+        raise ValueError(f"{name}={x!r} is boolean; give a real number")
+    try:
+        return float(x)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}={x!r} is not a real number") from e
+
+
 @functools.lru_cache(maxsize=256)
 def _lognormal_sampler(mu: float, sigma: float) -> Callable:
     return functools.partial(_lognormal_sample, mu, sigma)
@@ -80,10 +93,7 @@ def _lognormal_sampler(mu: float, sigma: float) -> Callable:
 
 def deterministic(mean: float = 1.0) -> GeneralService:
     """Constant service time `mean` (SCV 0)."""
-    try:
-        mean = float(mean)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"mean={mean!r} must be a positive real number") from e
+    mean = _real("mean", mean)
     if not (math.isfinite(mean) and mean > 0):
         raise ValueError(f"mean={mean!r} must be a positive, finite service time")
     return GeneralService(_deterministic_sampler(mean), mean, scv=0.0)
@@ -92,10 +102,7 @@ def deterministic(mean: float = 1.0) -> GeneralService:
 def lognormal(mean: float = 1.0, scv: float = 1.0) -> GeneralService:
     r"""Lognormal service time with mean `mean` and squared coefficient of variation `scv`:
     $S = e^{\mu + \sigma Z}$ with $\sigma^2 = \log(1 + c^2)$ and $\mu = \log m - \sigma^2/2$."""
-    try:
-        mean, scv = float(mean), float(scv)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"mean={mean!r} and scv={scv!r} must be real numbers") from e
+    mean, scv = _real("mean", mean), _real("scv", scv)
     if not (math.isfinite(mean) and mean > 0):
         raise ValueError(f"mean={mean!r} must be a positive, finite mean service time")
     if not (math.isfinite(scv) and scv > 0):
