@@ -29,15 +29,15 @@ def test_simulate_clears_the_caches_near_the_limit(linux, getkey, monkeypatch):
     monkeypatch.setattr(_maps, "map_usage", lambda: next(usage))
     model = jsmkt.JSQd(0.5, d=2)
     with pytest.warns(RuntimeWarning, match=r"jsmkt.simulate cleared .*5000 maps now.*vm.max_map_count"):
-        res = jsmkt.simulate(model, 23, 20.0, key=getkey())  # a configuration not compiled before
+        res = jsmkt.simulate(model, 23, 20.0, key=getkey(), n_replications=2)  # a configuration not compiled before
     assert res.n_jobs > 0  # and the run went on
     monkeypatch.setattr(_maps, "map_usage", lambda: (LIMIT - 10, LIMIT))
     with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="even after clearing JAX's caches"):
-        jsmkt.simulate(model, 29, 20.0, key=getkey())
+        jsmkt.simulate(model, 29, 20.0, key=getkey(), n_replications=2)
     monkeypatch.setattr(_maps, "map_usage", lambda: (3000, LIMIT))  # plenty of room: no warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        jsmkt.simulate(model, 31, 20.0, key=getkey())
+        jsmkt.simulate(model, 31, 20.0, key=getkey(), n_replications=2)
 
 
 def test_solve_fixed_point_checks_once_per_new_shape(linux, monkeypatch):

@@ -25,7 +25,8 @@ class SimulationResult:
     - `mean_sojourn_time`, `mean_sojourn_time_ci`: mean time from arrival to departure, averaged directly over the
       jobs that left during `[warmup, t1]`.
     - `sojourn_time_percentiles`: `{50: ..., 90: ..., 99: ...}`, from a log-spaced histogram of all those jobs
-      (bins of at most 0.4 % relative width).
+      (bins of at most 0.4 % relative width) from E[S] * 2**-20 to E[S] * 2**20; a percentile outside that
+      range is reported as its nearer end.
     - `events`: events processed, summed over replications (warm-up and, for PH service, the self-loops of
       uniformisation included).
     - `n_jobs`: jobs whose sojourn times were recorded, summed over replications.
