@@ -215,7 +215,8 @@ class InterpolatedChoice(AbstractChoice):
             if dc >= MAX_CHOICE:
                 raise ValueError(
                     f"d={float(dc)!r} must be below {MAX_CHOICE}: its law samples up to floor(d) + 1 servers, and "
-                    f"{MAX_CHOICE} is the largest {_MAX_WHAT} jsmkt handles"
+                    f"{MAX_CHOICE} is the largest {_MAX_WHAT} jsmkt handles (d = {MAX_CHOICE} itself needs "
+                    f"d_max={MAX_CHOICE})"
                 )
             d_max = int(np.floor(dc)) + 1
         self.d_max = check_count("d_max", d_max, _MAX_WHAT, maximum=MAX_CHOICE)

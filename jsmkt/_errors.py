@@ -63,9 +63,11 @@ def _dtype_kind(x: Any) -> str | None:
         return None
 
 
-def as_float_array(name: str, x: Any, ndim: int | None = None) -> jax.Array:
-    """Convert to a float64 JAX array, refusing booleans, wrong ranks and, when concrete, non-finite values and
-    nonzero values below the smallest normal float64 (which XLA reads as 0)."""
+def as_float_array(name: str, x: Any, ndim: int | None = None, scale: bool = False) -> jax.Array:
+    """Convert to a float64 JAX array, refusing booleans, wrong ranks and, when concrete, non-finite values. With
+    `scale` (rates, means: quantities that carry the time unit), nonzero values below the smallest normal float64
+    are refused too: XLA reads them as 0. Elsewhere (probabilities, entries of a sub-generator) they are read as 0,
+    which is harmless."""
     if _dtype_kind(x) == "b":
         raise ValueError(f"{name}={x!r} is boolean; give a real number or an array of real numbers")
     if isinstance(x, jax.core.Tracer):
@@ -82,11 +84,11 @@ def as_float_array(name: str, x: Any, ndim: int | None = None) -> jax.Array:
         if not np.all(np.isfinite(c)):
             raise ValueError(f"{name}={c.tolist()!r} has non-finite entries; give finite numbers")
         tiny = (c != 0) & (np.abs(c) < TINY)
-        if np.any(tiny):
-            what = "is nonzero but" if c.ndim == 0 else "has nonzero entries"
+        if scale and np.any(tiny):
+            where = name if c.ndim == 0 else f"{name}[{', '.join(map(str, np.argwhere(tiny)[0]))}]"
             raise ValueError(
-                f"{name}={c.tolist()!r} {what} below {TINY:.6g}, the smallest normal float64, which JAX reads as 0; "
-                "measure in another unit"
+                f"{where}={float(c[tiny][0])!r} is nonzero but below {TINY:.6g}, the smallest normal float64, which "
+                "JAX reads as 0; measure time in another unit"
             )
     return arr
 
@@ -101,7 +103,8 @@ def _guard(x: Any, check: jax.Array) -> Any:
 def _guard_jvp(primals, tangents):
     x, check = primals
     t_x, _ = tangents
-    return x, jax.tree_util.tree_map(lambda t: t if t.dtype == jax.dtypes.float0 else t + check * t, t_x)
+    scaled = lambda t: t if t.dtype == jax.dtypes.float0 else t * (1.0 + check).astype(t.dtype)  # noqa: E731
+    return x, jax.tree_util.tree_map(scaled, t_x)
 
 
 def error_if(x: Any, pred: Any, msg: Any, enumeration: Any = None) -> Any:

@@ -161,7 +161,9 @@ def steady_state(
     `steady_state_event`), from `x0` (default: the empty system).
 
     Slower than `solve_fixed_point` but independent of Newton's method: used as its fallback starting point and
-    as a test oracle. Differentiable with `diffrax.ImplicitAdjoint`. Returns `(state, result)`.
+    as a test oracle. Differentiable with `diffrax.ImplicitAdjoint` (not under
+    `jax_numpy_dtype_promotion="strict"`, where diffrax's adjoint multiplies a float time by an integer). Returns
+    `(state, result)`.
     """
     if not isinstance(model, AbstractSupermarketModel):
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -377,14 +378,19 @@ def _cmd_simulate(args) -> int:
                         f"{_SEED_RANGE[1]}")
     if args.max_queue is not None and args.max_queue < 1:
         raise SpecError(f"--max-queue={args.max_queue} must be >= 1")
+    options = lambda text: _SIMULATE_OPTIONS.sub(lambda m: _SIMULATE_OPTION_NAMES[m.group(1)], text)  # noqa: E731
     try:
-        res = jsmkt.simulate(
-            model, args.servers, args.time, key=jr.PRNGKey(args.seed), n_replications=args.replications,
-            warmup=args.warmup, max_queue=args.max_queue,
-            progress=args.format == "table" and sys.stderr.isatty() or args.progress, **kwargs,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = jsmkt.simulate(
+                model, args.servers, args.time, key=jr.PRNGKey(args.seed), n_replications=args.replications,
+                warmup=args.warmup, max_queue=args.max_queue,
+                progress=args.format == "table" and sys.stderr.isatty() or args.progress, **kwargs,
+            )
     except ValueError as e:  # name simulate's arguments by their options
-        raise SpecError(_SIMULATE_OPTIONS.sub(lambda m: _SIMULATE_OPTION_NAMES[m.group(1)], str(e))) from None
+        raise SpecError(options(str(e))) from None
+    for w in caught:  # one line each, in the options' names
+        print(f"jsmkt: warning: {options(str(w.message))}", file=sys.stderr)
     out = res.to_dict()
     out = {"variant": "simulation", "model": type(model).__name__, **out}
     if args.format == "json":

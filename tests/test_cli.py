@@ -309,3 +309,15 @@ def test_refined_mean_field_out_of_range_is_flagged(tmp_path, capsys):
     d1.write_text('model = "jsq"\nlam = 0.6\nd = 1\n')  # independent M/M/1 queues: no 1/N term
     code, out, err = run(["solve", str(d1), "--servers", "50", "--format", "json"], capsys)
     assert code == 0 and err == "" and json.loads(out)["refined"]["in_range"] is True
+
+
+def test_simulate_warnings_are_one_line_in_the_options_names(tmp_path, capsys):
+    """Regression: the correlated-batch-means warning came with a file, a line of source and simulate's argument
+    names (t1, n_replications)."""
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.9\nd = 1\n')
+    code, _, err = run(["simulate", str(spec), "--servers", "20", "--time", "3000", "--seed", "1010", "--format",
+                        "json"], capsys)
+    assert code == 0
+    assert err.startswith("jsmkt: warning: the 30 batch means (batches of 90 time units) are correlated")
+    assert err.rstrip().endswith("raise --time, or use --replications >= 2") and err.count("\n") == 1

@@ -1,5 +1,7 @@
 """Bad input gets a clear error naming the argument and value; never a silent NaN."""
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -288,3 +290,19 @@ def test_choice_numbers_are_bounded_real_numbers(make, match):
     OverflowError (the choice law is a dense vector of P(D = j)); booleans were read as 1.0."""
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_subnormal_probabilities_are_read_as_zero():
+    """Regression (of the subnormal refusal): a choice law from a Poisson pmf has subnormal entries far in its tail,
+    and a PH's alpha may too; they are probabilities, not scales, so they are accepted and read as 0."""
+    j = np.arange(250)
+    w = np.exp(j * np.log(3.0) - 3.0 - np.array([math.lgamma(k + 1) for k in j]))
+    w /= w.sum()
+    assert np.any((w > 0) & (w < np.finfo(float).tiny))
+    a, b = jsmkt.JSQd(0.9, d=w, K=30), jsmkt.JSQd(0.9, d=np.where(w < 1e-300, 0.0, w), K=30)
+    assert float(jsmkt.mean_queue_length(a, jsmkt.solve_fixed_point(a))) == pytest.approx(
+        float(jsmkt.mean_queue_length(b, jsmkt.solve_fixed_point(b))), rel=1e-14)
+    assert float(jsmkt.PH([1.0, 1e-310], [[-1.0, 0.0], [0.0, -1.0]]).mean) == pytest.approx(1.0, rel=1e-15)
+    # Rates are scales: the offending entry is named.
+    with pytest.raises(ValueError, match=r"^rates\[1\]=1e-310 is nonzero but below 2\.22507e-308"):
+        jsmkt.hyperexponential([0.5, 0.5], [1.0, 1e-310])

@@ -387,3 +387,17 @@ def test_real_d_with_d_max_1_has_zero_derivative():
     assert float(loss(1.0)) == pytest.approx(1.0, rel=1e-12)  # M/M/1 at rho = 1/2
     assert float(jax.grad(loss)(1.0)) == 0.0
     np.testing.assert_array_equal(jax.jacfwd(lambda d: jsmkt.InterpolatedChoice(d, d_max=1).weights())(1.0), [0.0])
+
+
+def test_checked_values_keep_their_derivatives():
+    """The checks that guard derivatives (`jsmkt._errors.error_if`) leave them unchanged: float32 stays float32
+    under `jit(grad)` (it failed: the factor promoted the tangent to float64), and an infinite tangent stays
+    infinite (t + 0 * inf was NaN)."""
+    from jsmkt._errors import error_if
+
+    f = lambda lam: jsmkt.published.exponential_sojourn_time(lam, 1)  # noqa: E731  1/(1 - lam)
+    with jax.numpy_dtype_promotion("standard"):  # float32 lam meets float64 mu
+        g = jax.jit(jax.grad(f))(jnp.float32(0.5))
+    assert g.dtype == jnp.float32 and float(g) == pytest.approx(4.0, rel=1e-6)
+    _, t = jax.jvp(lambda x: error_if(x, x < 0, "x < 0"), (1.0,), (jnp.inf,))
+    assert float(t) == np.inf

@@ -174,7 +174,7 @@ def test_chunking_does_not_change_the_run(getkey, service):
         assert a.mean_sojourn_time == pytest.approx(b.mean_sojourn_time, rel=1e-12)
 
 
-@pytest.mark.filterwarnings("ignore:the n_batches=30 batch means")  # short batches on purpose
+@pytest.mark.filterwarnings("ignore:the 30 batch means")  # short batches on purpose
 def test_reproducible_and_key_dependent(getkey, capsys):
     model = jsmkt.JSQdPH(0.8, jsmkt.coxian2(1.0, 2.0), d=2)
     key = getkey()

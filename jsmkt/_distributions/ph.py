@@ -353,7 +353,7 @@ def _sample_ph(alpha, T, key, shape):
 
 def exponential(rate: float = 1.0) -> PH:
     """Exponential distribution with rate `rate` (mean `1/rate`)."""
-    rate = as_float_array("rate", rate, ndim=0)
+    rate = as_float_array("rate", rate, ndim=0, scale=True)
     r = concrete_array(rate)
     if r is not None and not r > 0:
         raise ValueError(f"rate={float(r)!r} must be positive")
@@ -361,7 +361,7 @@ def exponential(rate: float = 1.0) -> PH:
 
 
 def _positive_mean(mean) -> Array:
-    mean = as_float_array("mean", mean, ndim=0)
+    mean = as_float_array("mean", mean, ndim=0, scale=True)
     mc = concrete_array(mean)
     if mc is not None and not mc > 0:
         raise ValueError(f"mean={float(mc)!r} must be positive")
@@ -406,7 +406,7 @@ def erlang(k: int, mean: float = 1.0) -> PH:
 def hyperexponential(probs: ArrayLike, rates: ArrayLike) -> PH:
     """Mixture of exponentials: rate `rates[i]` with probability `probs[i]` (at most `MAX_ORDER` = 4096 phases)."""
     probs = as_float_array("probs", probs, ndim=1)
-    rates = as_float_array("rates", rates, ndim=1)
+    rates = as_float_array("rates", rates, ndim=1, scale=True)
     if probs.shape != rates.shape:
         raise ValueError(f"probs has shape {probs.shape} but rates has shape {rates.shape}; they must match")
     if rates.shape[0] < 1:
@@ -464,7 +464,7 @@ def coxian(rates: ArrayLike, probs: ArrayLike) -> PH:
     r"""Coxian distribution: phase $i$ has rate `rates[i]`; after phase $i < m$ service continues to phase
     $i+1$ with probability `probs[i]` and ends otherwise (`probs` has $m-1$ entries; at most `MAX_ORDER` = 4096
     phases)."""
-    rates = as_float_array("rates", rates, ndim=1)
+    rates = as_float_array("rates", rates, ndim=1, scale=True)
     probs = as_float_array("probs", probs, ndim=1)
     m = rates.shape[0]
     if m < 1:

@@ -59,8 +59,8 @@ class JSQd(AbstractSupermarketModel):
     K: int = eqx.field(static=True)
 
     def __init__(self, lam: ArrayLike, d=2, mu: ArrayLike = 1.0, K: int | None = None, *, d_max: int | None = None):
-        self.lam = as_float_array("lam", lam, ndim=0)
-        self.mu = as_float_array("mu", mu, ndim=0)
+        self.lam = as_float_array("lam", lam, ndim=0, scale=True)
+        self.mu = as_float_array("mu", mu, ndim=0, scale=True)
         _positive("lam", self.lam)
         _positive("mu", self.mu)
         self.choice = as_choice(d, d_max)

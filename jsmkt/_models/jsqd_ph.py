@@ -50,7 +50,7 @@ class JSQdPH(AbstractSupermarketModel):
     def __init__(self, lam: ArrayLike, service: PH, d=2, K: int | None = None, *, d_max: int | None = None):
         if not isinstance(service, PH):
             raise ValueError(f"service={service!r} must be a jsmkt.PH distribution")
-        self.lam = as_float_array("lam", lam, ndim=0)
+        self.lam = as_float_array("lam", lam, ndim=0, scale=True)
         lc = concrete_array(self.lam)
         if lc is not None and not lc > 0:
             raise ValueError(f"lam={float(lc)!r} must be positive")

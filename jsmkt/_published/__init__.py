@@ -89,15 +89,15 @@ def _stable(values, rho: Array, lam: Array, load: str, remedy: str):
 
 def _exponential_load(lam, mu) -> tuple[Array, Array, Array]:
     """`(lam, mu, rho)`, checked."""
-    lam = _positive("lam", as_float_array("lam", lam, ndim=0))
-    mu = _positive("mu", as_float_array("mu", mu, ndim=0))
+    lam = _positive("lam", as_float_array("lam", lam, ndim=0, scale=True))
+    mu = _positive("mu", as_float_array("mu", mu, ndim=0, scale=True))
     rho = lam / mu
     return _stable((lam, mu, rho), rho, lam, "rho = lam/mu", "lower lam or raise mu")
 
 
 def _ph_load(lam, service: PH) -> Array:
     """The load `rho = lam * E[S]`, checked."""
-    lam = _positive("lam", as_float_array("lam", lam, ndim=0))
+    lam = _positive("lam", as_float_array("lam", lam, ndim=0, scale=True))
     rho = lam * service.mean
     return _stable(rho, rho, lam, "rho = lam * E[S]", "lower lam or speed up service")
 
