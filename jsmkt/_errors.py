@@ -107,13 +107,14 @@ def _guard_jvp(primals, tangents):
     return x, jax.tree_util.tree_map(scaled, t_x)
 
 
-def error_if(x: Any, pred: Any, msg: Any, enumeration: Any = None) -> Any:
-    """`eqx.error_if(x, pred, msg)` (or `enumeration.error_if(x, pred)` for a result code), whose check also runs
-    when only derivatives of `x` are used. The reverse pass of a function linear in `x` never reads `x`, and `jit`
-    drops a check on an unused value as dead code; here the derivatives of `x` are scaled by `1 + z`, with `z` a
-    zero that carries the same check, so that no derivative is computed without it."""
-    if enumeration is not None:
-        check = lambda v: enumeration.error_if(v, pred)  # noqa: E731
-    else:
+def error_if(x: Any, pred: Any, msg: Any) -> Any:
+    """`eqx.error_if(x, pred, msg)` (`msg` a string, or a result code such as `jsmkt.RESULTS.unstable`, whose
+    message is raised), whose check also runs when only derivatives of `x` are used. The reverse pass of a function
+    linear in `x` never reads `x`, and `jit` drops a check on an unused value as dead code; here the derivatives of
+    `x` are scaled by `1 + z`, with `z` a zero that carries the same check, so that no derivative is computed
+    without it."""
+    if isinstance(msg, str):
         check = lambda v: eqx.error_if(v, pred, msg)  # noqa: E731
+    else:
+        check = lambda v: msg.error_if(v, pred)  # noqa: E731
     return _guard(check(x), check(jnp.zeros(())))

@@ -97,7 +97,7 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
     out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
     out = RESULTS.where((out == RESULTS.successful) & (tail_mass > tail_tol), RESULTS.truncation_too_small, out)
     if throw:
-        y = error_if(y, out != RESULTS.successful, None, enumeration=out)
+        y = error_if(y, out != RESULTS.successful, out)
     else:
         poison = jnp.where(out == RESULTS.successful, 0.0, jnp.nan)
         y = _nan_derivatives(y, eqx.filter(model, eqx.is_inexact_array), poison)

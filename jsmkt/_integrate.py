@@ -39,7 +39,7 @@ def _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw):
     out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
     ys = sol.ys
     if throw:
-        ys = error_if(ys, out != RESULTS.successful, None, enumeration=out)
+        ys = error_if(ys, out != RESULTS.successful, out)
     return Trajectory(ts=sol.ts, ys=ys, result=out, model=model, stats=dict(sol.stats))
 
 
@@ -180,5 +180,5 @@ def steady_state(
     if throw and concrete and result != RESULTS.successful:
         raise RuntimeError(f"jsmkt.steady_state: {RESULTS[result]} (max_steps={max_steps})")
     if throw:
-        y = error_if(y, result != RESULTS.successful, None, enumeration=result)
+        y = error_if(y, result != RESULTS.successful, result)
     return y, result
