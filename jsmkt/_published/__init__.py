@@ -291,8 +291,8 @@ class JSQdPHAsPublished(AbstractSupermarketModel):
 
 def ph_fixed_point_residuals(lam: ArrayLike, service: PH, d: int, K: int) -> dict[str, Array]:
     """Max-norm residual of Li & Lui's closed form `ph_fixed_point` in the published equations (1)–(3) and in
-    the exact mean-field equations of `jsmkt.JSQdPH` (both truncated at `K`, with the closed form's own tail
-    beyond `K` ignored)."""
+    the exact mean-field equations of `jsmkt.JSQdPH`, over the levels `k = 1..K-1` (at `k = K` both truncated
+    systems see no jobs beyond `K`, where the closed form has its own tail)."""
     pi = ph_fixed_point(lam, service, d, K)
     pub = JSQdPHAsPublished(lam, service, d, K)
     exact = JSQdPH(lam, service, d=d, K=K)
