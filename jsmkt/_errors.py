@@ -49,7 +49,7 @@ def concrete_array(x: Any) -> np.ndarray | None:
 
 
 # The smallest positive normal float64. XLA flushes smaller (subnormal) numbers to zero, so `1e-320 > 0` is False
-# inside JAX computations: such inputs are refused rather than silently read as 0.
+# inside JAX computations: scale parameters that small are refused (`as_float_array(..., scale=True)`).
 TINY = float(np.finfo(np.float64).tiny)
 
 
