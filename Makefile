@@ -1,11 +1,13 @@
 # jsmkt: `make demo` runs the main job, `make test` runs the test suite (each sets up .venv first).
+# Also: `make test-slow` (statistical checks), `make experiments` (the papers' numerical sections, rewriting
+# experiments/*/results; about 8 min), `make experiments-quick` (smoke runs into out/experiments), `make bench`.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 OUT    ?= out
 
-.PHONY: venv demo test test-slow bench experiments clean
+.PHONY: venv demo test test-slow bench experiments experiments-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +38,22 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/simulate.py
 	$(BIN)/python benchmarks/replications.py
 	$(BIN)/python benchmarks/general_service.py
+
+experiments: $(STAMP)
+	$(BIN)/python experiments/verification/compute.py
+	$(BIN)/python experiments/verification/finite_n.py
+	$(BIN)/python experiments/verification/refined.py
+	$(BIN)/python experiments/verification/plot.py
+	$(BIN)/python experiments/mitzenmacher_table/compute.py
+	$(BIN)/python experiments/mitzenmacher_table/refined.py
+
+experiments-quick: $(STAMP)
+	$(BIN)/python experiments/verification/compute.py --quick
+	$(BIN)/python experiments/verification/finite_n.py --quick
+	$(BIN)/python experiments/verification/refined.py --quick
+	$(BIN)/python experiments/verification/plot.py --quick
+	$(BIN)/python experiments/mitzenmacher_table/compute.py --quick
+	$(BIN)/python experiments/mitzenmacher_table/refined.py --quick
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -168,6 +168,17 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def require_input(path: Path, producer: str, quick: bool, out: Path | None) -> Path:
+    """`path` if it exists, else exit with one line saying which script writes it (e.g. a `--quick` plot run
+    before its `--quick` compute run)."""
+    path = Path(path)
+    if not path.exists():
+        flags = (" --quick" if quick else "") + (f" --out {out}" if out is not None else "")
+        raise SystemExit(f"{path.name} not found in {path.parent}: run `python experiments/{producer}{flags}` "
+                         "first (it writes it)")
+    return path
+
+
 def _cell(v: Any) -> Any:
     v = jsonable(v)
     if v is None:

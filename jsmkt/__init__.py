@@ -2,7 +2,7 @@
 
 from . import _config  # noqa: F401  (float64 everywhere)
 from ._config import use_cpu_cores as use_cpu_cores
-from . import _published as published
+from . import published as published
 from ._choice import AbstractChoice as AbstractChoice
 from ._choice import FixedChoice as FixedChoice
 from ._choice import InterpolatedChoice as InterpolatedChoice
@@ -45,3 +45,48 @@ from ._solution import FixedPoint as FixedPoint
 from ._solution import Trajectory as Trajectory
 from ._version import __version__ as __version__
 
+
+__all__ = [
+    "AbstractChoice",
+    "AbstractSupermarketModel",
+    "coxian",
+    "coxian2",
+    "deterministic",
+    "erlang",
+    "exponential",
+    "fit_ph2_three_moments",
+    "FixedChoice",
+    "FixedPoint",
+    "GeneralService",
+    "hyperexponential",
+    "hyperexponential2",
+    "integrate",
+    "InterpolatedChoice",
+    "JSQd",
+    "JSQdPH",
+    "lognormal",
+    "mean_queue_length",
+    "mean_sojourn_time",
+    "mean_waiting_time",
+    "MixedChoice",
+    "PH",
+    "phase_tails",
+    "prob_wait",
+    "published",
+    "queue_length_distribution",
+    "refined_mean_field",
+    "RefinedMeanField",
+    "RESULTS",
+    "simulate",
+    "SimulationResult",
+    "solve_fixed_point",
+    "steady_state",
+    "tail_mass_at_K",
+    "tails",
+    "throughput",
+    "Trajectory",
+    "TransitionClass",
+    "TruncationError",
+    "use_cpu_cores",
+    "utilisation",
+]

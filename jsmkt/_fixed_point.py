@@ -119,7 +119,9 @@ def check_size(model: AbstractSupermarketModel, x0=None) -> None:
     """Refuse, before tracing anything large, a model whose Newton linear system would not fit in memory: with
     `n` unknowns, about `5 n m` floats for blocks of size `m` (probes and the three block diagonals), `2 n^2`
     for a dense Jacobian."""
-    shapes = jax.eval_shape(model.initial_guess) if x0 is None else x0
+    # `initial_state` has the structure and shapes of every reduced state (the contract), and unlike
+    # `initial_guess` (a scan through the levels for PH service) it costs nothing to trace.
+    shapes = jax.eval_shape(model.initial_state) if x0 is None else x0
     n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
     m = model.jacobian_block_size
     need = 8 * (5 * n * m if m is not None else 2 * n * n)
@@ -142,7 +144,8 @@ class TruncationError(ValueError):
         if auto_K:
             advice = f"auto_K stopped at max_K={max_K}; raise max_K, or lower the load or the service SCV"
         else:
-            advice = f"raise K (e.g. K={2 * K}) or call solve_fixed_point(..., auto_K=True)"
+            advice = (f"raise K (e.g. K={2 * K}, or more) or call solve_fixed_point(..., auto_K=True), which doubles K "
+                      "until the tail mass at K is below tail_tol")
         super().__init__(f"{found}; {advice}")
 
 

@@ -43,6 +43,31 @@ def _describe(model) -> str:
     return base + f"\nservice: exponential, rate mu = {float(model.mu):.6g}"
 
 
+def _simulated_service(spec: dict[str, Any], model, service) -> dict[str, Any]:
+    """The service law `jsmkt simulate` runs: the spec's `[simulation.service]` when given, else the model's."""
+    from ._models.jsqd_ph import JSQdPH
+
+    if service is not None:
+        out = {"kind": spec["simulation"]["service"]["kind"], "source": "[simulation.service]"}
+    elif isinstance(model, JSQdPH):
+        out = {"kind": spec["service"]["kind"], "source": "[service]"}
+        service = model.service
+    else:
+        return {"kind": "exponential", "source": "mu", "mean": 1.0 / float(model.mu), "scv": 1.0}
+    out["mean"], out["scv"] = float(service.mean), float(service.scv)
+    if hasattr(service, "order"):
+        out["order"] = int(service.order)
+    return out
+
+
+def _describe_simulated(model, service: dict[str, Any]) -> str:
+    """`_describe(model)` with its service line naming the service that is simulated."""
+    base = _describe(model).split("\nservice:")[0]
+    order = f", PH of order {service['order']}" if "order" in service else ""
+    return (base + f"\nservice (simulated, from {service['source']}): {service['kind']}{order}, mean "
+            f"{service['mean']:.6g}, SCV {service['scv']:.6g}")
+
+
 def _trim(tails: np.ndarray, floor: float = 1e-300) -> list[float]:
     """Tails from k = 0 up to the last entry above `floor` (the rest is 0 to float64 precision)."""
     keep = np.nonzero(tails > floor)[0]
@@ -79,7 +104,13 @@ def _solve_exact(
         fp = jsmkt.solve_fixed_point(model, auto_K=auto_K)
     except jsmkt.TruncationError as e:
         found = f"the fraction of servers with K jobs is {e.tail_mass:.3g} > tail_tol={e.tail_tol:.3g}"
-        raise _too_small(e.K, found, None if e.auto_K else 2 * e.K, e.auto_K, max(e.K, e.max_K)) from None
+        enough = None
+        if not e.auto_K:  # suggest the K that --auto-K reaches (doubling K may not be enough)
+            try:
+                enough = jsmkt.solve_fixed_point(model, auto_K=True).model.K
+            except (ValueError, RuntimeError):
+                pass
+        raise _too_small(e.K, found, enough, e.auto_K, max(e.K, e.max_K)) from None
     model = fp.model
     s = np.asarray(jsmkt.tails(model, fp))
     out = {
@@ -114,8 +145,10 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
     rmf = jsmkt.refined_mean_field(fp, sampling)
     y = rmf.state(n)
     s = np.asarray(jsmkt.tails(model, y))
-    v = np.asarray(jsmkt.tails(model, rmf.correction))[1:n_tail]  # 1/N coefficients (tails are linear)
-    s_mf = np.asarray(jsmkt.tails(model, fp))[1:n_tail]
+    # Every list is indexed by k from 0, like `tail`; s_0 = 1 exactly (correction and spread 0).
+    v = np.array(jsmkt.tails(model, rmf.correction))[:n_tail]  # 1/N coefficients (tails are linear)
+    v[0] = 0.0
+    s_mf = np.asarray(jsmkt.tails(model, fp))[:n_tail]
     EQ = float(jsmkt.mean_queue_length(model, y))
     out = {
         "n_servers": n,
@@ -126,7 +159,7 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
         "utilisation": float(s[1]),
         "tail": [float(x) for x in s[:n_tail]],
         "tail_correction": [float(x) for x in v],
-        "tail_std": [float(rmf.std(lambda y, k=k: jsmkt.tails(model, y)[k], n)) for k in range(1, n_tail)],
+        "tail_std": [0.0] + [float(rmf.std(lambda y, k=k: jsmkt.tails(model, y)[k], n)) for k in range(1, n_tail)],
         # A relative correction beyond 30 % means N is too small for the expansion at this k.
         "tail_in_range": [bool(x) for x in np.abs(v) / n <= 0.3 * s_mf],
     }
@@ -297,10 +330,10 @@ def _print_refined(r: dict[str, Any]) -> None:
     for k in range(1, len(r["tail"])):
         if r["tail"][k] < 1e-16:
             break
-        mark = "" if r["tail_in_range"][k - 1] else "  !"
+        mark = "" if r["tail_in_range"][k] else "  !"
         flagged |= bool(mark)
-        print(f"  {k:>2}   {r['tail'][k]:<20.12e}  {r['tail_correction'][k - 1]:<+18.10e}  "
-              f"{r['tail_std'][k - 1]:.3e}{mark}")
+        print(f"  {k:>2}   {r['tail'][k]:<20.12e}  {r['tail_correction'][k]:<+18.10e}  "
+              f"{r['tail_std'][k]:.3e}{mark}")
     if flagged:
         print("  ! the 1/N term exceeds 30% of the mean-field s_k: beyond the range of the expansion (N too small "
               "for this k)")
@@ -391,13 +424,14 @@ def _cmd_simulate(args) -> int:
         raise SpecError(options(str(e))) from None
     for w in caught:  # one line each, in the options' names
         print(f"jsmkt: warning: {options(str(w.message))}", file=sys.stderr)
+    service = _simulated_service(spec, model, kwargs.get("service"))
     out = res.to_dict()
-    out = {"variant": "simulation", "model": type(model).__name__, **out}
+    out = {"variant": "simulation", "model": type(model).__name__, "service": service, **out}
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
         _print_table(out, f"jsmkt simulate: N = {args.servers} servers, t = {args.time:g}, "
-                          f"{args.replications} replication(s)\n" + _describe(model))
+                          f"{args.replications} replication(s)\n" + _describe_simulated(model, service))
     return 0
 
 

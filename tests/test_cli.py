@@ -53,7 +53,10 @@ def test_solve_servers_adds_the_refined_mean_field(tmp_path, capsys):
     res = json.loads(out)
     r = res["refined"]
     assert r["n_servers"] == 200
-    np.testing.assert_allclose(r["tail"][1:], np.array(res["tail"][1:]) + np.array(r["tail_correction"]) / 200,
+    # Every refined list is indexed by k from 0, like `tail` (before, the per-k lists started at k = 1).
+    assert len(r["tail"]) == len(r["tail_correction"]) == len(r["tail_std"]) == len(r["tail_in_range"])
+    assert r["tail"][0] == 1.0 and r["tail_correction"][0] == 0.0 and r["tail_std"][0] == 0.0
+    np.testing.assert_allclose(r["tail"], np.array(res["tail"]) + np.array(r["tail_correction"]) / 200,
                                rtol=1e-12, atol=1e-300)
     assert abs(r["utilisation"] - res["utilisation"]) < 1e-12  # work conservation: no 1/N term in s_1
     assert r["mean_queue_length"] > res["mean_queue_length"]  # a finite system is slower
@@ -63,7 +66,7 @@ def test_solve_servers_adds_the_refined_mean_field(tmp_path, capsys):
     res = json.loads(out)
     s = np.array(res["tail"][1:6])
     np.testing.assert_allclose(res["refined"]["tail"][1:6], s, rtol=1e-10)
-    np.testing.assert_allclose(res["refined"]["tail_std"][:5], np.sqrt(s * (1 - s) / 50), rtol=1e-8)
+    np.testing.assert_allclose(res["refined"]["tail_std"][1:6], np.sqrt(s * (1 - s) / 50), rtol=1e-8)
     code, out, _ = run(["solve", spec, "--servers", "100"], capsys)
     assert code == 0 and "refined mean field, N = 100 servers" in out
     code, _, err = run(["solve", spec, "--servers", "100", "--as-published"], capsys)
@@ -107,8 +110,11 @@ def test_table_and_plot(tmp_path, capsys):
     ('model = "jsq"\nlam = 0.5\nd = 9223372036854775807\n', "d=9223372036854775807 exceeds 65536, the largest "
      "number of servers an arrival samples jsmkt handles"),
     ('model = "jsq"\nlam = 0.5\nd = 1e300\n', "d=1e+300 must be below 65536"),
+    # The suggested K is the one --auto-K reaches (regression: it said K=6, which is too small too).
     ('model = "jsq"\nlam = 0.9\nK = 3\n', "K=3 is too small: the fraction of servers with K jobs is 0.25 > "
-     "tail_tol=1e-10; raise K in the spec (e.g. K=6) or pass --auto-K"),
+     "tail_tol=1e-10; raise K in the spec (e.g. K=12) or pass --auto-K"),
+    ('model = "jsq"\nlam = 0.9\nK = 6\n', "K=6 is too small: the fraction of servers with K jobs is 0.00131 > "
+     "tail_tol=1e-10; raise K in the spec (e.g. K=12) or pass --auto-K"),
     ('model = "jsq"\nlam = "fast"\n', "lam="),
     ('model = "jsq"\nlam = 0.5\nspeed = 2\n', "unknown key(s) 'speed'"),
     ("model = jsq", "not valid TOML"),
@@ -183,6 +189,31 @@ def test_simulate_json_keys_and_agreement(tmp_path, capsys):
     assert res["events"] > 10_000
     assert abs(res["mean_sojourn_time"] - 2.0) < 5 * res["mean_sojourn_time_ci"] + 0.02
     assert abs(res["tail"][1] - 0.5) < 0.03
+
+
+def test_simulate_reports_the_service_it_simulates(tmp_path, capsys):
+    # Regression: with [simulation.service] the header named the model's [service] and the JSON named none.
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq-ph"\nlam = 0.5\nd = 1\n[service]\nkind = "h2"\nmean = 1.0\nscv = 4.0\n'
+                    '[simulation.service]\nkind = "deterministic"\nmean = 1.0\n')
+    args = ["simulate", str(spec), "--servers", "40", "--time", "400", "--replications", "4", "--seed", "1"]
+    code, out, err = run(args + ["--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["service"] == {"kind": "deterministic", "source": "[simulation.service]", "mean": 1.0, "scv": 0.0}
+    # M/D/1 (d = 1): E[T] = 1 + lam / (2 (1 - lam)) = 1.5, where the H2 of [service] gives 1 + 2.5 = 3.5.
+    assert abs(res["mean_sojourn_time"] - 1.5) < 5 * res["mean_sojourn_time_ci"] + 0.02
+    code, out, err = run(args, capsys)
+    assert code == 0, err
+    assert "service (simulated, from [simulation.service]): deterministic, mean 1, SCV 0" in out
+    assert "PH of order" not in out
+
+    spec.write_text('model = "jsq-ph"\nlam = 0.5\nd = 1\n[service]\nkind = "h2"\nmean = 1.0\nscv = 4.0\n')
+    code, out, err = run(args[:-4] + ["--replications", "2", "--format", "json"], capsys)
+    assert code == 0, err
+    service = json.loads(out)["service"]
+    assert service["kind"] == "h2" and service["order"] == 2 and service["source"] == "[service]"
+    assert service["mean"] == pytest.approx(1.0) and service["scv"] == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize("args, needle", [

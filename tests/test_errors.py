@@ -68,7 +68,7 @@ def test_construction_errors_name_argument_and_value(make, match):
 
 def test_truncation_too_small_and_auto_K():
     model = jsmkt.JSQdPH(0.95, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=8)
-    with pytest.raises(ValueError, match=r"K=8 is too small: .* raise K \(e.g. K=16\) or .*auto_K=True") as e:
+    with pytest.raises(ValueError, match=r"K=8 is too small: .* raise K \(e.g. K=16, or more\) or .*auto_K=True\), which doubles K") as e:
         jsmkt.solve_fixed_point(model)
     assert isinstance(e.value, jsmkt.TruncationError) and (e.value.K, e.value.auto_K) == (8, False)
     assert e.value.tail_mass > e.value.tail_tol == 1e-10

@@ -160,3 +160,15 @@ def test_mitzenmacher_quick(tmp_path):
             # loose: finite n makes E[T] a little larger than the prediction; short runs
             assert abs(r[f"sim_{n}"] / r["mean_field"] - 1) < 0.1, (n, r)
             assert 0 < r[f"sim_{n}_ci"] < 0.1 * r[f"sim_{n}"]
+
+
+@pytest.mark.parametrize("folder, script, producer", [
+    ("verification", "refined", "verification/compute.py"),
+    ("verification", "plot", "verification/compute.py"),
+    ("mitzenmacher_table", "refined", "mitzenmacher_table/compute.py"),
+])
+def test_reading_scripts_say_which_script_writes_their_input(tmp_path, folder, script, producer):
+    # Regression: run before their compute script, these stopped with a FileNotFoundError traceback.
+    with pytest.raises(SystemExit) as e:
+        _load(folder, script).main(["--quick", "--out", str(tmp_path)])
+    assert str(e.value).endswith(f"run `python experiments/{producer} --quick --out {tmp_path}` first (it writes it)")

@@ -57,3 +57,24 @@ def test_imports_from_an_uninstalled_source_tree(tmp_path):
     file, version = out.stdout.split()
     assert pathlib.Path(file).resolve().is_relative_to(tmp_path.resolve())
     assert version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_public_names_are_listed_documented_and_importable():
+    """`jsmkt.__all__` and `jsmkt.published.__all__` list every public name, each with a docstring; `jsmkt.published`
+    is a module (regression: it was an attribute alias, so `import jsmkt.published` failed)."""
+    import importlib
+    import types
+
+    import jsmkt
+
+    published = importlib.import_module("jsmkt.published")
+    from jsmkt.published import ph_fixed_point  # noqa: F401
+
+    assert jsmkt.published is published
+    for module in (jsmkt, published):
+        public = {n for n, v in vars(module).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+        if module is published:  # names it imports for its own use are not its interface
+            public = {n for n in public if getattr(vars(module)[n], "__module__", None) == "jsmkt.published"}
+        assert public <= set(module.__all__), sorted(public - set(module.__all__))
+        for name in module.__all__:
+            assert (getattr(module, name).__doc__ or "").strip(), f"{module.__name__}.{name} has no docstring"

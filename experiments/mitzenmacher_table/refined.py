@@ -28,7 +28,8 @@ NAME = "mitzenmacher_table"
 def main(argv=None) -> Path:
     args = _common.parser(__doc__.splitlines()[0]).parse_args(argv)
     out = _common.output_dir(NAME, args.out, args.quick)
-    src = json.loads((out / "mitzenmacher.json").read_text())
+    src = json.loads(_common.require_input(out / "mitzenmacher.json", f"{NAME}/compute.py", args.quick,
+                                           args.out).read_text())
     ns = src["metadata"]["parameters"]["ns"]
     meta = _common.run_metadata(f"{NAME}/refined", {"source": "mitzenmacher.json", "ns": ns}, quick=args.quick)
     clock = _common.Clock()

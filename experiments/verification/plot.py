@@ -115,7 +115,7 @@ def main(argv=None) -> list[Path]:
     args = _common.parser(__doc__.splitlines()[0]).parse_args(argv)
     out = _common.output_dir(NAME, args.out, args.quick)
     _common.plot_style()
-    rows = _common.read_csv(out / "verification.csv")
+    rows = _common.read_csv(_common.require_input(out / "verification.csv", f"{NAME}/compute.py", args.quick, args.out))
     figures = {"verification": figure(rows)}
     if (out / "finite_n.csv").exists():
         ref = out / "refined_finite_n.csv"

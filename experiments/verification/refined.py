@@ -52,7 +52,8 @@ def _rel(x, ref):
 def main(argv=None) -> Path:
     args = _common.parser(__doc__.splitlines()[0]).parse_args(argv)
     out = _common.output_dir(NAME, args.out, args.quick)
-    src = json.loads((out / "verification.json").read_text())
+    src = json.loads(_common.require_input(out / "verification.json", f"{NAME}/compute.py", args.quick,
+                                           args.out).read_text())
     tail_min = src["metadata"]["parameters"].get("tail_min", 0.01)
     N = src["metadata"]["parameters"]["n_servers"]
     meta = _common.run_metadata(f"{NAME}/refined", {"source": "verification.json, finite_n.json", "N": N},

@@ -42,6 +42,16 @@ from .._models.base import AbstractSupermarketModel, fmt
 from .._models.jsqd_ph import JSQdPH
 
 
+__all__ = [
+    "JSQdPHAsPublished",
+    "exponential_sojourn_time",
+    "exponential_tails",
+    "ph_fixed_point",
+    "ph_fixed_point_residuals",
+    "ph_sojourn_time",
+]
+
+
 # A truncated series is accepted when the bound on its remainder is below this fraction of its sum.
 _SERIES_RTOL = 1e-16
 
