@@ -30,7 +30,7 @@ def use_cpu_cores(n: int | None = None) -> bool:
     **Returns:** `True` if the setting took effect, `False` if JAX had computed something already (its devices
     then stay as they are).
 
-    **Raises:** `ValueError` if `n` is not an integer between 1 and `max_cpu_devices()`.
+    **Raises:** `ValueError` if `n` is not an integer from 1 to the larger of the number of CPU cores and 8.
     """
     if n is None:
         n = os.cpu_count() or 1

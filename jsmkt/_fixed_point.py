@@ -175,18 +175,23 @@ def solve_fixed_point(
 
     - `rtol`, `atol`: Newton's termination tolerances (max-norm) on the steps and on the residual, which is
       measured in units of `model.rate_scale()` (so the time unit does not matter).
+    - `max_steps`: the most Newton steps. When Newton fails from the default starting point (it diverges, stalls
+      or meets a singular or non-finite linear system), `solve_fixed_point` (outside `jit`) starts it again from
+      the ODE's steady state (`jsmkt.steady_state`) before it reports a failure.
     - `tail_tol`: the largest acceptable fraction of servers at the truncation level `K`.
     - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead: an entry
       that failed keeps Newton's last iterate as its value, and its derivatives (`grad`, `jvp`) are NaN, while
       the other entries of a batch are unaffected.
-    - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol` (up to `max_K`).
+    - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol`.
+    - `max_K`: the largest `K` that `auto_K` tries.
     - `adjoint`: how to differentiate; by default `optx.ImplicitAdjoint` (one linear solve, with the same
       block-tridiagonal or dense solver as Newton).
 
     **Returns:** a `jsmkt.FixedPoint` (`value`, `result`, `tail_mass`, `residual`, `model`, `stats`).
 
-    **Raises:** an error naming the problem (unstable load, invalid parameters, truncation too small (a
-    `jsmkt.TruncationError`), no convergence) when `throw=True`.
+    **Raises** (with `throw=True`), each naming the problem: `ValueError` for an unstable load or invalid
+    parameters, `jsmkt.TruncationError` (a `ValueError`) for a truncation level too small, `RuntimeError` when
+    Newton does not converge; inside `jit`, an `eqx.error_if` error with the same message.
 
     `jax.grad` of any metric of `value` with respect to any array leaf of `model` works through this function.
     """

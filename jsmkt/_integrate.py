@@ -162,8 +162,19 @@ def steady_state(
 
     Slower than `solve_fixed_point` but independent of Newton's method: used as its fallback starting point and
     as a test oracle. Differentiable with `diffrax.ImplicitAdjoint` (not under
-    `jax_numpy_dtype_promotion="strict"`, where diffrax's adjoint multiplies a float time by an integer). Returns
-    `(state, result)`.
+    `jax_numpy_dtype_promotion="strict"`, where diffrax's adjoint multiplies a float time by an integer).
+
+    **Arguments:**
+
+    - `model`: any `AbstractSupermarketModel`.
+    - `x0`: starting state in reduced coordinates (default: `model.initial_state()`, the empty system).
+    - `rtol`, `atol`: the step-size controller's tolerances; the integration stops when the vector field is
+      below them.
+    - `max_steps`: the most solver steps before giving up.
+    - `throw`: raise if the steady state is not reached (a `RuntimeError` outside `jit`, an `eqx.error_if` error
+      inside); with `throw=False`, inspect `result` instead.
+
+    **Returns:** `(state, result)`, the reduced state and a `jsmkt.RESULTS` code.
     """
     if not isinstance(model, AbstractSupermarketModel):
         raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")

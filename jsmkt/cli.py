@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("solve", help="solve the mean-field fixed point of a model spec (TOML)")
     s.add_argument("spec", help="TOML model specification (see examples/)")
-    s.add_argument("--format", choices=("table", "json"), default="table")
+    s.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     s.add_argument("--plot", metavar="FILE", help="write a plot of the tails to FILE (png, pdf, svg)")
     s.add_argument("--as-published", action="store_true", help="use the papers' published closed forms")
     s.add_argument("--auto-K", action="store_true", help="grow K until the tail mass at K is negligible")
@@ -450,15 +450,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_solve)
 
     m = sub.add_parser("simulate", help="simulate the finite-N system of a model spec (TOML)")
-    m.add_argument("spec")
+    m.add_argument("spec", help="TOML model specification (see examples/); an optional [simulation] table sets "
+                   "sampling and may replace the service")
     m.add_argument("--servers", type=int, required=True, help="number of servers N")
     m.add_argument("--time", type=float, required=True, help="simulated time per replication")
     m.add_argument("--warmup", type=float, default=None, help="discarded initial time (default 10%% of --time)")
-    m.add_argument("--replications", type=int, default=1)
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--replications", type=int, default=1, metavar="R",
+                   help="independent replications, run in parallel; 95%% CIs come from them when R >= 2, from batch "
+                        "means of the single run otherwise (default: 1)")
+    m.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     m.add_argument("--max-queue", type=int, default=None, metavar="Q",
                    help="largest queue a server may hold (default: chosen from the load, the SCV and N)")
-    m.add_argument("--format", choices=("table", "json"), default="table")
+    m.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     m.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     m.add_argument("--cpu-devices", type=int, default=None, metavar="K",
                    help="on a CPU, run the replications on K cores in parallel (default: all cores)")

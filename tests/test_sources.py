@@ -78,3 +78,25 @@ def test_public_names_are_listed_documented_and_importable():
         assert public <= set(module.__all__), sorted(public - set(module.__all__))
         for name in module.__all__:
             assert (getattr(module, name).__doc__ or "").strip(), f"{module.__name__}.{name} has no docstring"
+
+
+def test_public_members_are_documented():
+    """Every public method and property of a public class has a docstring, its own or the one it overrides."""
+    import inspect
+
+    import jsmkt
+
+    missing = []
+    for module in (jsmkt, jsmkt.published):
+        for name in module.__all__:
+            cls = getattr(module, name)
+            if not inspect.isclass(cls):
+                continue
+            for attr in dir(cls):
+                static = inspect.getattr_static(cls, attr, None)
+                if attr.startswith("_") or not (isinstance(static, property) or inspect.isfunction(static)):
+                    continue
+                docs = [getattr(vars(c).get(attr), "__doc__", None) for c in cls.__mro__ if attr in vars(c)]
+                if not any((d or "").strip() for d in docs):
+                    missing.append(f"{module.__name__}.{name}.{attr}")
+    assert not missing, missing

@@ -246,6 +246,7 @@ class PH(eqx.Module):
 
     @property
     def variance(self) -> Float[Array, ""]:
+        """Var[S] = E[S^2] - E[S]^2."""
         return self.moment(2) - self.mean**2
 
     @property

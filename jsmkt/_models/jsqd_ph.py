@@ -70,6 +70,7 @@ class JSQdPH(AbstractSupermarketModel):
 
     @property
     def m(self) -> int:
+        """Number of service phases (the order of `service`)."""
         return self.service.order
 
     @property

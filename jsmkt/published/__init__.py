@@ -241,14 +241,17 @@ class JSQdPHAsPublished(AbstractSupermarketModel):
 
     @property
     def lam(self):
+        """Arrival rate per server."""
         return self.exact.lam
 
     @property
     def service(self):
+        """The PH service distribution."""
         return self.exact.service
 
     @property
     def choice(self) -> FixedChoice:
+        """The (integer) choice number, as a `FixedChoice`."""
         return self.exact.choice
 
     @property
@@ -293,6 +296,7 @@ class JSQdPHAsPublished(AbstractSupermarketModel):
         return self.exact.tails(y)
 
     def phase_tails(self, y):
+        """The per-phase tails $S_k$, $k = 1..K$ (the reduced state itself), shape `(K, m)`."""
         return y
 
     def value_errors(self):
