@@ -345,6 +345,26 @@ def test_newton_agrees_with_ode_steady_state(make):
     np.testing.assert_allclose(jsmkt.tails(model, y_ode), jsmkt.tails(model, fp), atol=1e-8)
 
 
+def test_traced_solves_need_no_ode_fallback():
+    """Under `vmap` (and `jit`) there is no ODE fallback, so Newton must converge from the initial guess itself.
+    Regression: for large d near saturation the guess's two plain Newton steps per level left for the wrong branch
+    (s_2 = 0.979 against 0.599), and the batch entries came back failed ("maximum number of steps", "non-finite
+    input"), E[T] as 1e-105 or NaN."""
+    cases = [(jsmkt.erlang(8), 8, 0.99), (jsmkt.erlang(8), 16, 0.99), (jsmkt.erlang(4), 16, 0.999)]
+    for service, d, lam in cases:
+        K = jsmkt.JSQdPH(lam, service, d=d).K
+
+        def solve(lam):
+            m = jsmkt.JSQdPH(lam, service, d=d, K=K)
+            fp = jsmkt.solve_fixed_point(m, throw=False)
+            return fp.result == jsmkt.RESULTS.successful, jsmkt.tails(m, fp)
+
+        ok, tails = jax.vmap(solve)(jnp.array([0.5, lam]))
+        assert np.all(np.asarray(ok))
+        y_ode, _ = jsmkt.steady_state(jsmkt.JSQdPH(lam, service, d=d, K=K), rtol=1e-11, atol=1e-13)
+        np.testing.assert_allclose(tails[1], jsmkt.tails(jsmkt.JSQdPH(lam, service, d=d, K=K), y_ode), atol=1e-8)
+
+
 def test_vmap_over_parameters_equals_loop():
     svc = jsmkt.hyperexponential2(1.0, 4.0)
     lams = jnp.array([0.3, 0.6, 0.9])

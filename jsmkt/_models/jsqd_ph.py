@@ -13,6 +13,9 @@ from .._linalg import mmatrix_solve
 from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt, mph1_tail_decay
 
 
+_GUESS_STEPS = 16  # safeguarded Newton steps per level of the initial guess (bisection alone: 2^-16 of s_{k-1})
+
+
 class JSQdPH(AbstractSupermarketModel):
     r"""Supermarket model with PH service: $N$ FCFS servers, Poisson arrivals of rate $N\lambda$, each arrival
     samples $d$ servers with replacement and joins the shortest queue (ties uniformly); service times are
@@ -163,7 +166,8 @@ class JSQdPH(AbstractSupermarketModel):
         completions out of levels $\ge k+1$ balance the arrivals into them), so level 1 gives $S_1 = \rho\,\omega$
         and level $k \ge 2$ gives
         $S_k(\lambda h_k I - T) = \lambda h_k S_{k-1} + \lambda g(s_k)\alpha$, $h_k = h(s_{k-1}, s_k)$: one scalar
-        equation for $s_k = S_k\mathbf 1$ per level, solved by two scalar Newton steps. Forward recursions
+        equation for $s_k = S_k\mathbf 1$ per level, solved by Newton's method safeguarded by bisection on
+        $[0, s_{k-1}]$ (`_GUESS_STEPS` steps). Forward recursions
         amplify rounding errors, so this is only Newton's starting point (typically 2-3 steps from the root).
         """
         lam, alpha, T = self.lam, self.service.alpha, self.service.T
@@ -181,9 +185,20 @@ class JSQdPH(AbstractSupermarketModel):
                 h = choice.join_factor(s_prev, s)
                 return mmatrix_solve((lam * h * shift - T).T, lam * h * S_prev + lam * choice.pgf(s) * alpha)
 
-            for _ in range(2):
+            # F(s) = sum(S_of(s)) - s has F(0) >= 0 and its root in [0, s_prev]; F need not be monotone there
+            # (for large d it turns back up below zero), so Newton alone can leave for the wrong branch from a poor
+            # start. Safeguarded Newton: keep a bracket [lo, hi] by the sign of F and bisect whenever a Newton step
+            # leaves it.
+            def step(_, carry):
+                s, lo, hi = carry
                 F, dF = jax.jvp(lambda s: jnp.sum(S_of(s)) - s, (s,), (jnp.ones_like(s),))
-                s = jnp.clip(s - F / jnp.where(dF == 0, -1.0, dF), 0.0, s_prev)
+                lo, hi = jnp.where(F > 0, s, lo), jnp.where(F > 0, hi, s)
+                newton = s - F / jnp.where(dF == 0, -1.0, dF)
+                inside = (newton > lo) & (newton < hi) & jnp.isfinite(newton)
+                return jnp.where(inside, newton, 0.5 * (lo + hi)), lo, hi
+
+            zero = jnp.zeros_like(s)
+            s, _, _ = jax.lax.fori_loop(0, _GUESS_STEPS, step, (s, zero, s_prev + zero))
             S = S_of(s)
             return S, S
 
