@@ -141,7 +141,10 @@ class TruncationError(ValueError):
     def __init__(self, K: int, tail_mass: float, tail_tol: float, auto_K: bool, max_K: int):
         self.K, self.tail_mass, self.tail_tol, self.auto_K, self.max_K = K, tail_mass, tail_tol, auto_K, max_K
         found = f"K={K} is too small: the fraction of servers with K jobs is {tail_mass:.3g} > tail_tol={tail_tol:.3g}"
-        if auto_K:
+        if auto_K and K > max_K:
+            advice = (f"auto_K did not grow K, which starts above max_K={max_K}; raise max_K (e.g. max_K={16 * K}) "
+                      "or K")
+        elif auto_K:
             advice = f"auto_K stopped at max_K={max_K}; raise max_K, or lower the load or the service SCV"
         else:
             advice = (f"raise K (e.g. K={2 * K}, or more) or call solve_fixed_point(..., auto_K=True), which doubles K "

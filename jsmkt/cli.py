@@ -79,17 +79,25 @@ def _solver_default(name: str):
     """The default of `solve_fixed_point`'s argument `name` (the CLI solves with the defaults)."""
     import inspect
 
-    import jsmkt
+    from ._fixed_point import solve_fixed_point
 
-    return inspect.signature(jsmkt.solve_fixed_point).parameters[name].default
+    return inspect.signature(solve_fixed_point).parameters[name].default
+
+
+def _auto_max_K(K: int) -> int:
+    """The largest K that `--auto-K` (and the search for a K to suggest) tries: the solver's `max_K`, or 16 times
+    the spec's K when that is larger (a default K near saturation can exceed `max_K` already)."""
+    return max(_solver_default("max_K"), 16 * K)
 
 
 def _too_small(K: int, found: str, suggest: int | None, auto_K: bool, max_K: int) -> SpecError:
-    """The error for a truncation level `K` that is too small; `suggest` is a larger K to try (None: none up to
-    `max_K` suffices)."""
+    """The error for a truncation level `K` that is too small; `suggest` is a larger K that works (None: none up to
+    `max_K` does; 0: not known)."""
     if suggest is None:
         advice = (f"--auto-K stopped at K={max_K}: " if auto_K else "") + \
             f"K would need to exceed {max_K} for this model (lower the load or the service SCV)"
+    elif suggest == 0:
+        advice = "raise K in the spec or pass --auto-K"
     else:
         advice = f"raise K in the spec (e.g. K={suggest}) or pass --auto-K"
     return SpecError(f"K={K} is too small: {found}; {advice}")
@@ -101,16 +109,18 @@ def _solve_exact(
     import jsmkt
 
     try:
-        fp = jsmkt.solve_fixed_point(model, auto_K=auto_K)
+        fp = jsmkt.solve_fixed_point(model, auto_K=auto_K, max_K=_auto_max_K(model.K))
     except jsmkt.TruncationError as e:
         found = f"the fraction of servers with K jobs is {e.tail_mass:.3g} > tail_tol={e.tail_tol:.3g}"
         enough = None
         if not e.auto_K:  # suggest the K that --auto-K reaches (doubling K may not be enough)
             try:
-                enough = jsmkt.solve_fixed_point(model, auto_K=True).model.K
-            except (ValueError, RuntimeError):
+                enough = jsmkt.solve_fixed_point(model, auto_K=True, max_K=_auto_max_K(model.K)).model.K
+            except jsmkt.TruncationError:
                 pass
-        raise _too_small(e.K, found, enough, e.auto_K, max(e.K, e.max_K)) from None
+            except (ValueError, RuntimeError):  # e.g. too large to solve: no K to suggest
+                enough = 0
+        raise _too_small(e.K, found, enough, e.auto_K, _auto_max_K(model.K)) from None
     model = fp.model
     s = np.asarray(jsmkt.tails(model, fp))
     out = {
@@ -188,14 +198,14 @@ def _published_tails(model, K: int) -> tuple[np.ndarray, np.ndarray | None]:
 def _published_K(model, auto_K: bool) -> int:
     """The spec's K, or with `auto_K` K doubled until the published s_K is at most the exact solver's `tail_tol`
     (up to its `max_K`); a `SpecError` like the exact solver's when K is too small."""
-    tol, max_K = _solver_default("tail_tol"), _solver_default("max_K")
+    tol, max_K = _solver_default("tail_tol"), _auto_max_K(model.K)
     K = enough = model.K
     while (tail := float(_published_tails(model, enough)[0][-1])) > tol and enough < max_K:
         enough = min(2 * enough, max_K)
     if tail <= tol and (auto_K or enough == K):
         return enough
     found = f"the published s_K is {float(_published_tails(model, K)[0][-1]):.3g} > tail_tol={tol:.3g}"
-    raise _too_small(K, found, enough if tail <= tol else None, auto_K, max(K, max_K))
+    raise _too_small(K, found, enough if tail <= tol else None, auto_K, max_K)
 
 
 def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:

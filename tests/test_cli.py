@@ -313,7 +313,7 @@ def test_truncation_errors_point_to_the_spec_and_auto_K(tmp_path, capsys, monkey
 
     import jsmkt
 
-    def stopped(model, auto_K):
+    def stopped(model, auto_K, max_K):
         raise jsmkt.TruncationError(4096, 1e-3, 1e-10, True, 4096)
 
     monkeypatch.setattr(jsmkt, "solve_fixed_point", stopped)
@@ -322,6 +322,20 @@ def test_truncation_errors_point_to_the_spec_and_auto_K(tmp_path, capsys, monkey
     assert err == ("jsmkt: error: K=4096 is too small: the fraction of servers with K jobs is 0.001 > "
                    "tail_tol=1e-10; --auto-K stopped at K=4096: K would need to exceed 4096 for this model (lower "
                    "the load or the service SCV)\n")
+
+
+def test_auto_K_grows_a_default_K_above_max_K(tmp_path, capsys):
+    # Regression: M/M/1 at lam = 0.9999 gets a default K of 40281 (> max_K = 4096), too small; --auto-K did not
+    # grow it and said "K would need to exceed 40281", and the error without --auto-K suggested K=80562, too small.
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.9999\nd = 1\n')
+    code, out, err = run(["solve", str(spec)], capsys)
+    assert code == 2 and err.startswith("jsmkt: error: K=40281 is too small") and "(e.g. K=161124)" in err
+    code, out, err = run(["solve", str(spec), "--auto-K", "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["K"] == 161124 and res["tail_mass_at_K"] <= 1e-10
+    np.testing.assert_allclose(res["tail"][1:6], 0.9999 ** np.arange(1, 6), rtol=1e-9)  # M/M/1: s_k = lam^k
 
 
 def test_refined_mean_field_out_of_range_is_flagged(tmp_path, capsys):

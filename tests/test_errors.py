@@ -75,6 +75,10 @@ def test_truncation_too_small_and_auto_K():
     # auto_K that stops at max_K does not advise auto_K.
     with pytest.raises(jsmkt.TruncationError, match=r"K=10 is too small: .*; auto_K stopped at max_K=10; raise max_K"):
         jsmkt.solve_fixed_point(model, auto_K=True, max_K=10)
+    # Regression: a K that starts above max_K is not grown, and the error said "auto_K stopped at max_K".
+    with pytest.raises(jsmkt.TruncationError, match=r"K=8 is too small: .*; auto_K did not grow K, which starts "
+                                                     r"above max_K=4; raise max_K \(e.g. max_K=128\) or K"):
+        jsmkt.solve_fixed_point(model, auto_K=True, max_K=4)
     fp = jsmkt.solve_fixed_point(model, throw=False)
     assert fp.result == jsmkt.RESULTS.truncation_too_small
     fp = jsmkt.solve_fixed_point(model, auto_K=True)
