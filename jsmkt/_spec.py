@@ -184,7 +184,7 @@ def service_from_spec(table: dict[str, Any], where: str = "[service]") -> PH:
                 raise SpecError(f"{where}: {e}".replace("pass clip=True", "set clip = true in the table")) from None
     except SpecError:
         raise
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, ArithmeticError) as e:
         raise SpecError(f"{where}: {e}") from None
     raise SpecError(f"{where}: kind={show(kind)} is not one of {', '.join(SERVICE_KINDS)}")
 
@@ -220,7 +220,7 @@ def model_from_spec(spec: dict[str, Any], where: str = "spec"):
         return JSQdPH(lam, service, d=d, K=K)
     except SpecError:
         raise
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, ArithmeticError) as e:
         raise SpecError(f"{where}: {e}") from None
 
 

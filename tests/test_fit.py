@@ -6,6 +6,7 @@ the PH-service paper; the paper's own formulas for $(\eta, \xi_1, \xi_2)$ serve 
 """
 
 import math
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -294,3 +295,19 @@ def test_infeasible_moments_name_the_range():
         fit(1.0, 3.0, 13.5)
     with pytest.raises(ValueError, match=r"feasible m3 range is \[6, 6\]"):
         fit(1.0, 2.0, 6.5)
+
+
+@pytest.mark.parametrize("moments", [(1.0, 3.0, 1e150), (1.0, 3.0, 1e200), (1.0, 1e300, 1e308), (2.0, 12.0, 8e200)])
+@pytest.mark.parametrize("clip", [False, True])
+def test_moments_beyond_float64_are_refused_naming_them(moments, clip):
+    # Regression: m3 >= 1e155 raised ZeroDivisionError, m3 = 1e150 gave a PH whose third moment is inf, and
+    # clip=True with m2 = 1e300 raised "alpha=[nan, nan] has non-finite entries".
+    m1, m2, m3 = moments
+    with pytest.raises(ValueError, match=re.escape(f"m1={m1!r}, m2={m2!r}, m3={m3!r}: a PH(2) with these moments has "
+                                                   "rates too far apart for float64")):
+        jsmkt.fit_ph2_three_moments(m1, m2, m3, clip=clip)
+
+
+def test_moments_far_apart_but_representable_are_fitted():
+    for m3 in (1e30, 1e100):
+        np.testing.assert_allclose(jsmkt.fit_ph2_three_moments(1.0, 3.0, m3).moments(3), [1.0, 3.0, m3], rtol=1e-9)

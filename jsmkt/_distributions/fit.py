@@ -86,7 +86,8 @@ def fit_ph2_three_moments(
 
     `ValueError` if a moment is not a finite positive number, or is traced (the fit takes concrete moments only and
     cannot be used inside `jax.jit`, `jax.grad` or `jax.vmap`), or, when `clip=False`, if no PH(2) has these
-    moments; the message gives the feasible range.
+    moments; the message gives the feasible range; and when the PH(2) with these moments has rates too far apart
+    for float64 (e.g. `m3/m1^3 = 1e150` with `m2/m1^2 = 3`).
 
     !!! example
 
@@ -129,6 +130,12 @@ def fit_ph2_three_moments(
     def exponential():
         return PH(jnp.ones(1), jnp.full((1, 1), -1.0 / m1))
 
+    def unrepresentable():
+        return ValueError(
+            f"m1={m1!r}, m2={m2!r}, m3={m3!r}: a PH(2) with these moments has rates too far apart for float64 "
+            f"(m2/m1^2 = {_fmt(n2)}, m3/m1^3 = {_fmt(n3)}); give moments with m2/m1^2 and m3/m1^3 nearer 1"
+        )
+
     # c = 0 inside the region: the exponential.
     if abs(n2 - 2.0) <= 2.0 * _RTOL and abs(n3 - 6.0) <= 6.0 * _RTOL:
         changed = (n2, n3) != (2.0, 6.0)
@@ -169,6 +176,8 @@ def fit_ph2_three_moments(
             return result(exponential(), 2.0, 6.0)
     else:
         bound = 1.5 * n2 * n2
+        if not math.isfinite(bound * (1.0 + _A4_GAP)):
+            raise unrepresentable()
         if n3 <= bound:
             if not clip:
                 raise ValueError(
@@ -178,6 +187,15 @@ def fit_ph2_three_moments(
                 )
             n3, changed = bound * (1.0 + _A4_GAP), True  # (a.4)
 
+    try:
+        return result(*_closed_form(m1, n2, n3))
+    except ArithmeticError:
+        raise unrepresentable() from None
+
+
+def _closed_form(m1: float, n2: float, n3: float):
+    """`(ph, n2, n3)`: the canonical PH(2) with moments m1, n2 m1^2, n3 m1^3 (feasible); `ArithmeticError` when
+    float64 cannot represent it."""
     # Closed form in units of m1. The reduced moments r_n = E[S^n]/n! of the canonical form with phase means
     # u1 = 1/xi1 >= u2 = 1/xi2 satisfy r_{n+1} = e1 r_n - e2 r_{n-1} (r_0 = r_1 = 1), e1 = u1 + u2, e2 = u1 u2, so
     # e1 = (r3 - r2)/y with y = r2 - 1 = (c^2 - 1)/2, and e2 = e1 - r2 = (r3 - r2^2)/y. The shifted means
@@ -200,6 +218,7 @@ def fit_ph2_three_moments(
         u1, u2 = 1.0 + v1, 1.0 + v2
     else:
         # e2 = (n3 - bound)/(6y) > 0 exactly when n3 > bound, so u2 > 0 even next to the (a.4) bound.
+        bound = 1.5 * n2 * n2
         e2 = (n3 - bound) / (6.0 * y)
         h = e2 - 1.0 + y
         disc = math.sqrt(h * h + 4.0 * y)
@@ -213,6 +232,14 @@ def fit_ph2_three_moments(
         u2 = 2.0 * e2 / (2.0 + h + disc)  # = 1 + v2 without cancellation as u2 -> 0
     eta = min(max(-v2 / u1, 0.0), 1.0)
     xi1, xi2 = 1.0 / (m1 * u1), 1.0 / (m1 * u2)
+    if not all(math.isfinite(x) and x > 0.0 for x in (xi1, xi2)) or not math.isfinite(eta):
+        raise ArithmeticError
     alpha = jnp.array([eta, 1.0 - eta])
     T = jnp.array([[-xi1, xi1], [0.0, -xi2]])
-    return result(PH(alpha, T), n2, n3)
+    ph = PH(alpha, T)
+    # The fit is exact in exact arithmetic; rates spanning most of float64's range lose it (e.g. m3 = inf).
+    fitted = [float(x) for x in ph.moments(3)]
+    want = (m1, n2 * m1 * m1, n3 * m1 * m1 * m1)
+    if not all(math.isfinite(f) and abs(f - w) <= 1e-6 * w for f, w in zip(fitted, want)):
+        raise ArithmeticError
+    return ph, n2, n3
