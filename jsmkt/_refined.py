@@ -33,7 +33,7 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from . import _maps
 from ._choice import _UNROLL_MAX_D, AbstractChoice, _divided_differences, _weighted_divided_differences, _weighted_pgf
-from ._errors import is_concrete
+from ._errors import error_if, is_concrete
 from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, FixedPoint
 
@@ -43,9 +43,17 @@ _SMITH_STEPS = 40  # doublings: sums 2**40 terms of the Stein series (contractio
 
 
 def _check_n(n_servers: Any) -> Any:
-    """A number of servers >= 1: checked when concrete (Python, NumPy or JAX scalar); a tracer passes."""
+    """A number of servers >= 1, as a float: checked in Python when concrete (Python, NumPy or JAX scalar), by
+    `error_if` when traced."""
     if isinstance(n_servers, jax.core.Tracer):
-        return n_servers.astype(float)
+        if jnp.shape(n_servers) != ():
+            raise ValueError(f"n_servers must be a scalar (got shape {jnp.shape(n_servers)})")
+        n = n_servers.astype(float)
+        return error_if(n, ~(n >= 1.0), "n_servers must be a number of servers >= 1")
+    if isinstance(n_servers, int) and not isinstance(n_servers, bool):  # any size (NumPy would make 10**30 an object)
+        if n_servers < 1:
+            raise ValueError(f"n_servers={n_servers!r} must be a number of servers >= 1")
+        return float(n_servers)
     try:
         a = np.asarray(n_servers)
         ok = a.shape == () and a.dtype.kind in "iuf" and bool(a >= 1) and bool(np.isfinite(a))
@@ -202,12 +210,17 @@ class RefinedMeanField(eqx.Module):
 
     def std(self, fn: Callable[[PyTree[Array]], Array], n_servers) -> Array:
         r"""Standard deviation of $\varphi(Y^N)$ in steady state to leading order,
-        $\sqrt{D\varphi\, W\, D\varphi^\top / N}$ (scalar-valued `fn`): the spread of the time-varying occupancy
-        around its mean, not a confidence interval."""
+        $\sqrt{D\varphi\, W\, D\varphi^\top / N}$: the spread of the time-varying occupancy around its mean, not
+        a confidence interval. An array-valued `fn` gives the standard deviation of each entry (one Jacobian), e.g.
+        `rmf.std(lambda y: jsmkt.tails(model, y), N)` for every level at once."""
         n = _check_n(n_servers)
         flat, unravel = ravel_pytree(self.value)
-        g = jax.grad(lambda z: fn(unravel(z)))(flat)
-        return jnp.sqrt(jnp.maximum(g @ self.covariance @ g, 0.0) / n)
+        phi = lambda z: jnp.asarray(fn(unravel(z)))  # noqa: E731
+        shape = jax.eval_shape(phi, flat).shape
+        jac = jax.jacrev if int(np.prod(shape)) <= flat.size else jax.jacfwd  # fewer passes
+        J = jac(phi)(flat).reshape(-1, flat.size)
+        var = jnp.einsum("ij,jk,ik->i", J, self.covariance, J)
+        return jnp.sqrt(jnp.maximum(var, 0.0) / n).reshape(shape)
 
 
 def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacement") -> RefinedMeanField:

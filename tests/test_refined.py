@@ -8,6 +8,7 @@ differences for gradients; and (slow) the finite-N simulator.
 
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,6 +47,10 @@ def test_d1_exponential_is_iid_mm1():
     assert float(e) == pytest.approx(lam**2 + lam * (1 - lam) / N, rel=1e-12)
     sd = rmf.std(lambda y: jsmkt.tails(model, y)[1], N)
     assert float(sd) == pytest.approx(math.sqrt(lam * (1 - lam) / N), rel=1e-10)
+    # Array-valued: every level at once, sd(s_k) = sqrt(rho^k (1 - rho^k) / N), shaped like the output.
+    sds = rmf.std(lambda y: jsmkt.tails(model, y)[1:11].reshape(2, 5), N)
+    assert sds.shape == (2, 5)
+    np.testing.assert_allclose(np.ravel(sds), np.sqrt(lam ** k[:10] * (1 - lam ** k[:10]) / N), rtol=1e-10)
 
 
 def test_d1_ph_per_phase_covariance():
@@ -112,6 +117,13 @@ def test_errors():
     rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model))
     with pytest.raises(ValueError, match=r"n_servers=0 must be a number of servers >= 1"):
         rmf.state(0)
+    # Regression: a traced n <= 0 gave numbers (E[Q] below the mean field at n = -3), and 10**30 (a NumPy object
+    # array) was refused as "not a number of servers >= 1".
+    for f in (lambda n: rmf.state(n), lambda n: rmf.std(lambda y: jsmkt.mean_queue_length(model, y), n),
+              lambda n: rmf.expectation(lambda y: jsmkt.prob_wait(model, y), n)):
+        with pytest.raises(Exception, match="n_servers must be a number of servers >= 1"):
+            jax.block_until_ready(eqx.filter_jit(f)(jnp.asarray(-3.0)))
+    np.testing.assert_allclose(rmf.state(10**30), rmf.value, rtol=1e-15, atol=1e-25)
 
 
 @pytest.mark.slow
