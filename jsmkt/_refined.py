@@ -278,13 +278,16 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
 @eqx.filter_jit
 def _refine(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -> RefinedMeanField:
     flat, unravel = ravel_pytree(y)
-    f = lambda z: ravel_pytree(model.vector_field(None, unravel(z)))[0]  # noqa: E731
+    # Time in units of 1/model.rate_scale(): W and V do not depend on the unit of time, and rates of 1e-160 or
+    # 1e160 would otherwise under- or overflow in the products below (A W, the Hessian contracted with W).
+    scale = model.rate_scale()
+    f = lambda z: ravel_pytree(model.vector_field(None, unravel(z)))[0] / scale  # noqa: E731
     A = jax.jacfwd(f)(flat)
-    Q = _jump_covariance(model, y)
+    Q = _jump_covariance(model, y) / scale
     W = lyapunov(A, Q)
     bias = 0.5 * _contract_hessian(f, flat, W)
     if not replace:  # the 1/N term of the finite-N drift itself: d/d(1/N) at 1/N = 0
-        f_eps = lambda eps: ravel_pytree(_with_sampling_eps(model, eps).vector_field(None, y))[0]  # noqa: E731
+        f_eps = lambda eps: ravel_pytree(_with_sampling_eps(model, eps).vector_field(None, y))[0] / scale  # noqa: E731
         zero = jnp.zeros((), flat.dtype)
         bias = bias + jax.jvp(f_eps, (zero,), (jnp.ones_like(zero),))[1]
     V = jnp.linalg.solve(A, -bias)

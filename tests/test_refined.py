@@ -272,3 +272,18 @@ def test_without_replacement_at_large_d_compiles_in_bounded_size():
     v_with = np.asarray(jsmkt.tails(model, jsmkt.refined_mean_field(fp).correction))
     v_wo = np.asarray(jsmkt.tails(model, jsmkt.refined_mean_field(fp, "without_replacement").correction))
     assert abs(v_wo[1]) < 1e-9 and 0 < v_wo[2] < v_with[2]
+
+
+@pytest.mark.parametrize("c", [1e-200, 1e200])
+def test_refined_mean_field_does_not_depend_on_the_time_unit(c):
+    # Regression: with rates of 1e-160 the 1/N term underflowed to 0 silently, and with 1e160 the expansion was
+    # refused as "the Jacobian ... is not stable".
+    def refined(c, service):
+        m = jsmkt.JSQd(0.5 * c, d=2, mu=c) if service is None else jsmkt.JSQdPH(0.5 * c, service, d=2)
+        r = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(m))
+        return np.array([float(jsmkt.mean_queue_length(m, r.state(10))),
+                         float(r.std(lambda y: jsmkt.mean_queue_length(m, y), 10))])
+
+    np.testing.assert_allclose(refined(c, None), refined(1.0, None), rtol=1e-8)
+    c = c ** 0.7  # a PH's E[S^2] must stay inside float64
+    np.testing.assert_allclose(refined(c, jsmkt.erlang(2, mean=1 / c)), refined(1.0, jsmkt.erlang(2)), rtol=1e-8)
