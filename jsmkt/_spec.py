@@ -63,10 +63,18 @@ def show(value: Any) -> str:
     return str(value)
 
 
+_MAX_SPEC_BYTES = 2**20  # a model spec is a few lines; refuse to read /dev/zero or a huge file whole
+
+
 def load_spec(path: str) -> dict[str, Any]:
+    """The TOML table of the spec file `path` (UTF-8, a leading byte-order mark allowed); `SpecError` naming the
+    file otherwise."""
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            data = f.read(_MAX_SPEC_BYTES + 1)
+        if len(data) > _MAX_SPEC_BYTES:
+            raise SpecError(f"{path}: larger than {_MAX_SPEC_BYTES // 2**20} MiB; a model spec is a short TOML file")
+        return tomllib.loads(data.decode("utf-8").removeprefix("\ufeff"))
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
     except IsADirectoryError:

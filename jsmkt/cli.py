@@ -10,6 +10,7 @@ Bad specifications give one error line on stderr and exit code 2.
 
 import argparse
 import json
+import logging
 import math
 import os
 import re
@@ -293,11 +294,18 @@ def _print_table(out: dict[str, Any], header: str) -> None:
         print(line)
 
 
+def _plot_types(types: dict[str, str]) -> dict[str, str]:
+    """Matplotlib's file types less those it cannot write here: .pgf needs a LaTeX engine (xelatex by default)."""
+    import shutil
+
+    return {t: v for t, v in types.items() if t != "pgf" or shutil.which("xelatex")}
+
+
 def _check_plot_path(path: str) -> None:
     """Refuse a --plot FILE that cannot be written, before solving."""
     from matplotlib.figure import Figure
 
-    types = Figure().canvas.get_supported_filetypes()
+    types = _plot_types(Figure().canvas.get_supported_filetypes())
     ext = os.path.splitext(path)[1][1:].lower()
     folder = os.path.dirname(path) or "."
     if os.path.isdir(path):
@@ -326,12 +334,23 @@ def _plot(out: dict[str, Any], path: str, title: str) -> None:
         plot_phase_tails(ax, out["phase_tails"])
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
+    # Matplotlib's warnings and log messages (e.g. "The PostScript backend does not support transparency") are
+    # printed as one line each, in the CLI's format.
+    log, records = logging.getLogger("matplotlib"), []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    log.addHandler(handler)
     try:
-        fig.savefig(path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.savefig(path)
     except OSError as e:
         raise SpecError(f"--plot={path}: cannot write the plot ({e.strerror or e})") from None
     finally:
+        log.removeHandler(handler)
         plt.close(fig)
+    for text in [str(w.message) for w in caught] + [r.getMessage() for r in records]:
+        print(f"jsmkt: warning: --plot={path}: {text.strip().splitlines()[0]}", file=sys.stderr)
 
 
 def _print_refined(r: dict[str, Any]) -> None:
@@ -378,6 +397,8 @@ def _cmd_solve(args) -> int:
         _check_plot_path(args.plot)
     out, model = (_solve_published(model, args.auto_K) if args.as_published
                   else _solve_exact(model, args.auto_K, args.servers, sampling))
+    if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
+        _plot(out, args.plot, f"{out['model']}, lam={out['lam']:g}, d={out['d']:g} ({out['variant']})")
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
@@ -389,8 +410,6 @@ def _cmd_solve(args) -> int:
         shown = ", ".join(outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
         print(f"jsmkt: note: N={args.servers} servers is too small for the 1/N expansion: {shown} fall outside "
               '[0, 1] (refined "in_range" is false)', file=sys.stderr)
-    if args.plot:
-        _plot(out, args.plot, f"{out['model']}, lam={out['lam']:g}, d={out['d']:g} ({out['variant']})")
     return 0
 
 
@@ -490,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a write error surfaces here, not at exit
+        return code
     except (SpecError, ValueError) as e:
         msg = str(e).strip().splitlines()
         print(f"jsmkt: error: {msg[0] if msg else type(e).__name__}", file=sys.stderr)
@@ -503,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         # The reader (e.g. `| head`) closed the pipe: stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # the output cannot be written (e.g. a full disk)
+        print(f"jsmkt: failed: cannot write the output ({e.strerror or e})", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -366,3 +367,30 @@ def test_simulate_warnings_are_one_line_in_the_options_names(tmp_path, capsys):
     assert code == 0
     assert err.startswith("jsmkt: warning: the 30 batch means (batches of 90 time units) are correlated")
     assert err.rstrip().endswith("raise --time, or use --replications >= 2") and err.count("\n") == 1
+
+
+def test_spec_files_output_and_plot_formats_edge_cases(tmp_path, capsys):
+    # Regression: a UTF-8 byte-order mark was "Invalid statement"; /dev/zero was read until memory ran out; a full
+    # disk gave an OSError traceback; .eps printed a bare matplotlib log line; .pgf (needs LaTeX) was offered, and
+    # failed after the results were printed.
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b'\xef\xbb\xbfmodel = "jsq"\nlam = 0.5\n')
+    code, out, err = run(["solve", str(bom), "--format", "json"], capsys)
+    assert code == 0 and json.loads(out)["lam"] == 0.5, err
+    big = tmp_path / "big.toml"
+    big.write_text("#" * 2**20 + '\nmodel = "jsq"\nlam = 0.5\n')
+    code, out, err = run(["solve", str(big)], capsys)
+    assert code == 2 and err == f"jsmkt: error: {big}: larger than 1 MiB; a model spec is a short TOML file\n"
+    code, out, err = run(["solve", str(EXAMPLES / "jsq3_exponential.toml"), "--plot", str(tmp_path / "t.eps")], capsys)
+    assert code == 0 and (tmp_path / "t.eps").stat().st_size > 0
+    assert err.startswith(f"jsmkt: warning: --plot={tmp_path / 't.eps'}: The PostScript backend") and err.count("\n") == 1
+    if not shutil.which("xelatex"):
+        code, out, err = run(["solve", str(EXAMPLES / "jsq3_exponential.toml"), "--plot", str(tmp_path / "t.pgf")],
+                             capsys)
+        assert code == 2 and out == "" and "file type .pgf is not supported" in err
+    if pathlib.Path("/dev/full").exists():
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([sys.executable, "-m", "jsmkt.cli", "solve", str(EXAMPLES / "jsq3_exponential.toml")],
+                               stdout=full, capture_output=False, stderr=subprocess.PIPE, text=True)
+        assert r.returncode == 1
+        assert r.stderr == "jsmkt: failed: cannot write the output (No space left on device)\n"
