@@ -36,10 +36,13 @@ _REFINED_SLOW = 1000  # reduced-state size above which `solve --servers` says th
 
 
 def _describe(model) -> str:
+    from ._choice import InterpolatedChoice
     from ._models.jsqd_ph import JSQdPH
 
     d = model.choice.number
     dtxt = str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
+    if isinstance(model.choice, InterpolatedChoice) and float(d).is_integer():
+        dtxt += f" (from a TOML float: write d = {int(d)} for a fixed choice number)"
     base = f"lam = {float(model.lam):.6g}   d = {dtxt}   K = {model.K}   load rho = {float(model.load()):.6g}"
     if isinstance(model, JSQdPH):
         s = model.service
@@ -218,12 +221,15 @@ def _published_K(model, auto_K: bool) -> int:
 
 def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
     import jsmkt
-    from ._choice import FixedChoice
+    from ._choice import FixedChoice, InterpolatedChoice
     from ._models.jsqd_ph import JSQdPH
 
     pub = jsmkt.published
     if not isinstance(model.choice, FixedChoice):
-        raise SpecError("--as-published needs an integer d (the published formulas have no randomised d)")
+        d = model.choice.number
+        hint = (f"; d = {float(d):g} is a TOML float, which the spec reads as a randomised d: write d = {int(d)}"
+                if isinstance(model.choice, InterpolatedChoice) and float(d).is_integer() else "")
+        raise SpecError(f"--as-published needs an integer d (the published formulas have no randomised d){hint}")
     d = model.choice.d
     K = _published_K(model, auto_K)
     if K != model.K:
@@ -233,9 +239,12 @@ def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
         ET = float(pub.ph_sojourn_time(model.lam, model.service, d))
         res = pub.ph_fixed_point_residuals(model.lam, model.service, d, model.K)
         source = "Li & Lui closed form (Theorem 1) and sojourn time (Section 3)"
+        EQ = float(np.sum(s[1:]))
         extra = {"residual_in_published_equations": float(res["published"]),
                  "residual_in_exact_equations": float(res["exact"]),
-                 "phase_tails": [[float(v) for v in row] for row in pi[: len(_trim(s)) - 1]]}
+                 "phase_tails": [[float(v) for v in row] for row in pi[: len(_trim(s)) - 1]],
+                 "note": (f"E[T] is the paper's Section 3 formula and E[Q] the sum of its tails; they need not obey "
+                          f"Little's law (here lam E[T] = {float(model.lam) * ET:.6g}, E[Q] = {EQ:.6g})")}
     else:
         ET = float(pub.exponential_sojourn_time(model.lam, d, model.mu))
         source = "rho^((d^k-1)/(d-1)) and Mitzenmacher's E[T]"
@@ -276,6 +285,8 @@ def _print_table(out: dict[str, Any], header: str) -> None:
         if key in out:
             v = out[key]
             print(f"  {label:<26} {v:.10g}" if isinstance(v, float) else f"  {label:<26} {v}")
+    if "note" in out:
+        print(f"  note: {out['note']}")
     if "sojourn_time_percentiles" in out:
         p = out["sojourn_time_percentiles"]
         print("  sojourn time percentiles   " + "  ".join(f"{k}={v:.4g}" for k, v in p.items()))

@@ -394,3 +394,21 @@ def test_spec_files_output_and_plot_formats_edge_cases(tmp_path, capsys):
                                stdout=full, capture_output=False, stderr=subprocess.PIPE, text=True)
         assert r.returncode == 1
         assert r.stderr == "jsmkt: failed: cannot write the output (No space left on device)\n"
+
+
+def test_float_d_and_as_published_notes(tmp_path, capsys):
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.5\nd = 2.0\n')
+    code, out, err = run(["solve", str(spec), "--as-published"], capsys)
+    assert code == 2 and err.endswith("d = 2 is a TOML float, which the spec reads as a randomised d: write d = 2\n")
+    code, out, err = run(["solve", str(spec)], capsys)
+    assert code == 0 and "(from a TOML float: write d = 2 for a fixed choice number)" in out
+    spec.write_text('model = "jsq"\nlam = 0.5\nd = [0.0, 1.0]\n')  # a law with mean 2 is not a float d
+    code, out, err = run(["solve", str(spec), "--as-published"], capsys)
+    assert code == 2 and "TOML float" not in err
+    # The published PH formulas break Little's law; the output says so, with the numbers.
+    code, out, err = run(["solve", str(EXAMPLES / "jsq2_h2.toml"), "--as-published", "--format", "json"], capsys)
+    res = json.loads(out)
+    assert code == 0 and abs(0.9 * res["mean_sojourn_time"] - res["mean_queue_length"]) > 0.5
+    assert res["note"].startswith("E[T] is the paper's Section 3 formula and E[Q] the sum of its tails; they need not "
+                                  "obey Little's law (here lam E[T] = 1.87265, E[Q] = 1.3259)")
