@@ -158,12 +158,16 @@ def _solve_exact(
 def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
     """The 1/N-refined mean field with `n` servers (expected values to order 1/N)."""
     import jsmkt
+    from ._refined import _with_sampling_eps
 
     size = int(np.size(fp.value))
     if size > _REFINED_SLOW:
         print(f"jsmkt: note: --servers: the refined mean field solves dense {size} x {size} systems (time O(n^3), "
               "about a minute at n = 2000 on 2 cores)", file=sys.stderr)
     rmf = jsmkt.refined_mean_field(fp, sampling)
+    # P(all sampled servers busy) with N servers: E[s_1^D] with replacement, E[prod_{i<D} (s_1 - i/N)/(1 - i/N)]
+    # without (`prob_wait` of the model whose choice samples without replacement from N).
+    wait_model = model if sampling == "with_replacement" else _with_sampling_eps(model, np.float64(1.0 / n))
     y = rmf.state(n)
     s = np.asarray(jsmkt.tails(model, y))
     # Every list is indexed by k from 0, like `tail`; s_0 = 1 exactly (correction and spread 0).
@@ -176,7 +180,7 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
         "sampling": sampling,
         "mean_queue_length": EQ,
         "mean_sojourn_time": EQ / float(model.lam),
-        "prob_wait": float(rmf.expectation(lambda y: jsmkt.prob_wait(model, y), n)),
+        "prob_wait": float(rmf.expectation(lambda y: jsmkt.prob_wait(wait_model, y), n)),
         "utilisation": float(s[1]),
         "tail": [float(x) for x in s[:n_tail]],
         "tail_correction": [float(x) for x in v],

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+import jsmkt
 from jsmkt.cli import main
 
 
@@ -412,3 +413,20 @@ def test_float_d_and_as_published_notes(tmp_path, capsys):
     assert code == 0 and abs(0.9 * res["mean_sojourn_time"] - res["mean_queue_length"]) > 0.5
     assert res["note"].startswith("E[T] is the paper's Section 3 formula and E[Q] the sum of its tails; they need not "
                                   "obey Little's law (here lam E[T] = 1.87265, E[Q] = 1.3259)")
+
+
+def test_refined_prob_wait_follows_the_sampling(tmp_path, capsys):
+    """Without replacement an arrival waits when both of its d = 2 distinct servers are busy:
+    E[N s_1 (N s_1 - 1) / (N (N - 1))] = (E[s_1^2] N - s_1) / (N - 1), with E[s_1^2] = s_1^2 + W_11 / N to order 1/N
+    (s_1 = lam has no 1/N term). Regression: the CLI gave E[s_1^2] (with replacement): 0.28441 at N = 10, where the
+    exact stationary law of the 10-server chain (computed separately, by solving its generator) gives 0.25998."""
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.5\nd = 2\nK = 20\n[simulation]\nsampling = "without_replacement"\n')
+    model = jsmkt.JSQd(0.5, d=2, K=20)
+    W11 = float(jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model)).covariance[0, 0])
+    for n, exact in ((6, 0.26734), (10, 0.25998)):
+        code, out, err = run(["solve", str(spec), "--servers", str(n), "--format", "json"], capsys)
+        assert code == 0, err
+        p = json.loads(out)["refined"]["prob_wait"]
+        assert p == pytest.approx(((0.25 + W11 / n) * n - 0.5) / (n - 1), rel=1e-12)
+        assert abs(p - exact) < 2e-3  # O(1/N^2) from the exact value; the mean field's 0.25 is 10x further at N=10
