@@ -94,12 +94,14 @@ def _jump_covariance(model: AbstractSupermarketModel, y: PyTree[Array]) -> Float
     x = model.occupancy(y)
     reduce_flat = lambda x: ravel_pytree(model.reduce(x))[0]  # noqa: E731
     Rm = jax.jacfwd(reduce_flat)(x)  # (n_reduced, n_states); reduce is linear
-    Q = jnp.zeros((Rm.shape[0], Rm.shape[0]), x.dtype)
+    # Q = Rm G Rm^T with G = sum_j w_j (e_t - e_s)(e_t - e_s)^T over the jumps s -> t, accumulated in the state space
+    # (n_states^2 floats), never as the (n, jumps) matrix of jump vectors: a PH of order m has about m n jumps.
+    G = jnp.zeros((x.shape[0], x.shape[0]), x.dtype)
     for tc in model.transitions(x):
-        L = Rm[:, tc.target] - Rm[:, tc.source]  # (n, jumps)
         w = tc.rate * x[tc.source]
-        Q = Q + (L * w[None, :]) @ L.T
-    return Q
+        s, t = jnp.asarray(tc.source), jnp.asarray(tc.target)
+        G = G.at[t, t].add(w).at[s, s].add(w).at[t, s].add(-w).at[s, t].add(-w)
+    return Rm @ G @ Rm.T
 
 
 def _contract_hessian(fn: Callable, z: Float[Array, " n"], W: Float[Array, "n n"]) -> Array:

@@ -287,3 +287,19 @@ def test_refined_mean_field_does_not_depend_on_the_time_unit(c):
     np.testing.assert_allclose(refined(c, None), refined(1.0, None), rtol=1e-8)
     c = c ** 0.7  # a PH's E[S^2] must stay inside float64
     np.testing.assert_allclose(refined(c, jsmkt.erlang(2, mean=1 / c)), refined(1.0, jsmkt.erlang(2)), rtol=1e-8)
+
+
+def test_jump_covariance_memory_is_quadratic_in_the_state_size():
+    # Regression: Q was built from the (n, jumps) matrix of jump vectors, about m n^2 floats for a PH of order m:
+    # 1.3 GiB of temporaries for Erlang-20 at K = 60 (n = 1200), and an out-of-memory error at K = 791 that the
+    # 32 n^2 size guard let through. Now a few n x n matrices.
+    from jsmkt._refined import _jump_covariance
+
+    model = jsmkt.JSQdPH(0.5, jsmkt.erlang(20), d=2, K=60)
+    y = model.initial_state() + 0.01
+    compiled = jax.jit(lambda y: _jump_covariance(model, y)).lower(y).compile()
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        pytest.skip("this backend gives no memory analysis")
+    n = y.size
+    assert analysis.temp_size_in_bytes < 8 * n * n * 8
