@@ -2,6 +2,7 @@
 
 import math
 
+import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -182,11 +183,26 @@ def test_starting_states_that_are_not_states_are_refused(entry, x0, match):
         (dict(t1=5.0, ts=[1.0, 10.0]), r"ts=\[1.0, 10.0\] must be .* in \[0, t1=5\]"),
         (dict(t1=5.0, rtol=-1.0), r"rtol=-1.0 must be a positive finite number"),
         (dict(t1=5.0, max_steps=2.5), r"max_steps=2.5 must be an integer >= 1"),
+        # Regression: these were accepted silently (ts) or failed inside diffrax (solver).
+        (dict(t1=5.0, ts=["1", "2"]), r"ts=\['1', '2'\] must hold real numbers \(times\), not string values"),
+        (dict(t1=5.0, ts=[True]), r"ts=\[True\] must hold real numbers \(times\), not boolean values"),
+        (dict(t1=5.0, solver=dfx.Euler()), r"solver=Euler\(\) must be a diffrax solver instance with error estimates"),
+        (dict(t1=5.0, solver="tsit5"), r"solver='tsit5' must be a diffrax solver instance"),
+        (dict(t1=5.0, solver=dfx.Tsit5), r"solver=<class .*Tsit5'> must be a diffrax solver instance"),
     ],
 )
 def test_integrate_refuses_bad_times_and_tolerances(kwargs, match):
     with pytest.raises(ValueError, match=match):
         jsmkt.integrate(jsmkt.JSQd(0.9, d=2, K=20), **kwargs)
+
+
+def test_transients_start_from_a_fixed_point_or_a_list():
+    # Regression: a FixedPoint was refused with a repr dump, a list with "x0 has shape [(), (), ...]".
+    model = jsmkt.JSQd(0.7, d=2, K=12)
+    fp = jsmkt.solve_fixed_point(model)
+    for x0 in (fp, [float(v) for v in fp.value]):
+        np.testing.assert_allclose(jsmkt.integrate(model, 1.0, x0=x0).ys[-1], fp.value, atol=1e-12)
+        np.testing.assert_allclose(jsmkt.steady_state(model, x0=x0)[0], fp.value, atol=1e-12)
 
 
 def test_ode_failures_are_python_errors_with_the_right_advice():
