@@ -35,7 +35,9 @@ _SIMULATE_OPTIONS = re.compile(r"(?<![\w-])(" + "|".join(_SIMULATE_OPTION_NAMES)
 _REFINED_SLOW = 1000  # reduced-state size above which `solve --servers` says that the refinement takes a while
 
 
-def _describe(model) -> str:
+def _describe(model, simulated: dict[str, Any] | None = None) -> str:
+    """The model's parameters and service in two lines; `simulated` (from `_simulated_service`) names the service
+    that `jsmkt simulate` runs instead of the model's."""
     from ._choice import InterpolatedChoice
     from ._models.jsqd_ph import JSQdPH
 
@@ -44,6 +46,10 @@ def _describe(model) -> str:
     if isinstance(model.choice, InterpolatedChoice) and float(d).is_integer():
         dtxt += f" (from a TOML float: write d = {int(d)} for a fixed choice number)"
     base = f"lam = {float(model.lam):.6g}   d = {dtxt}   K = {model.K}   load rho = {float(model.load()):.6g}"
+    if simulated is not None:
+        order = f", PH of order {simulated['order']}" if "order" in simulated else ""
+        return (base + f"\nservice (simulated, from {simulated['source']}): {simulated['kind']}{order}, mean "
+                f"{simulated['mean']:.6g}, SCV {simulated['scv']:.6g}")
     if isinstance(model, JSQdPH):
         s = model.service
         return base + f"\nservice: PH of order {s.order}, mean {float(s.mean):.6g}, SCV {float(s.scv):.6g}"
@@ -65,14 +71,6 @@ def _simulated_service(spec: dict[str, Any], model, service) -> dict[str, Any]:
     if hasattr(service, "order"):
         out["order"] = int(service.order)
     return out
-
-
-def _describe_simulated(model, service: dict[str, Any]) -> str:
-    """`_describe(model)` with its service line naming the service that is simulated."""
-    base = _describe(model).split("\nservice:")[0]
-    order = f", PH of order {service['order']}" if "order" in service else ""
-    return (base + f"\nservice (simulated, from {service['source']}): {service['kind']}{order}, mean "
-            f"{service['mean']:.6g}, SCV {service['scv']:.6g}")
 
 
 def _trim(tails: np.ndarray, floor: float = 1e-300) -> list[float]:
@@ -482,7 +480,7 @@ def _cmd_simulate(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         _print_table(out, f"jsmkt simulate: N = {args.servers} servers, t = {args.time:g}, "
-                          f"{args.replications} replication(s)\n" + _describe_simulated(model, service))
+                          f"{args.replications} replication(s)\n" + _describe(model, service))
     return 0
 
 

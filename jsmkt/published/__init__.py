@@ -1,5 +1,8 @@
 r"""The papers' equations and closed forms, *as published*, for reproduction and comparison.
 
+A public module (`import jsmkt.published`, `from jsmkt.published import ...`); `ARCHITECTURE.md`'s layout still names
+it `jsmkt/_published/`, where it lived as the attribute `jsmkt.published` only.
+
 These are not jsmkt's defaults: the defaults (`jsmkt.JSQdPH`, ...) are the exact mean-field limits of the stated
 finite-$N$ systems, checked against simulation. Each function here names the equations it reproduces.
 
