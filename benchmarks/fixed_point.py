@@ -4,12 +4,15 @@ Model: JSQ(2) with H2 service of SCV 4 (`jsmkt.hyperexponential2(1.0, 4.0)`), la
 (K*m = 96 unknowns). Measured in one run, side by side:
 
 - first-call time (trace + compile) of the jitted solve and of the jitted gradient;
-- median latency of one jitted solve, of the jitted primal `lam -> E[T]`, and of `jax.grad` of it;
+- median latency of one jitted solve, of the jitted primal `lam -> E[T]`, and of `jax.grad` of it (calls timed in
+  bursts of `BURST` back-to-back calls of one function, interleaved between functions; see `_interleaved_medians`);
 - `scipy.optimize.fsolve` (MINPACK hybrd) on the same exact mean-field equations written in NumPy below, from the
   same initial guess; both solutions must agree to 1e-8. The target ratio is taken over five loads around
-  lam (0.88 to 0.92): hybrd's path at xtol = 1e-13 depends on the last bits of the inputs (at lam = 0.9 it took 200
-  evaluations, and 105 after a one-ulp change in the H2 phase probabilities; now 105 at lam = 0.9 and 0.92, 201-202
-  at the other three loads), so the ratio at one load is partly luck;
+  lam (0.88 to 0.92): hybrd's path at xtol = 1e-13 depends on the last bits of the inputs (with the initial guess
+  of before 25fc516 it took 200 evaluations at lam = 0.9, and 105 after a one-ulp change in the H2 phase
+  probabilities), so the ratio at one load can be partly luck. Since 25fc516 the initial guess is within rounding
+  of the root at these loads: fsolve takes 100 evaluations (one finite-difference Jacobian) and jsmkt one Newton
+  step at each. The ratio with calls alternating one by one (cold caches) is printed for information;
 - batched throughput: `jax.vmap` over 64 values of lam;
 - how the solve scales with K (Newton eliminates the block-tridiagonal Jacobian block by block: O(K m^3) per step;
   a dense LU, shown for comparison, would be O((K m)^3));
@@ -74,17 +77,24 @@ def _median_time(fn, repeats, *args):
     return _interleaved_medians({"fn": lambda: fn(*args)}, repeats)["fn"]
 
 
-def _interleaved_medians(fns, rounds):
-    """Median wall time of each zero-argument callable in `fns`, timed in interleaved rounds (one call of each per
-    round), so that load from other processes on the machine hits every measurement alike."""
+BURST = 10  # back-to-back calls of one function per round
+
+
+def _interleaved_medians(fns, rounds, burst=BURST):
+    """Median wall time of each zero-argument callable in `fns`, timed in interleaved rounds, so that load from
+    other processes on the machine hits every measurement alike. Each round calls each function `burst` times
+    back to back (the usual way to time a call, as `timeit` does). With `burst=1` every call follows the other
+    functions' calls: a jitted solve then runs with cold caches, which on a 2-core VM added about 0.3 ms to a
+    0.15-0.25 ms solve, whatever the other work (NumPy, or even `time.sleep`)."""
     for fn in fns.values():
         jax.block_until_ready(fn())
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - t0)
+            for _ in range(burst):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn())
+                times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -194,8 +204,10 @@ def main():
         "scipy fsolve band": fsolve_banded,
         "batched": lambda: batched(lams),
         "public": lambda: jsmkt.solve_fixed_point(model).value,
-    }, repeats)
+    }, max(2, repeats // BURST))
     t_solve, t_primal, t_grad, t_batched = t["solve"], t["primal"], t["grad"], t["batched"]
+    # For information: the same pair timed one call at a time, alternating (each call after the other's).
+    t_cold = _interleaved_medians({"solve": lambda: solve(lam), "fsolve": fsolve_dense}, max(5, repeats // 4), burst=1)
 
     # The fsolve ratio over five loads (the same jitted solve; fsolve on the NumPy equations from the same guess).
     by_load = []
@@ -211,7 +223,7 @@ def main():
         err = np.max(np.abs(x - np.asarray(solve(jnp.asarray(lam_i))).ravel()))
         assert err < 1e-8, f"fsolve and jsmkt disagree by {err:.2e} at lam={lam_i}"
         ti = _interleaved_medians({"jsmkt": lambda lam_i=lam_i: solve(jnp.asarray(lam_i)), "fsolve": fsolve_i},
-                                  max(5, repeats // 4))
+                                  max(3, repeats // (4 * BURST)))
         by_load.append((lam_i, info["nfev"], ti["fsolve"] / ti["jsmkt"]))
 
     # Scaling in K (one jitted solve each).
@@ -261,6 +273,9 @@ def main():
           f"{', '.join(f'{lam_i:g}' for lam_i in LOADS)}: " + ", ".join(f"{r:.1f}x ({nfev} evaluations)"
                                                                    for _, nfev, r in by_load) + ")")
     print(f"fsolve / jsmkt at lam={LAM:g}     = {t['scipy fsolve'] / t_solve:6.1f}x  (information: one load)")
+    print(f"fsolve / jsmkt, alternating   = {t_cold['fsolve'] / t_cold['solve']:6.1f}x  (information, lam={LAM:g}: "
+          f"each call after the other's, cold caches: jsmkt {1e3 * t_cold['solve']:.3f} ms, "
+          f"fsolve {1e3 * t_cold['fsolve']:.3f} ms)")
     print(f"fsolve(band) / jsmkt time     = {t['scipy fsolve band'] / t_solve:6.1f}x  (information: banded finite-difference Jacobian)")
     print(f"vmap(64) gain per solve       = {64 * t_solve / t_batched:6.1f}x  (information)")
     print(f"first call K=1600 / K=100     = {first_calls[2][2] / first_calls[0][2]:6.2f}   (information: 16x the levels)")

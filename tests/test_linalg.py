@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jsmkt
-from jsmkt._linalg import BlockTridiagonal, mmatrix_solve
+from jsmkt._linalg import BlockTridiagonal, mmatrix_solve, small_solve
 
 
 @settings(max_examples=30, deadline=None)
@@ -23,6 +23,27 @@ def test_mmatrix_solve_matches_lapack(m, seed, shift):
     for M in (A, A.T):
         x = np.asarray(mmatrix_solve(M, b))
         np.testing.assert_allclose(x, np.linalg.solve(M, b), rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 8), seed=st.integers(0, 2**31 - 1), zero_pivots=st.integers(0, 3))
+def test_small_solve_matches_lapack(m, seed, zero_pivots):
+    # General (not M-matrix) blocks, as the Schur complements of Newton's Jacobians: zero diagonal entries need
+    # row exchanges, which elimination without pivoting would turn into inf/NaN.
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((m, m))
+    A[np.arange(min(zero_pivots, m)), np.arange(min(zero_pivots, m))] = 0.0
+    A[0, :] *= 1e-3  # a small leading row: pivoting on it would lose digits
+    if abs(np.linalg.det(A)) < 1e-6 or np.linalg.cond(A) > 1e8:
+        return
+    B = rng.standard_normal((m, m + 1))
+    X = np.asarray(small_solve(jnp.asarray(A), jnp.asarray(B)))
+    np.testing.assert_allclose(X, np.linalg.solve(A, B), rtol=1e-9, atol=1e-9 * np.abs(np.linalg.solve(A, B)).max())
+
+
+def test_small_solve_singular_is_not_finite():
+    A = jnp.asarray([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 1.0, 1.0]])
+    assert not np.all(np.isfinite(np.asarray(small_solve(A, jnp.ones((3, 1))))))
 
 
 # --- block-tridiagonal Lineax solver ------------------------------------------------------------------------------

@@ -431,3 +431,35 @@ def test_integrate_compiles_once_for_new_times_and_tolerances():
     for t1, rtol in [(1.5, 1e-8), (2.5, 1e-7), (3.5, 1e-9)]:
         jsmkt.integrate(model, t1, rtol=rtol, atol=1e-11, dt0=1e-2)
     assert integ._integrate._cached._cache_size() == before
+
+
+# --- the PH model's initial guess -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lam, service, d", [
+    (0.9, jsmkt.hyperexponential2(1.0, 4.0), 2),
+    (0.95, jsmkt.erlang(3, 1.0), 3),
+    (0.99, jsmkt.erlang(4, 1.0), 16),
+])
+def test_ph_initial_guess_is_the_fixed_point(lam, service, d):
+    # The level-by-level recursion is exact for the untruncated system; Newton on the truncated drift equations is
+    # an independent route to the same point (the tail mass at K is negligible here).
+    model = jsmkt.JSQdPH(lam, service, d=d)
+    fp = jsmkt.solve_fixed_point(model)
+    assert float(fp.tail_mass) < 1e-14
+    np.testing.assert_allclose(np.asarray(model.initial_guess()), np.asarray(fp.value), rtol=0, atol=1e-10)
+
+
+def test_ph_initial_guess_carries_no_derivatives():
+    # Only Newton's starting point: the fixed point's derivatives come from the implicit function theorem. Its
+    # per-level loop stops once converged (a while loop, which reverse mode could not differentiate).
+    service = jsmkt.hyperexponential2(1.0, 4.0)
+
+    def guess_sum(lam):
+        return jnp.sum(jsmkt.JSQdPH(lam, service, d=2, K=30).initial_guess())
+
+    assert float(jax.grad(guess_sum)(0.8)) == 0.0
+    batched = jax.vmap(lambda lam: jsmkt.JSQdPH(lam, service, d=2, K=30).initial_guess())(jnp.array([0.5, 0.9]))
+    for i, lam in enumerate((0.5, 0.9)):
+        np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(jsmkt.JSQdPH(lam, service, d=2, K=30)
+                                                                      .initial_guess()), rtol=0, atol=1e-15)

@@ -167,14 +167,16 @@ class JSQdPH(AbstractSupermarketModel):
         and level $k \ge 2$ gives
         $S_k(\lambda h_k I - T) = \lambda h_k S_{k-1} + \lambda g(s_k)\alpha$, $h_k = h(s_{k-1}, s_k)$: one scalar
         equation for $s_k = S_k\mathbf 1$ per level, solved by Newton's method safeguarded by bisection on
-        $[0, s_{k-1}]$ (`_GUESS_STEPS` steps). Forward recursions
-        amplify rounding errors, so this is only Newton's starting point (typically 2-3 steps from the root).
+        $[0, s_{k-1}]$ (until a step moves $s_k$ by less than a few ulps of $s_{k-1}$, at most `_GUESS_STEPS`
+        steps). Forward recursions amplify rounding errors, so this is only Newton's starting point (typically 1-2
+        steps from the root). It carries no derivatives: the fixed point's come from the implicit function theorem.
         """
-        lam, alpha, T = self.lam, self.service.alpha, self.service.T
-        T0 = self.service.exit_vector
-        choice = self.choice
+        model = jax.tree_util.tree_map(lambda x: jax.lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, self)
+        lam, alpha, T = model.lam, model.service.alpha, model.service.T
+        T0 = model.service.exit_vector
+        choice = model.choice
         shift = jnp.eye(self.m)
-        S1 = self.load() * self.service.stationary_vector
+        S1 = model.load() * model.service.stationary_vector
 
         def level(S_prev, _):
             s_prev = jnp.sum(S_prev)
@@ -189,16 +191,22 @@ class JSQdPH(AbstractSupermarketModel):
             # (for large d it turns back up below zero), so Newton alone can leave for the wrong branch from a poor
             # start. Safeguarded Newton: keep a bracket [lo, hi] by the sign of F and bisect whenever a Newton step
             # leaves it.
-            def step(_, carry):
-                s, lo, hi = carry
+            def step(carry):
+                i, s, lo, hi, _ = carry
                 F, dF = jax.jvp(lambda s: jnp.sum(S_of(s)) - s, (s,), (jnp.ones_like(s),))
                 lo, hi = jnp.where(F > 0, s, lo), jnp.where(F > 0, hi, s)
                 newton = s - F / jnp.where(dF == 0, -1.0, dF)
                 inside = (newton > lo) & (newton < hi) & jnp.isfinite(newton)
-                return jnp.where(inside, newton, 0.5 * (lo + hi)), lo, hi
+                s_new = jnp.where(inside, newton, 0.5 * (lo + hi))
+                return i + 1, s_new, lo, hi, jnp.abs(s_new - s)
+
+            def going(carry):
+                i, _, _, _, moved = carry
+                return (i < _GUESS_STEPS) & (moved > tol)
 
             zero = jnp.zeros_like(s)
-            s, _, _ = jax.lax.fori_loop(0, _GUESS_STEPS, step, (s, zero, s_prev + zero))
+            tol = 4 * jnp.finfo(s.dtype).eps * s_prev
+            _, s, _, _, _ = jax.lax.while_loop(going, step, (0, s, zero, s_prev + zero, s_prev + 1.0))
             S = S_of(s)
             return S, S
 
