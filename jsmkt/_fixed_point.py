@@ -115,14 +115,28 @@ def _initial_guess(model: AbstractSupermarketModel) -> PyTree[Array]:
 _MAX_LINEAR_SYSTEM_BYTES = 2**33  # 8 GiB: Newton's linear system (block diagonals or dense matrix) and its probes
 
 
+_STATE_SIZES: dict = {}  # unknowns of the reduced state, by `_maps.signature` of the model
+
+
+def _state_size(model: AbstractSupermarketModel) -> int:
+    """Number of unknowns of `model`'s reduced state. `initial_state` has the structure and shapes of every reduced
+    state (the contract), and unlike `initial_guess` (a scan through the levels for PH service) it costs nothing to
+    trace; still, tracing it on every eager call cost 0.5 ms, so the size is kept per model structure."""
+    key = _maps.signature(model)
+    n = _STATE_SIZES.get(key)
+    if n is None:
+        n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(jax.eval_shape(model.initial_state)))
+        if len(_STATE_SIZES) >= 1024:
+            _STATE_SIZES.clear()
+        _STATE_SIZES[key] = n
+    return n
+
+
 def check_size(model: AbstractSupermarketModel, x0=None) -> None:
     """Refuse, before tracing anything large, a model whose Newton linear system would not fit in memory: with
     `n` unknowns, about `5 n m` floats for blocks of size `m` (probes and the three block diagonals), `2 n^2`
     for a dense Jacobian."""
-    # `initial_state` has the structure and shapes of every reduced state (the contract), and unlike
-    # `initial_guess` (a scan through the levels for PH service) it costs nothing to trace.
-    shapes = jax.eval_shape(model.initial_state) if x0 is None else x0
-    n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+    n = _state_size(model) if x0 is None else sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(x0))
     m = model.jacobian_block_size
     need = 8 * (5 * n * m if m is not None else 2 * n * n)
     if need > _MAX_LINEAR_SYSTEM_BYTES:

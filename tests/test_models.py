@@ -463,3 +463,33 @@ def test_ph_initial_guess_carries_no_derivatives():
     for i, lam in enumerate((0.5, 0.9)):
         np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(jsmkt.JSQdPH(lam, service, d=2, K=30)
                                                                       .initial_guess()), rtol=0, atol=1e-15)
+
+
+# --- value checks and size checks of the eager entry points -----------------------------------------------------
+
+
+def test_value_checks_compile_once_for_every_K(monkeypatch):
+    # check_values runs the checks compiled, on a copy truncated at a fixed K: sweeping K traces them once.
+    traced = []
+    original = jsmkt.JSQdPH.value_errors
+
+    def counting(self):
+        traced.append(self.K)
+        return original(self)
+
+    monkeypatch.setattr(jsmkt.JSQdPH, "value_errors", counting)
+    service = jsmkt.erlang(5, 1.0)  # an order no other test uses, so nothing is cached yet
+    for K in range(10, 20):
+        jsmkt.JSQdPH(0.7, service, d=2, K=K).check_values()
+    assert len(traced) <= 1
+    with pytest.raises(ValueError, match=r"unstable: lam=1\.3 >= capacity"):
+        jsmkt.JSQdPH(1.3, service, d=2, K=12).check_values()
+
+
+def test_state_size_follows_the_truncation():
+    from jsmkt._fixed_point import _state_size
+
+    service = jsmkt.hyperexponential2(1.0, 4.0)
+    for K in (10, 20, 10):
+        assert _state_size(jsmkt.JSQdPH(0.5, service, d=2, K=K)) == 2 * K
+    assert _state_size(jsmkt.JSQd(0.5, d=2, K=30)) == 30
