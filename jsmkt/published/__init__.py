@@ -305,6 +305,10 @@ class JSQdPHAsPublished(AbstractSupermarketModel):
     def value_errors(self):
         return self.exact.value_errors()
 
+    def check_values(self) -> None:
+        # The exact model's (its truncation changed, not this one's): one compilation of the checks for every K.
+        self.exact.check_values()
+
 
 def ph_fixed_point_residuals(lam: ArrayLike, service: PH, d: int, K: int) -> dict[str, Array]:
     """Max-norm residual of Li & Lui's closed form `ph_fixed_point` in the published equations (1)–(3) and in
