@@ -468,7 +468,11 @@ def test_ph_initial_guess_carries_no_derivatives():
 # --- value checks and size checks of the eager entry points -----------------------------------------------------
 
 
-def test_value_checks_compile_once_for_every_K(monkeypatch):
+@pytest.mark.parametrize("make, order", [
+    (lambda lam, service, K: jsmkt.JSQdPH(lam, service, d=2, K=K), 5),
+    (lambda lam, service, K: jsmkt.published.JSQdPHAsPublished(lam, service, d=2, K=K), 6),
+], ids=["exact", "as-published"])
+def test_value_checks_compile_once_for_every_K(monkeypatch, make, order):
     # check_values runs the checks compiled, on a copy truncated at a fixed K: sweeping K traces them once.
     traced = []
     original = jsmkt.JSQdPH.value_errors
@@ -478,12 +482,12 @@ def test_value_checks_compile_once_for_every_K(monkeypatch):
         return original(self)
 
     monkeypatch.setattr(jsmkt.JSQdPH, "value_errors", counting)
-    service = jsmkt.erlang(5, 1.0)  # an order no other test uses, so nothing is cached yet
+    service = jsmkt.erlang(order, 1.0)  # an order no other test uses, so nothing is cached yet
     for K in range(10, 20):
-        jsmkt.JSQdPH(0.7, service, d=2, K=K).check_values()
+        make(0.7, service, K).check_values()
     assert len(traced) <= 1
     with pytest.raises(ValueError, match=r"unstable: lam=1\.3 >= capacity"):
-        jsmkt.JSQdPH(1.3, service, d=2, K=12).check_values()
+        make(1.3, service, 12).check_values()
 
 
 def test_state_size_follows_the_truncation():

@@ -251,20 +251,3 @@ def test_published_forms_depend_on_the_representation():
     assert float(pub.ph_sojourn_time(lam, jsmkt.hyperexponential2(1.0, 1.0 + 1e-12), 2)) == pytest.approx(
         published, rel=1e-6)
 
-
-def test_as_published_value_checks_compile_once_for_every_K(monkeypatch):
-    # As for the exact model (tests/test_models.py): a sweep over K traces the value checks once.
-    traced = []
-    original = jsmkt.JSQdPH.value_errors
-
-    def counting(self):
-        traced.append(self.K)
-        return original(self)
-
-    monkeypatch.setattr(jsmkt.JSQdPH, "value_errors", counting)
-    service = jsmkt.erlang(6, 1.0)  # an order no other test uses, so nothing is cached yet
-    for K in range(10, 16):
-        pub.JSQdPHAsPublished(0.5, service, d=2, K=K).check_values()
-    assert len(traced) <= 1
-    with pytest.raises(ValueError, match=r"unstable: lam=1\.2 >= capacity"):
-        pub.JSQdPHAsPublished(1.2, service, d=2, K=12).check_values()
