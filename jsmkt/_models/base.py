@@ -174,9 +174,7 @@ class AbstractSupermarketModel(eqx.Module):
         The checks run as one compiled call (run eagerly, their few dozen operations cost about 1.5 ms), on a copy
         truncated at `K = 2` so that one compilation serves every `K`; the message of a failing check is then built
         from the concrete values."""
-        probe = copy.copy(self)
-        object.__setattr__(probe, "K", _VALUE_CHECK_K)
-        for i, bad in enumerate(_value_flags(probe)):
+        for i, bad in enumerate(_value_flags(self.with_K(_VALUE_CHECK_K))):
             if np.ndim(bad):
                 raise ValueError(
                     "the model holds a batch of parameters (e.g. built by jax.vmap): call jsmkt's functions on it "
