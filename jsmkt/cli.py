@@ -35,16 +35,24 @@ _SIMULATE_OPTIONS = re.compile(r"(?<![\w-])(" + "|".join(_SIMULATE_OPTION_NAMES)
 _REFINED_SLOW = 1000  # reduced-state size above which `solve --servers` says that the refinement takes a while
 
 
+def _whole_float_d(model) -> int | None:
+    """The integer a randomised choice number equals, e.g. 2 for `d = 2.0` (a TOML float, which the spec reads as a
+    randomised d); None otherwise."""
+    from ._choice import InterpolatedChoice
+
+    d = model.choice.number
+    return int(d) if isinstance(model.choice, InterpolatedChoice) and float(d).is_integer() else None
+
+
 def _describe(model, simulated: dict[str, Any] | None = None) -> str:
     """The model's parameters and service in two lines; `simulated` (from `_simulated_service`) names the service
     that `jsmkt simulate` runs instead of the model's."""
-    from ._choice import InterpolatedChoice
     from ._models.jsqd_ph import JSQdPH
 
     d = model.choice.number
     dtxt = str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
-    if isinstance(model.choice, InterpolatedChoice) and float(d).is_integer():
-        dtxt += f" (from a TOML float: write d = {int(d)} for a fixed choice number)"
+    if (whole := _whole_float_d(model)) is not None:
+        dtxt += f" (from a TOML float: write d = {whole} for a fixed choice number)"
     base = f"lam = {float(model.lam):.6g}   d = {dtxt}   K = {model.K}   load rho = {float(model.load()):.6g}"
     if simulated is not None:
         order = f", PH of order {simulated['order']}" if "order" in simulated else ""
@@ -223,14 +231,14 @@ def _published_K(model, auto_K: bool) -> int:
 
 def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
     import jsmkt
-    from ._choice import FixedChoice, InterpolatedChoice
+    from ._choice import FixedChoice
     from ._models.jsqd_ph import JSQdPH
 
     pub = jsmkt.published
     if not isinstance(model.choice, FixedChoice):
-        d = model.choice.number
-        hint = (f"; d = {float(d):g} is a TOML float, which the spec reads as a randomised d: write d = {int(d)}"
-                if isinstance(model.choice, InterpolatedChoice) and float(d).is_integer() else "")
+        whole = _whole_float_d(model)
+        hint = (f"; d = {float(whole):g} is a TOML float, which the spec reads as a randomised d: write d = {whole}"
+                if whole is not None else "")
         raise SpecError(f"--as-published needs an integer d (the published formulas have no randomised d){hint}")
     d = model.choice.d
     K = _published_K(model, auto_K)
