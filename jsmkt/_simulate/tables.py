@@ -1,0 +1,227 @@
+r"""The tables a model family gives the generic simulation engine (`jsmkt._simulate.generic`).
+
+A family at server level is a finite set of *cells* (local states of one server, `0..C-1`), per-server events
+uniformised at a rate `u` per server, and dispatch streams that sample servers, compare their priority keys and
+move the chosen one. `SimTables` holds that description as arrays; `check_tables` validates it (a `ValueError`
+naming the field and the offending entry), and `Structure` is its hashable integer part, which the compiled
+engine is specialised to (the float tables are traced arguments: new parameter values reuse the compilation).
+"""
+
+import hashlib
+from typing import NamedTuple
+
+import numpy as np
+
+
+INELIGIBLE = 2**30  # key of a cell a dispatch may not choose
+OVERFLOW = -1  # target of a move beyond the truncation: the job(s) are refused and counted; simulate raises after the run naming max_queue
+
+
+class SimTables(NamedTuple):
+    """A model family at server level, truncated at `top` jobs per server, as the generic engine executes it."""
+
+    level: np.ndarray  # (C,) int: level of each cell (queue length, or orbit size); the reported tails are s_k = fraction of servers in cells with level >= k, k = 0..top
+    status: np.ndarray  # (C,) int: status of each cell (phase, idle/busy, working/failed); status_names[i] names them
+    status_names: tuple[str, ...]
+    jobs: np.ndarray  # (C,) int: jobs held by a server in that cell
+    empty_cell: int  # cell of every server at time 0
+    fcfs: bool  # servers hold FCFS queues: a move that raises `jobs` by j appends j jobs stamped with the current time at the tail; one that lowers it by j removes the j oldest from the head, each a departure whose sojourn time is recorded
+    # per-server events (local clocks, and streams that start at a server), uniformised at rate u per server
+    u: float  # per-server uniformisation rate (>= the largest total rate of any cell)
+    act_prob: np.ndarray  # (C, A) float: probability of action a of a server in cell c at an event of its clock (row sums <= 1; the rest is a self-loop)
+    act_target: np.ndarray  # (C, A) int: the server's new cell (or OVERFLOW)
+    act_stream: np.ndarray  # (C, A) int: -1 for a local event; s >= 0: the server is the origin of dispatch stream s, which is executed right after the server's own move
+    # dispatch streams s = 0..S-1
+    stream_rate: np.ndarray  # (S,) float: rate per server of streams that start outside the servers (arrivals, a repairman); 0 for streams that only start at servers (act_stream)
+    choice: np.ndarray  # (S, max_d) float: P(D = j), j = 1..max_d, for each stream
+    key: np.ndarray  # (S, C) int: priority of a cell for stream s; lower preferred; INELIGIBLE: never chosen (if no sampled server is eligible, nothing happens to the sampled servers)
+    eff_prob: np.ndarray  # (S, C, E) float: the chosen server, in cell c, moves to eff_target[s, c, e] with probability eff_prob[s, c, e] (sums to 1 over e for eligible cells; pad with probability 0)
+    eff_target: np.ndarray  # (S, C, E) int: target cell or OVERFLOW
+    arrivals: np.ndarray  # (S,) bool: the stream brings new jobs into the system (its job count enters throughput and `events`' arrival count)
+
+
+_TOL = 1e-9  # rounding allowed in probability sums
+
+
+def _int_table(name: str, x, shape: tuple[int, ...]) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu" and a.size:
+        raise ValueError(f"tables.{name} must hold integers, got dtype {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"tables.{name} has shape {a.shape}; expected {shape}")
+    return a.astype(np.int64)
+
+
+def _float_table(name: str, x, shape: tuple[int, ...]) -> np.ndarray:
+    try:
+        a = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"tables.{name} must hold real numbers (concrete: simulate runs outside jit/grad/vmap)") from e
+    if a.shape != shape:
+        raise ValueError(f"tables.{name} has shape {a.shape}; expected {shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"tables.{name} holds non-finite entries")
+    return a
+
+
+def _where(mask: np.ndarray) -> str:
+    return str(tuple(int(i) for i in np.argwhere(mask)[0]))
+
+
+def check_tables(tables) -> SimTables:
+    """`tables` with NumPy arrays of the right dtypes, after checking shapes, ranges and probabilities; a
+    `ValueError` names the field and the first bad entry."""
+    if not isinstance(tables, SimTables):
+        raise ValueError(f"simulation_tables returned {type(tables).__name__}; expected jsmkt._simulate.tables.SimTables")
+    level = np.asarray(tables.level)
+    if level.ndim != 1 or level.size < 1:
+        raise ValueError(f"tables.level must be a 1-d array of the C >= 1 cells' levels, got shape {level.shape}")
+    C = level.size
+    level = _int_table("level", level, (C,))
+    status = _int_table("status", tables.status, (C,))
+    jobs = _int_table("jobs", tables.jobs, (C,))
+    names = tuple(str(s) for s in tables.status_names)
+    for name, x in (("level", level), ("jobs", jobs)):
+        if (x < 0).any():
+            raise ValueError(f"tables.{name}[{int(np.flatnonzero(x < 0)[0])}] is negative")
+    if (status < 0).any() or (status >= len(names)).any():
+        raise ValueError(f"tables.status must index tables.status_names ({len(names)} names); got "
+                         f"{int(status[(status < 0) | (status >= len(names))][0])}")
+    empty = int(tables.empty_cell)
+    if not 0 <= empty < C:
+        raise ValueError(f"tables.empty_cell={empty} is not a cell 0..{C - 1}")
+    fcfs = bool(tables.fcfs)
+    if fcfs and jobs[empty] != 0:
+        raise ValueError(f"tables.fcfs: the empty cell {empty} holds {jobs[empty]} jobs (an FCFS queue starts empty)")
+    u = float(tables.u)
+    if not (np.isfinite(u) and u >= 0):
+        raise ValueError(f"tables.u={u!r} must be a finite rate >= 0")
+    act_prob = np.asarray(tables.act_prob, dtype=np.float64)
+    if act_prob.ndim != 2 or act_prob.shape[0] != C:
+        raise ValueError(f"tables.act_prob has shape {act_prob.shape}; expected (C, A) with C = {C}")
+    A = act_prob.shape[1]
+    act_prob = _float_table("act_prob", act_prob, (C, A))
+    act_target = _int_table("act_target", tables.act_target, (C, A))
+    act_stream = _int_table("act_stream", tables.act_stream, (C, A))
+    stream_rate = np.asarray(tables.stream_rate, dtype=np.float64)
+    if stream_rate.ndim != 1:
+        raise ValueError(f"tables.stream_rate has shape {stream_rate.shape}; expected (S,)")
+    S = stream_rate.size
+    stream_rate = _float_table("stream_rate", stream_rate, (S,))
+    choice = np.asarray(tables.choice, dtype=np.float64)
+    if choice.ndim != 2 or choice.shape[0] != S or choice.shape[1] < 1:
+        raise ValueError(f"tables.choice has shape {choice.shape}; expected (S, max_d) with S = {S}")
+    choice = _float_table("choice", choice, choice.shape)
+    key = _int_table("key", tables.key, (S, C))
+    eff_prob = np.asarray(tables.eff_prob, dtype=np.float64)
+    if eff_prob.ndim != 3 or eff_prob.shape[:2] != (S, C) or eff_prob.shape[2] < 1:
+        raise ValueError(f"tables.eff_prob has shape {eff_prob.shape}; expected (S, C, E) with S = {S}, C = {C}")
+    eff_prob = _float_table("eff_prob", eff_prob, eff_prob.shape)
+    eff_target = _int_table("eff_target", tables.eff_target, eff_prob.shape)
+    arrivals = np.asarray(tables.arrivals)
+    if arrivals.shape != (S,) or arrivals.dtype != bool:
+        raise ValueError(f"tables.arrivals must be a bool array of shape ({S},), got {arrivals.dtype} {arrivals.shape}")
+
+    for name, t in (("act_target", act_target), ("eff_target", eff_target)):
+        bad = (t < OVERFLOW) | (t >= C)
+        if bad.any():
+            raise ValueError(f"tables.{name}{_where(bad)} = {int(t[bad][0])} is neither a cell 0..{C - 1} nor OVERFLOW")
+    bad = (act_stream < -1) | (act_stream >= S)
+    if bad.any():
+        raise ValueError(f"tables.act_stream{_where(bad)} = {int(act_stream[bad][0])} is neither -1 nor a stream "
+                         f"0..{S - 1}")
+    for name, p in (("act_prob", act_prob), ("stream_rate", stream_rate), ("choice", choice), ("eff_prob", eff_prob)):
+        if (p < 0).any():
+            raise ValueError(f"tables.{name}{_where(p < 0)} is negative")
+    rows = act_prob.sum(axis=1)
+    if (rows > 1 + _TOL).any():
+        c = int(np.argmax(rows))
+        raise ValueError(f"tables.act_prob: cell {c}'s actions have total probability {rows[c]:.12g} > 1 (u={u!r} "
+                         "must be at least the largest total rate of a cell)")
+    if u == 0 and act_prob.any():
+        raise ValueError("tables.u is 0 but tables.act_prob has actions")
+    if (key < 0).any() or (key > INELIGIBLE).any():
+        raise ValueError(f"tables.key{_where((key < 0) | (key > INELIGIBLE))} is outside 0..INELIGIBLE")
+    d_sum = choice.sum(axis=1)
+    if S and (np.abs(d_sum - 1) > _TOL).any():
+        s = int(np.argmax(np.abs(d_sum - 1)))
+        raise ValueError(f"tables.choice[{s}] sums to {d_sum[s]:.12g}; a choice law's probabilities sum to 1")
+    e_sum = eff_prob.sum(axis=2)
+    bad = (key < INELIGIBLE) & (np.abs(e_sum - 1) > _TOL)
+    if bad.any():
+        s, c = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"tables.eff_prob[{s}, {c}] sums to {e_sum[s, c]:.12g}; the effect on an eligible cell "
+                         "(key < INELIGIBLE) must sum to 1")
+    if not (u > 0 or stream_rate.sum() > 0):
+        raise ValueError("the tables have no events: u = 0 and every stream_rate is 0")
+    if fcfs and (act_stream >= 0).any():
+        raise ValueError("tables.fcfs is True but some act_stream >= 0: a job that moves between servers has no "
+                         "FCFS queue to keep (give fcfs=False; the mean sojourn time then comes from Little's law)")
+    return SimTables(
+        level=level, status=status, status_names=names, jobs=jobs, empty_cell=empty, fcfs=fcfs, u=u,
+        act_prob=act_prob, act_target=act_target, act_stream=act_stream, stream_rate=stream_rate, choice=choice,
+        key=key, eff_prob=eff_prob, eff_target=eff_target, arrivals=arrivals,
+    )
+
+
+class Structure:
+    """The integer part of checked `SimTables` (cells, targets, keys, streams, job counts) as the generic engine
+    uses it, hashable by its bytes: one compilation per structure, whatever the probabilities and rates.
+
+    The engine's move tables merge the clock and the streams into rows `r = 0..S` (row `S` is the clock): entry
+    `e < W` of row `r` and cell `c` has target `target[r, c, e]` (the cell itself for the clock's self-loop and for
+    padding; `C` for OVERFLOW) and job change `delta[r, c, e]`; for the clock, `stream[c, e]` is the stream the
+    server then starts (-1: none)."""
+
+    def __init__(self, t: SimTables):
+        C, A = t.act_prob.shape
+        S, _, E = t.eff_prob.shape
+        W = max(A + 1, E)
+        self.n_cells, self.n_streams, self.width = C, S, W
+        self.max_d = t.choice.shape[1]
+        cells = np.arange(C)
+        target = np.tile(cells[None, :, None], (S + 1, 1, W))
+        target[:S, :, :E] = t.eff_target
+        target[S, :, :A] = t.act_target
+        target = np.where(target == OVERFLOW, C, target)
+        stream = np.full((C, W), -1, np.int64)
+        stream[:, :A] = np.where(t.act_prob > 0, t.act_stream, -1)
+        delta = np.where(target == C, 0, t.jobs[np.minimum(target, C - 1)] - t.jobs[None, :, None])
+        # The largest job changes of a move (with probability > 0), which the FCFS queues unroll.
+        prob = np.zeros((S + 1, C, W))
+        prob[:S, :, :E] = t.eff_prob
+        prob[S, :, :A] = t.act_prob
+        live = (prob > 0) & (target < C)
+        if S:
+            live[:S] &= (t.key < INELIGIBLE)[:, :, None]
+        self.up = int(max(delta[live].max(initial=0), 0))
+        self.down = int(max((-delta[live]).max(initial=0), 0))
+        self.origins = bool((stream >= 0).any())
+        self.fcfs = t.fcfs
+        self.queue = max(int(t.jobs.max()), 1)  # ring-buffer slots per server (FCFS)
+        self.empty_cell = t.empty_cell
+        self.target = target.astype(np.int32)
+        self.delta = delta.astype(np.int32)
+        self.stream = stream.astype(np.int32)
+        self.key = np.asarray(t.key, np.int32)
+        self.jobs = t.jobs
+        self.arrivals = t.arrivals.copy()
+        self.level = t.level
+        self.status = t.status
+        self.status_names = t.status_names
+        h = hashlib.sha256()
+        for a in (self.target, self.delta, self.stream, self.key, self.jobs, self.arrivals, self.level, self.status):
+            h.update(str(a.shape).encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        h.update(repr((C, S, W, self.max_d, self.fcfs, self.empty_cell, self.status_names)).encode())
+        self._digest = h.digest()
+
+    def __hash__(self) -> int:
+        return hash(self._digest)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Structure) and self._digest == other._digest
+
+    def __repr__(self) -> str:
+        return (f"Structure(cells={self.n_cells}, streams={self.n_streams}, width={self.width}, max_d={self.max_d}, "
+                f"fcfs={self.fcfs}, origins={self.origins}, up={self.up}, down={self.down})")
