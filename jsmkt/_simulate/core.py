@@ -143,6 +143,8 @@ class State(NamedTuple):
     n_jobs: jax.Array  # number of such jobs
     hist: jax.Array  # (n_bins + 2,) histogram of their sojourn times
     events: jax.Array  # events processed in the current chunk (self-loops included)
+    real: jax.Array  # real events in the current chunk: a server changed cell, or an arrival was refused
+    accepted: jax.Array  # jobs that arrived and joined a queue in the current chunk
     overflow: jax.Array  # arrivals refused because their queue held max_queue jobs (whole run)
     bad_service: jax.Array  # arrivals whose sampled service time was negative, infinite or NaN (whole run)
     blocks: jax.Array  # loop iterations in the current chunk
@@ -157,6 +159,8 @@ class Stats(NamedTuple):
     overflow: jax.Array
     bad_service: jax.Array
     blocks: jax.Array
+    real_events: jax.Array  # events that changed a server's cell or refused a job (no self-loops)
+    accepted: jax.Array  # jobs that arrived and were accepted
 
 
 # --- random numbers ---------------------------------------------------------------------------------------------
@@ -255,8 +259,10 @@ def _hist_bin(cfg: Config, params: Params, x):
     return jnp.clip(key - params.hist_lo + 1, 0, cfg.n_bins + 1).astype(jnp.int32)
 
 
-def _finish_block(cfg: Config, params: Params, state: State, tau, done, cf, ct, soj, dep, ovf, hist_base=0) -> State:
-    """Accumulate the statistics of the events marked `done` (departures `dep`, refused arrivals `ovf`); event
+def _finish_block(cfg: Config, params: Params, state: State, tau, done, cf, ct, soj, dep, ovf, arr,
+                  hist_base=0) -> State:
+    """Accumulate the statistics of the events marked `done` (departures `dep`, refused arrivals `ovf`, accepted
+    arrivals `arr`); event
     arrays have shape `lead + (B,)` for state fields with leading shape `lead`. `hist_base` offsets the bins into
     `state.hist` (the sequential engine passes the batch's flat histogram)."""
     lead = tau.shape[:-1]
@@ -272,6 +278,8 @@ def _finish_block(cfg: Config, params: Params, state: State, tau, done, cf, ct, 
         n_jobs=state.n_jobs + jnp.sum(dep, axis=-1, dtype=jnp.int64),
         hist=hist.reshape(state.hist.shape),
         events=state.events + jnp.sum(done, axis=-1, dtype=jnp.int64),
+        real=state.real + jnp.sum(done & ((cf != ct) | ovf), axis=-1, dtype=jnp.int64),
+        accepted=state.accepted + jnp.sum(arr, axis=-1, dtype=jnp.int64),
         overflow=state.overflow + jnp.sum(ovf, axis=-1, dtype=jnp.int64),
         blocks=state.blocks + 1,
     )
@@ -412,7 +420,8 @@ def _markov_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State)
         marks=marks.reshape(state.marks.shape),
         draw=_markov_draw(cfg, prep, state.seed, ctr, t),
     )
-    return _finish_block(cfg, params, state, tau, commit, cell, cell2, tau - arrived, commit & dep, commit & ovf)
+    return _finish_block(cfg, params, state, tau, commit, cell, cell2, tau - arrived, commit & dep, commit & ovf,
+                         commit & joins)
 
 
 # --- PH service: uniformisation, one event at a time (CPU) ------------------------------------------------------
@@ -513,7 +522,7 @@ def _sequential_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: St
         state = state._replace(
             ctr=ctr, t=t, packed=packed, ring=ring, draw=_markov_draw(cfg, prep, state.seed, ctr, t)
         )
-        return _finish_block(cfg, params, state, tau, done, cf, ct, tau - arrived, dep, ovf,
+        return _finish_block(cfg, params, state, tau, done, cf, ct, tau - arrived, dep, ovf, done & is_arr & ~ovf,
                              hist_base=r * (cfg.n_bins + 2))
 
     return lax.while_loop(lambda s: _markov_next(prep, s) <= t_end, block, state)
@@ -582,7 +591,7 @@ def _general_records(cfg: Config, params: Params, state: State, rec, hist_base) 
     cf = rec[:, 2].astype(jnp.int32)
     ct = cf + jnp.where(kind == 2, 1, jnp.where(kind == 1, -1, 0))
     return _finish_block(cfg, params, state, rec[:, 0], kind > 0, cf, ct, rec[:, 1], kind == 1, kind == 3,
-                         hist_base=hist_base)
+                         kind == 2, hist_base=hist_base)
 
 
 def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: State, base=0, hist_base=0) -> State:
@@ -755,6 +764,8 @@ def init_state(cfg: Config, params: Params, key) -> State:
         n_jobs=jnp.zeros((), jnp.int64),
         hist=jnp.zeros(cfg.n_bins + 2, jnp.int64),
         events=jnp.zeros((), jnp.int64),
+        real=jnp.zeros((), jnp.int64),
+        accepted=jnp.zeros((), jnp.int64),
         overflow=jnp.zeros((), jnp.int64),
         bad_service=jnp.zeros((), jnp.int64),
         blocks=jnp.zeros((), jnp.int64),
@@ -794,7 +805,7 @@ def _harvest(cfg: Config, t_end, state: State) -> tuple[State, Stats]:
     counts = jnp.zeros(cfg.n_cells, jnp.float64).at[cells].add(1.0)
     area = counts * (t_end - state.a) + state.acc
     stats = Stats(area, state.soj_sum, state.n_jobs, state.hist, state.events, state.overflow, state.bad_service,
-                  state.blocks)
+                  state.blocks, state.real, state.accepted)
     state = state._replace(
         a=jnp.asarray(t_end, jnp.float64),
         acc=jnp.zeros_like(state.acc),
@@ -802,6 +813,8 @@ def _harvest(cfg: Config, t_end, state: State) -> tuple[State, Stats]:
         n_jobs=jnp.zeros_like(state.n_jobs),
         hist=jnp.zeros_like(state.hist),
         events=jnp.zeros_like(state.events),
+        real=jnp.zeros_like(state.real),
+        accepted=jnp.zeros_like(state.accepted),
         blocks=jnp.zeros_like(state.blocks),
     )
     return state, stats

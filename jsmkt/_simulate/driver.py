@@ -7,6 +7,7 @@ import operator
 import sys
 import time
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,12 +18,16 @@ from .. import _maps
 from .._choice import choice_support
 from .._distributions.ph import PH, reachable_phases
 from .._errors import staging
-from . import core
+from . import core, generic, jsq_tables
+from . import tables as tables_mod
 from .result import SimulationResult
 from .service import GeneralService
 
 
 _SAMPLING = ("with_replacement", "without_replacement")
+_ENGINES = ("auto", "fast", "generic")
+_GENERIC_BLOCK = 256  # events per outer-loop iteration of the generic engine vmapped over replications (GPU)
+_FIRST_TOP = 8  # truncation of the tables read for the default max_queue of a model given by tables
 _HIST_OCTAVES = 40  # sojourn-time histogram range: E[S] * 2**-20 .. E[S] * 2**20
 _N_BINS = _HIST_OCTAVES << core.HIST_SUB_BITS
 _GENERAL_BLOCK = 64  # arrivals per outer-loop iteration of the general-service engine, vmapped (GPU)
@@ -235,15 +240,17 @@ def _n_shards(n_rep: int, n_devices: int) -> int:
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(cfg: core.Config, devices: tuple = ()):
-    """`init(params, keys)` and `run(params, states, t_end)` for a batch of replications. With several `devices`
-    the replications are split evenly among them (`shard_map` over the leading axis): each device runs its share
-    of replications, in parallel with the others (several GPUs, or the cores of a CPU exposed as several devices
-    with `jsmkt.use_cpu_cores`). Called once per configuration, just before it compiles:
-    it first makes sure the process has memory maps to spare (`jsmkt._maps`)."""
+def _compiled(cfg: core.Config | generic.Config, devices: tuple = ()):
+    """`init(params, keys)` and `run(params, states, t_end)` for a batch of replications, of the fast engines
+    (`core.Config`) or of the generic one (`generic.Config`). With several `devices` the replications are split
+    evenly among them (`shard_map` over the leading axis): each device runs its share of replications, in
+    parallel with the others (several GPUs, or the cores of a CPU exposed as several devices with
+    `jsmkt.use_cpu_cores`). Called once per configuration, just before it compiles: it first makes sure the
+    process has memory maps to spare (`jsmkt._maps`)."""
     _maps.make_room("jsmkt.simulate")
-    init = jax.vmap(functools.partial(core.init_state, cfg), in_axes=(None, 0))
-    run = functools.partial(core.run_chunk, cfg)
+    engine = generic if isinstance(cfg, generic.Config) else core
+    init = jax.vmap(functools.partial(engine.init_state, cfg), in_axes=(None, 0))
+    run = functools.partial(engine.run_chunk, cfg)
     if len(devices) > 1:
         mesh = jax.sharding.Mesh(np.array(devices), ("rep",))
         rep, rest = jax.sharding.PartitionSpec("rep"), jax.sharding.PartitionSpec()
@@ -251,7 +258,8 @@ def _compiled(cfg: core.Config, devices: tuple = ()):
         run = jax.shard_map(run, mesh=mesh, in_specs=(rest, rep, rest), out_specs=(rep, rep), check_vma=False)
     # XLA's copy insertion with region analysis (not its default) proves that the sequential engine's inner loop
     # may update the server array in place: about 1.6x faster (49 against 77 ns per event, N = 1000, d = 2, H2).
-    opts = {"xla_cpu_copy_insertion_use_region_analysis": True} if cfg.sequential or cfg.sampler else None
+    opts = ({"xla_cpu_copy_insertion_use_region_analysis": True}
+            if cfg.sequential or getattr(cfg, "sampler", None) else None)
     return jax.jit(init), jax.jit(run, donate_argnums=1, compiler_options=opts)
 
 
@@ -263,6 +271,7 @@ def _add_stats(a: core.Stats, b: core.Stats) -> core.Stats:
     return core.Stats(
         area=a.area + b.area, soj_sum=a.soj_sum + b.soj_sum, n_jobs=a.n_jobs + b.n_jobs, hist=a.hist + b.hist,
         events=a.events + b.events, overflow=b.overflow, bad_service=b.bad_service, blocks=a.blocks + b.blocks,
+        real_events=a.real_events + b.real_events, accepted=a.accepted + b.accepted,
     )
 
 
@@ -276,6 +285,236 @@ def _progress(frac: float, t: float, t1: float, events: int, start: float) -> No
         f"{events:.3e} events  {elapsed:.1f}s  ({rate:.3g} events/s)"
     )
     sys.stderr.flush()
+
+
+# --- what a run executes ----------------------------------------------------------------------------------------
+
+
+class _Plan(NamedTuple):
+    """A configured run and how its statistics read: the engine's cells (`level`, `jobs`), and the cells and
+    statuses reported (`out_cell` maps each engine cell to its reported cell; the fast PH engine leaves out the
+    phases no job visits, which are reported as zeros)."""
+
+    engine: str  # "fast" or "generic"
+    kind: str  # "ph", "general" (the fast engines' service) or "tables"
+    cfg: core.Config | generic.Config
+    params: core.Params | generic.Params
+    max_queue: int  # largest level (the tails are s_0 .. s_max_queue)
+    default_note: str  # how a default max_queue was chosen ("" when given)
+    level: np.ndarray  # (C,) level of each engine cell
+    jobs: np.ndarray  # (C,) jobs of each engine cell
+    group: int  # engine cells ordered by level, `group` per level (fast engines); 0: any order (generic)
+    fcfs: bool  # per-job sojourn times (else Little's law)
+    hist_lo: int
+    out_cell: np.ndarray  # (C,) reported cell of each engine cell
+    out_level: np.ndarray  # (C_out,) level of each reported cell
+    out_status: np.ndarray  # (C_out,) status of each reported cell
+    status_names: tuple[str, ...]
+    m: int  # phases of the fast PH engine (1 otherwise)
+    reach: np.ndarray | None  # the fast PH engine's phases (mask over the service's phases), else None
+    service: object  # the fast engine's service (error messages)
+    arrival_rate: float  # arrival dispatches per unit time and server (error messages)
+
+
+def _is_jsq(model) -> bool:
+    """Whether `model` is exactly a `jsmkt.JSQd` or `jsmkt.JSQdPH` (a subclass may change the physics)."""
+    from .._models.jsqd import JSQd
+    from .._models.jsqd_ph import JSQdPH
+
+    return type(model) in (JSQd, JSQdPH)
+
+
+def _jsq_status(m: int, max_queue: int):
+    """Reported statuses of the JSQ cells `k * m + i`: idle, then the phase of the job in service."""
+    k = np.repeat(np.arange(max_queue + 1), m)
+    ph = np.tile(np.arange(m), max_queue + 1)
+    names = ("idle", "busy") if m == 1 else ("idle",) + tuple(f"phase {i + 1}" for i in range(m))
+    return np.where(k == 0, 0, 1 + ph), names
+
+
+def _choice_weights(model) -> tuple[np.ndarray, int, int]:
+    weights = _concrete("model.choice.weights()", model.choice.weights())
+    support = choice_support(weights)
+    if support is None:
+        raise ValueError(f"the choice rule has weights {weights.tolist()!r}: no choice number has positive probability")
+    d_min, max_d = support
+    return weights[:max_d] / weights[:max_d].sum(), d_min, max_d
+
+
+def _check_horizon(t1: float, mean_s: float) -> None:
+    if t1 / mean_s > _MAX_HORIZON:
+        raise ValueError(
+            f"t1={t1!r} is {t1 / mean_s:.3g} mean service times (E[S]={mean_s:.6g}): event times near t1 resolve "
+            f"sojourn times only to about {np.finfo(float).eps * t1 / mean_s:.1g} of E[S]; choose the time unit so "
+            f"that t1 / E[S] <= {_MAX_HORIZON:.0e}"
+        )
+
+
+def _check_sizes(n_rep: int, n: int, max_queue: int, note: str, slot_bytes: int, cells: int, what: str) -> None:
+    size = f"max_queue={max_queue}{note}"
+    if n_rep * n * max_queue > _MAX_RING_SLOTS:
+        raise ValueError(
+            f"n_replications={n_rep} x n_servers={n} x {size} ring-buffer slots "
+            f"({slot_bytes * n_rep * n * max_queue / 2**30:.3g} GiB) exceed the limit of {_MAX_RING_SLOTS:.3g}; "
+            + ("give a smaller max_queue" if note else "lower max_queue") + " or n_replications (run replications "
+            "in several calls)"
+        )
+    if n_rep * (_N_BINS + 2) >= 2**31:
+        raise ValueError(
+            f"n_replications={n_rep} exceeds {(2**31 - 1) // (_N_BINS + 2)}, the most whose sojourn-time histograms "
+            f"({8 * (_N_BINS + 2) / 2**10:.0f} KiB each) one call holds; run replications in several calls"
+        )
+    if n_rep * cells > _MAX_CELLS:
+        raise ValueError(
+            f"n_replications={n_rep} x {what} time-average cells exceed the limit of {_MAX_CELLS:.3g}; lower "
+            "max_queue or n_replications (run replications in several calls)"
+        )
+
+
+def _fast_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, keys, t1: float) -> _Plan:
+    """The fast JSQ engines (`core`): uniformisation for PH service, completion times at arrival otherwise."""
+    lam = float(_concrete("model.lam", model.lam))
+    if not lam > 0:
+        raise ValueError(f"lam={lam!r} must be positive")
+    kind, serv, mean_s, scv = _service_of(model, service)
+    if kind == "general":
+        _check_sampler(serv, keys[0])
+    rho = lam * mean_s
+    if not rho < 1:
+        raise ValueError(f"lam={lam!r} gives load {rho:.6g} ≥ 1: the system is unstable (lower lam or E[S])")
+    _check_horizon(t1, mean_s)
+    weights, d_min, max_d = _choice_weights(model)
+    fixed_d = bool(weights[-1] == 1.0)
+    if not replace and max_d > n:
+        raise ValueError(
+            f"d={max_d} exceeds n_servers={n}: cannot sample {max_d} distinct servers without replacement"
+        )
+    note = ""
+    if max_queue is None:
+        max_queue = _default_max_queue(rho, scv, d_min, n)
+        note = f" (the default for load {rho:.6g} and service SCV {scv:.6g})"
+    reach = None
+    if kind == "ph":
+        alpha, T = serv
+        # Phases no job visits (e.g. after a Coxian continuation probability of 0) are left out: the uniformised
+        # chain's event rate then only covers the phases servers can be in. `phase_tails` gets them back as zeros.
+        reach = reachable_phases(alpha, T)
+        alpha, T = alpha[reach], T[np.ix_(reach, reach)]
+        m, sampler = len(alpha), None
+    else:
+        alpha, T = np.ones(1), -np.ones((1, 1))
+        m, sampler = 1, serv.sampler
+    _check_sizes(n_rep, n, max_queue, note, 8 if kind == "ph" else 16, (max_queue + 1) * m,
+                 f"(max_queue + 1)={max_queue + 1} x {m} phase(s)")
+    sequential = _sequential_engine(max_d) if sampler is None else _sequential_general_engine(max_d)
+    if sampler is not None:
+        block = _GENERAL_SEQUENTIAL_BLOCK if sequential else _GENERAL_BLOCK
+    else:
+        block = _SEQUENTIAL_BLOCK if sequential else _markov_block_size(n, n_rep)
+    cfg = core.Config(
+        n=n, max_queue=max_queue, m=m, max_d=max_d, fixed_d=fixed_d, replace=replace, block=block,
+        n_bins=_N_BINS, sampler=sampler, sequential=sequential,
+    )
+    hist_lo = _hist_key(mean_s * 2.0 ** (-_HIST_OCTAVES // 2))
+    params = core.Params(
+        lam=jnp.asarray(lam), alpha=jnp.asarray(alpha), T=jnp.asarray(T), weights=jnp.asarray(weights),
+        hist_lo=jnp.asarray(hist_lo, jnp.int64),
+    )
+    m_out = 1 if reach is None else reach.size
+    cells = np.arange((max_queue + 1) * m)
+    phase_out = np.flatnonzero(reach) if reach is not None else np.zeros(1, int)
+    out_cell = (cells // m) * m_out + phase_out[cells % m]
+    status, names = _jsq_status(m_out, max_queue)
+    return _Plan(
+        engine="fast", kind=kind, cfg=cfg, params=params, max_queue=max_queue, default_note=note,
+        level=cells // m, jobs=cells // m, group=m, fcfs=True, hist_lo=hist_lo, out_cell=out_cell,
+        out_level=np.repeat(np.arange(max_queue + 1), m_out), out_status=status, status_names=names, m=m, reach=reach, service=service, arrival_rate=lam,
+    )
+
+
+def _default_top(rho: float, tables, n: int) -> int:
+    """`max_queue` for a model given by tables: the JSQ default for exponential service at load `rho` and the
+    smallest choice number of the arrival streams, times the largest number of jobs a move adds (a batch)."""
+    s = tables_mod.Structure(tables)
+    arr = np.asarray(tables.arrivals, bool)
+    d_min = 1
+    if arr.any():
+        support = [np.flatnonzero(np.asarray(tables.choice)[i] > 0) for i in np.flatnonzero(arr)]
+        d_min = min(int(x[0]) + 1 if x.size else 1 for x in support)
+    return max(s.up, 1) * _default_max_queue(rho, 1.0, d_min, n)
+
+
+def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t1: float) -> _Plan:
+    """The generic engine, on `model.simulation_tables(top)` (or, for JSQd / JSQdPH without tables or with a
+    `service` override, on the tables of `jsq_tables`)."""
+    jsq = _is_jsq(model)
+    note = ""
+    if jsq:
+        lam = float(_concrete("model.lam", model.lam))
+        if not lam > 0:
+            raise ValueError(f"lam={lam!r} must be positive")
+        kind, serv, mean_s, scv = _service_of(model, service)
+        if kind == "general":
+            raise ValueError(
+                f"service={service!r} is a general distribution: the generic engine executes Markov tables (PH "
+                "service only); use engine='fast' (or 'auto') for general service"
+            )
+        rho = lam * mean_s
+        if not rho < 1:
+            raise ValueError(f"lam={lam!r} gives load {rho:.6g} ≥ 1: the system is unstable (lower lam or E[S])")
+        _check_horizon(t1, mean_s)
+        weights, d_min, _ = _choice_weights(model)
+        if max_queue is None:
+            max_queue = _default_max_queue(rho, scv, d_min, n)
+            note = f" (the default for load {rho:.6g} and service SCV {scv:.6g})"
+        if service is None and hasattr(model, "simulation_tables"):
+            make = model.simulation_tables
+        else:
+            alpha, T = serv
+            make = functools.partial(jsq_tables.jsq_tables, lam, weights, alpha, T)
+    else:
+        if service is not None:
+            raise ValueError(
+                f"service={service!r}: a {type(model).__name__} simulates its own service (its simulation tables); "
+                "give service=None"
+            )
+        make = model.simulation_tables
+        if max_queue is None:
+            if not hasattr(model, "load"):
+                raise ValueError(f"model={model!r} has no load(): give max_queue")
+            rho = float(_concrete("model.load()", model.load()))
+            if not (math.isfinite(rho) and rho >= 0):
+                raise ValueError(f"model={model!r} has load {rho!r}: give a finite load, or max_queue")
+            first = tables_mod.check_tables(make(_FIRST_TOP))
+            max_queue = _default_top(min(rho, 1.0 - 1e-6), first, n)
+            note = f" (the default for load {rho:.6g})"
+    tables = tables_mod.check_tables(make(max_queue))
+    if int(tables.level.max()) > max_queue:
+        raise ValueError(
+            f"simulation_tables({max_queue}) has cells of level {int(tables.level.max())} > {max_queue}: the levels "
+            "of a model truncated at top must be at most top"
+        )
+    structure = tables_mod.Structure(tables)
+    if not replace and structure.max_d > n:
+        raise ValueError(
+            f"d={structure.max_d} exceeds n_servers={n}: cannot sample {structure.max_d} distinct servers without "
+            "replacement"
+        )
+    C = structure.n_cells
+    _check_sizes(n_rep, n, structure.queue if structure.fcfs else 0, note, 8, C, f"{C} cells")
+    sequential = jax.default_backend() == "cpu"
+    cfg = generic.Config(n=n, structure=structure, replace=replace,
+                         block=_SEQUENTIAL_BLOCK if sequential else _GENERIC_BLOCK, n_bins=_N_BINS,
+                         sequential=sequential)
+    hist_lo = _hist_key(t1 * 2.0 ** (1 - _HIST_OCTAVES))
+    arrival_rate = float(np.asarray(tables.stream_rate)[np.asarray(tables.arrivals, bool)].sum())
+    return _Plan(
+        engine="generic", kind="tables", cfg=cfg, params=generic.params_of(structure, tables, hist_lo),
+        max_queue=max_queue, default_note=note, level=tables.level, jobs=tables.jobs, group=0, fcfs=tables.fcfs,
+        hist_lo=hist_lo, out_cell=np.arange(C), out_level=tables.level, out_status=tables.status,
+        status_names=tables.status_names, m=1,
+        reach=None, service=None, arrival_rate=arrival_rate,
+    )
 
 
 # --- simulate ---------------------------------------------------------------------------------------------------
@@ -294,28 +533,35 @@ def simulate(
     max_queue: int | None = None,
     n_batches: int = 30,
     progress: bool = False,
+    engine: str = "auto",
 ) -> SimulationResult:
     r"""Simulate the physical supermarket system with `n_servers` servers, exactly and event by event.
 
-    Jobs arrive in a Poisson process of rate $N\lambda$; each arrival samples $D$ servers ($D$ drawn from the
-    model's choice rule, `model.choice.weights()`), with replacement by default, and joins the one with the fewest
-    jobs (ties uniformly at random). Each server serves its queue first-come first-served. Service is the model's
-    (exponential with rate `mu` for `JSQd`, PH for `JSQdPH`, the phase of the job in service tracked per server)
-    or `service`, which may also be a general distribution (`jsmkt.deterministic`, `jsmkt.lognormal`,
-    `jsmkt.GeneralService`). The system starts empty; statistics are time averages over `[warmup, t1]`.
+    For `jsmkt.JSQd` and `jsmkt.JSQdPH`: jobs arrive in a Poisson process of rate $N\lambda$; each arrival samples
+    $D$ servers ($D$ drawn from the model's choice rule, `model.choice.weights()`), with replacement by default,
+    and joins the one with the fewest jobs (ties uniformly at random). Each server serves its queue first-come
+    first-served. Service is the model's (exponential with rate `mu` for `JSQd`, PH for `JSQdPH`, the phase of the
+    job in service tracked per server) or `service`, which may also be a general distribution
+    (`jsmkt.deterministic`, `jsmkt.lognormal`, `jsmkt.GeneralService`). Any other model runs on the generic
+    engine from its simulation tables, `model.simulation_tables(top)` (a `jsmkt._simulate.tables.SimTables`: the
+    cells of one server, its local events, and the dispatch streams that sample servers, compare their keys and
+    move the chosen one). The system starts empty; statistics are time averages over `[warmup, t1]`.
 
-    This code path is independent of the mean-field solvers: it only reads `lam`, `mu`/`service` and the choice
-    rule's weights from `model`. It runs one compiled loop per time chunk (the warm-up, then each batch), on CPU
-    or GPU, with memory independent of `t1`. PH service is simulated by uniformisation ($O(1)$ work per event,
-    the phase of each server tracked): on a CPU, for choice numbers up to 12, one event at a time, replication
-    after replication; otherwise in speculative blocks batched over replications. General service is simulated by completion times fixed when each
-    job arrives (FCFS), a server being brought up to date when an arrival samples it ($O(d)$ work per event). All
-    are exact: see `jsmkt._simulate.core`. With several JAX devices (GPUs, or a CPU's
-    cores exposed as devices by `jsmkt.use_cpu_cores()` before JAX's first computation, as `jsmkt simulate`
-    does) the replications are split evenly among as many devices as divide their number, and
-    run in parallel; each replication's run does not depend on the split. Each new configuration compiles anew;
-    near the kernel's memory-map limit, which XLA's compiled kernels use up, JAX's caches are cleared first with a
-    `RuntimeWarning` (`jsmkt._maps`).
+    This code path is independent of the mean-field solvers: it reads `lam`, `mu`/`service` and the choice rule's
+    weights from a JSQ model, or the tables of another. It runs one compiled loop per time chunk (the warm-up,
+    then each batch), on CPU or GPU, with memory independent of `t1`. The fast JSQ engines simulate PH service by
+    uniformisation ($O(1)$ work per event, the phase of each server tracked): on a CPU, for choice numbers up to
+    12, one event at a time, replication after replication; otherwise in speculative blocks batched over
+    replications. General service is simulated by completion times fixed when each job arrives (FCFS), a server
+    being brought up to date when an arrival samples it ($O(d)$ work per event). The generic engine uniformises
+    the servers' clocks and the dispatch streams ($O(D)$ work per event; on a CPU one event at a time, elsewhere
+    vmapped over replications). All are exact: see `jsmkt._simulate.core` and `jsmkt._simulate.generic`. With
+    several JAX devices (GPUs, or a CPU's cores exposed as devices by `jsmkt.use_cpu_cores()` before JAX's first
+    computation, as `jsmkt simulate` does) the replications are split evenly among as many devices as divide
+    their number, and run in parallel; each replication's run does not depend on the split. Each new
+    configuration compiles anew (the generic engine once per table structure: new rates and probabilities reuse
+    it); near the kernel's memory-map limit, which XLA's compiled kernels use up, JAX's caches are cleared first
+    with a `RuntimeWarning` (`jsmkt._maps`).
 
     Random numbers: each replication gets a key from `jax.random.split(key, n_replications)`; its event loop
     draws from a counter-based SplitMix64 stream seeded from that key (event `e` always uses the same numbers, so
@@ -324,32 +570,41 @@ def simulate(
 
     **Arguments:**
 
-    - `model`: a `jsmkt.JSQd` or `jsmkt.JSQdPH` (concrete parameters).
+    - `model`: a `jsmkt.JSQd` or `jsmkt.JSQdPH`, or a model with a method `simulation_tables(top)` (and `load()`,
+      for the default `max_queue`); concrete parameters.
     - `n_servers`: number of servers $N \ge 1$.
     - `t1`: simulated time horizon.
     - `key`: a concrete JAX PRNG key (simulate runs its own compiled loops: call it outside `jit`/`vmap`);
       replications use `jax.random.split(key, n_replications)`.
     - `n_replications`: independent replications (confidence intervals come from them when $\ge 2$).
     - `warmup`: initial period discarded from the statistics; defaults to `0.1 * t1`.
-    - `service`: overrides the model's service distribution (`jsmkt.PH` or `jsmkt.GeneralService`). A general
-      sampler must map a key to one real scalar (checked before the run); a `ValueError` is raised after the run
-      if it returned a negative, infinite or NaN time. PH phases that no job can enter are left out.
+    - `service`: overrides a JSQ model's service distribution (`jsmkt.PH` or `jsmkt.GeneralService`; the generic
+      engine takes PH only). A general sampler must map a key to one real scalar (checked before the run); a
+      `ValueError` is raised after the run if it returned a negative, infinite or NaN time. PH phases that no job
+      can enter are left out.
     - `sampling`: `"with_replacement"` (the mean-field model) or `"without_replacement"` ($D$ distinct servers).
-    - `max_queue`: largest queue length a server may hold (ring-buffer size). Chosen from the load, the service
-      SCV, the smallest choice number and $N$ when omitted (deeper for few servers, whose queues have geometric
-      tails whatever $d$); a `ValueError` is raised after the run if an arrival found a full queue.
+    - `max_queue`: largest queue length a server may hold (ring-buffer size), the truncation `top` of a model's
+      tables. Chosen from the load, the service SCV, the smallest choice number and $N$ when omitted (deeper for
+      few servers, whose queues have geometric tails whatever $d$; for a model given by tables from `model.load()`
+      as for exponential service, times the largest batch a move adds); a `ValueError` is raised after the run if
+      an arrival found a full queue (a move beyond the truncation).
     - `n_batches`: number of batch means (of equal length, $\ge 30$ recommended) for confidence intervals of a
       single replication (with several, the run after the warm-up is not split). Batches shorter than the
       system's relaxation time give correlated batch means and half-widths that are too narrow: a
       `RuntimeWarning` says so when the lag-1 autocorrelation of the queue length's batch means exceeds 0.6.
     - `progress`: print a progress bar on stderr (the results do not depend on it).
+    - `engine`: `"auto"` (the fast engines for `jsmkt.JSQd` and `jsmkt.JSQdPH`, the generic one for other models),
+      `"fast"` (JSQ models only) or `"generic"` (any model with tables; for a JSQ model its own tables if it has
+      them, else tables written from its parameters, `jsmkt._simulate.jsq_tables`).
 
     **Returns:** a `jsmkt.SimulationResult`. Sojourn times are those of the jobs that leave during
     `[warmup, t1]` (FCFS, from arrival to departure); a `ValueError` says to raise `t1` when a replication saw no
-    job leave, or a single replication's jobs left in only one batch. The batch-means half-width of the mean
-    sojourn time is that of a ratio estimator (delta method). `events` counts every event processed, the warm-up
-    and, for PH service, the self-loops of uniformisation included. `t1` may be at most `1e10` mean service
-    times (sojourn times are differences of event times).
+    job leave, or a single replication's jobs left in only one batch. Without FCFS queues (tables whose jobs move
+    between servers, `fcfs=False`) the mean sojourn time is the mean number of jobs over the accepted job rate
+    (Little's law) and there are no percentiles. The batch-means half-width of the mean sojourn time is that of a
+    ratio estimator (delta method). `events` counts every event processed, the warm-up and the self-loops of
+    uniformisation included; `real_events` only those that changed a server or refused a job. `t1` may be at
+    most `1e10` mean service times (sojourn times are differences of event times).
 
     !!! example
 
@@ -378,6 +633,8 @@ def simulate(
         max_queue = _int_arg("max_queue", max_queue, 1)
     if not isinstance(progress, bool):
         raise ValueError(f"progress={progress!r} must be True or False")
+    if not isinstance(engine, str) or engine not in _ENGINES:
+        raise ValueError(f"engine={engine!r} is not one of {_ENGINES}")
     if isinstance(key, jax.core.Tracer) or staging():
         raise ValueError(
             ("key is traced: " if isinstance(key, jax.core.Tracer) else "")
@@ -389,93 +646,39 @@ def simulate(
     except Exception as e:  # noqa: BLE001  (any malformed key)
         raise ValueError(f"key={key!r} is not a JAX PRNG key (use jax.random.key(seed))") from e
 
-    # -- model
-    if not hasattr(model, "lam") or not hasattr(model, "choice"):
-        raise ValueError(f"model={model!r} must be a jsmkt.JSQd or jsmkt.JSQdPH")
-    lam = float(_concrete("model.lam", model.lam))
-    if not lam > 0:
-        raise ValueError(f"lam={lam!r} must be positive")
-    kind, serv, mean_s, scv = _service_of(model, service)
-    if kind == "general":
-        _check_sampler(serv, keys[0])
-    rho = lam * mean_s
-    if not rho < 1:
-        raise ValueError(f"lam={lam!r} gives load {rho:.6g} ≥ 1: the system is unstable (lower lam or E[S])")
-    if t1 / mean_s > _MAX_HORIZON:
+    # -- model and engine
+    jsq = _is_jsq(model)
+    if engine == "fast" and not jsq:
         raise ValueError(
-            f"t1={t1!r} is {t1 / mean_s:.3g} mean service times (E[S]={mean_s:.6g}): event times near t1 resolve "
-            f"sojourn times only to about {np.finfo(float).eps * t1 / mean_s:.1g} of E[S]; choose the time unit so "
-            f"that t1 / E[S] <= {_MAX_HORIZON:.0e}"
+            f"engine='fast' runs jsmkt.JSQd and jsmkt.JSQdPH only, not a {type(model).__name__}; use engine='auto' "
+            "or 'generic' (the generic engine runs any model with simulation tables)"
         )
-    weights = _concrete("model.choice.weights()", model.choice.weights())
-    support = choice_support(weights)
-    if support is None:
-        raise ValueError(f"the choice rule has weights {weights.tolist()!r}: no choice number has positive probability")
-    d_min, max_d = support
-    weights = weights[:max_d] / weights[:max_d].sum()
-    fixed_d = bool(weights[-1] == 1.0)
-    if not replace and max_d > n:
-        raise ValueError(
-            f"d={max_d} exceeds n_servers={n}: cannot sample {max_d} distinct servers without replacement"
-        )
-    given = max_queue is not None
-    if not given:
-        max_queue = _default_max_queue(rho, scv, d_min, n)
-    slot_bytes = 8 if kind == "ph" else 16  # arrival times (and, for general service, completion times)
-    if n_rep * n * max_queue > _MAX_RING_SLOTS:
-        size = (f"max_queue={max_queue}" if given else
-                f"max_queue={max_queue} (the default for load {rho:.6g} and service SCV {scv:.6g})")
-        raise ValueError(
-            f"n_replications={n_rep} x n_servers={n} x {size} ring-buffer slots "
-            f"({slot_bytes * n_rep * n * max_queue / 2**30:.3g} GiB) exceed the limit of {_MAX_RING_SLOTS:.3g}; "
-            + ("lower max_queue" if given else "give a smaller max_queue") + " or n_replications (run replications in "
-            "several calls)"
-        )
-    if n_rep * (_N_BINS + 2) >= 2**31:
-        raise ValueError(
-            f"n_replications={n_rep} exceeds {(2**31 - 1) // (_N_BINS + 2)}, the most whose sojourn-time histograms "
-            f"({8 * (_N_BINS + 2) / 2**10:.0f} KiB each) one call holds; run replications in several calls"
-        )
-
-    reach = None
-    if kind == "ph":
-        alpha, T = serv
-        # Phases no job visits (e.g. after a Coxian continuation probability of 0) are left out: the uniformised
-        # chain's event rate then only covers the phases servers can be in. `phase_tails` gets them back as zeros.
-        reach = reachable_phases(alpha, T)
-        alpha, T = alpha[reach], T[np.ix_(reach, reach)]
-        m, sampler = len(alpha), None
+    if jsq and engine != "generic":
+        plan = _fast_plan(model, service, n, n_rep, replace, max_queue, keys, t1)
+    elif jsq or hasattr(model, "simulation_tables"):
+        plan = _tables_plan(model, service, n, n_rep, replace, max_queue, t1)
     else:
-        alpha, T = np.ones(1), -np.ones((1, 1))
-        m, sampler = 1, serv.sampler
-    sequential = _sequential_engine(max_d) if sampler is None else _sequential_general_engine(max_d)
-    if sampler is not None:
-        block = _GENERAL_SEQUENTIAL_BLOCK if sequential else _GENERAL_BLOCK
-    else:
-        block = _SEQUENTIAL_BLOCK if sequential else _markov_block_size(n, n_rep)
-    if n_rep * (max_queue + 1) * m > _MAX_CELLS:
         raise ValueError(
-            f"n_replications={n_rep} x (max_queue + 1)={max_queue + 1} x {m} phase(s) time-average cells exceed the "
-            f"limit of {_MAX_CELLS:.3g}; lower max_queue or n_replications (run replications in several calls)"
+            f"model={model!r} must be a jsmkt.JSQd or jsmkt.JSQdPH, or a model with simulation tables: a "
+            f"{type(model).__name__} has no simulation tables (no simulation_tables(top) method), so no engine can "
+            "run it"
         )
-    cfg = core.Config(
-        n=n, max_queue=max_queue, m=m, max_d=max_d, fixed_d=fixed_d, replace=replace, block=block,
-        n_bins=_N_BINS, sampler=sampler, sequential=sequential,
-    )
-    hist_lo = _hist_key(mean_s * 2.0 ** (-_HIST_OCTAVES // 2))
-    params = core.Params(
-        lam=jnp.asarray(lam), alpha=jnp.asarray(alpha), T=jnp.asarray(T), weights=jnp.asarray(weights),
-        hist_lo=jnp.asarray(hist_lo, jnp.int64),
-    )
+    per_batch, events, real_events, ends, n_run_batches = _run_chunks(plan, keys, warmup, t1, n_batches, progress)
+    return _result(plan, per_batch, events, real_events, ends, n_run_batches, n=n, n_rep=n_rep, t1=t1,
+                   warmup=warmup, n_batches=n_batches, sampling=sampling)
 
-    # -- run, chunk by chunk: warm-up, then n_batches batches of equal length. With several replications the
-    # confidence intervals come from them and the whole-run averages do not depend on the batches, so the run after
-    # the warm-up is one batch: at each chunk boundary every replication restarts with its buffers out of the
-    # processor's caches.
+
+def _run_chunks(plan: _Plan, keys, warmup: float, t1: float, n_batches: int, progress: bool):
+    """Run chunk by chunk: warm-up, then `n_batches` batches of equal length. With several replications the
+    confidence intervals come from them and the whole-run averages do not depend on the batches, so the run after
+    the warm-up is one batch: at each chunk boundary every replication restarts with its buffers out of the
+    processor's caches. Returns the per-batch statistics (cells cut after the last one reached), the events and
+    real events of the whole run, the batch ends and the number of batches."""
+    n_rep = keys.shape[0]
     devices = tuple(jax.devices())
     devices = devices[: _n_shards(n_rep, len(devices))]
-    init, run = _compiled(cfg, devices)
-    states = init(params, keys)
+    init, run = _compiled(plan.cfg, devices)
+    states = init(plan.params, keys)
     n_run_batches = n_batches if n_rep == 1 else 1
     ends = [warmup + (t1 - warmup) * (i + 1) / n_run_batches for i in range(n_run_batches)]
     ends[-1] = t1
@@ -483,7 +686,7 @@ def simulate(
     # pending events keep their times and random numbers across chunk boundaries).
     sub = max(1, math.ceil(_PROGRESS_UPDATES / (n_run_batches + 1))) if progress else 1
     start = time.perf_counter()
-    events = 0
+    events = real_events = 0
     per_batch = []
     chunks = ([(0.0, warmup, False)] if warmup > 0 else []) + [
         (lo, hi, True) for lo, hi in zip([warmup] + ends[:-1], ends, strict=True)
@@ -492,90 +695,136 @@ def simulate(
         total = None
         for j in range(sub):
             t_end = hi if j == sub - 1 else lo + (hi - lo) * (j + 1) / sub
-            states, stats = run(params, states, jnp.asarray(t_end, jnp.float64))
+            states, stats = run(plan.params, states, jnp.asarray(t_end, jnp.float64))
             stats = jax.tree_util.tree_map(np.asarray, stats)
             events += int(stats.events.sum())
+            real_events += int(stats.real_events.sum())
             total = stats if total is None else _add_stats(total, stats)
             if progress:
                 _progress((i + (j + 1) / sub) / len(chunks), t_end, t1, events, start)
         if keep:
-            per_batch.append(_trim_levels(total, m))
+            per_batch.append(_trim_cells(total, plan.group))
     if progress:
         sys.stderr.write("\n")
         sys.stderr.flush()
+    return per_batch, events, real_events, ends, n_run_batches
+
+
+def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_batches: int, *, n: int, n_rep: int,
+            t1: float, warmup: float, n_batches: int, sampling: str) -> SimulationResult:
+    """Refuse a run that overflowed (or met bad service times), then the statistics: per replication r and batch
+    b, over the cells up to the last one some server reached (the cells above are 0); the results are padded with
+    zeros back to every cell and level."""
+    max_queue = plan.max_queue
     bad_service = int(per_batch[-1].bad_service.sum())
     if bad_service:
         raise ValueError(
-            f"service={service!r}: its sampler returned {bad_service} service time(s) that are negative, infinite or "
-            "NaN; a sampler must return finite times >= 0"
+            f"service={plan.service!r}: its sampler returned {bad_service} service time(s) that are negative, "
+            "infinite or NaN; a sampler must return finite times >= 0"
         )
     overflow = int(per_batch[-1].overflow.sum())
     if overflow:
+        if plan.engine == "fast":
+            raise ValueError(
+                f"max_queue={max_queue} is too small: {overflow} arrival(s) found a queue of {max_queue} jobs and "
+                f"were dropped; raise max_queue (e.g. max_queue={2 * max_queue})"
+            )
         raise ValueError(
-            f"max_queue={max_queue} is too small: {overflow} arrival(s) found a queue of {max_queue} jobs and "
-            f"were dropped; raise max_queue (e.g. max_queue={2 * max_queue})"
+            f"max_queue={max_queue}{plan.default_note} is too small: {overflow} move(s) beyond the truncation at "
+            f"level {max_queue} were refused; raise max_queue (e.g. max_queue={2 * max_queue})"
         )
 
-    # -- statistics: per replication r and batch b, over the levels 0..top that some server reached (the cells
-    # above are 0); the results are padded with zeros back to max_queue + 1 levels.
     batch_len = np.diff(np.asarray([warmup] + ends))  # (B,)
     width = max(s.area.shape[1] for s in per_batch)
     area = np.stack([np.pad(s.area, ((0, 0), (0, width - s.area.shape[1]))) for s in per_batch], axis=1)  # (R, B, C)
-    p = (area / (n * batch_len[None, :, None])).reshape(n_rep, n_run_batches, width // m, m)
-    levels = p.sum(axis=3)  # (R, B, K+1): fraction with exactly k jobs
+    p = area / (n * batch_len[None, :, None])
+    level = plan.level[:width]
+    if plan.group:  # cells k * m + i
+        m = plan.group
+        p4 = p.reshape(n_rep, n_run_batches, width // m, m)
+        levels = p4.sum(axis=3)  # (R, B, K+1): fraction with exactly k jobs
+    else:
+        levels = p @ (level[:, None] == np.arange(int(level.max()) + 1)[None, :]).astype(float)
     tails_rb = np.cumsum(levels[..., ::-1], axis=2)[..., ::-1]
     tails_rb[..., 0] = 1.0  # every server has at least 0 jobs (the sum of the levels is 1 only to rounding)
-    phase_rb = np.cumsum(p[..., ::-1, :], axis=2)[..., ::-1, :][:, :, 1:, :]  # (R, B, K, m)
-    queue_rb = tails_rb[..., 1:].sum(axis=2)
+    queue_rb = tails_rb[..., 1:].sum(axis=2) if plan.group else p @ plan.jobs[:width].astype(float)
+    accepted = np.stack([s.accepted for s in per_batch], axis=1).astype(float)  # (R, B)
+    thr_rb = accepted / (n * batch_len[None, :])
     soj_sum = np.stack([s.soj_sum for s in per_batch], axis=1)  # (R, B)
     n_jobs = np.stack([s.n_jobs for s in per_batch], axis=1)
-    empty = int((n_jobs.sum(axis=1) == 0).sum())
+    counted = n_jobs if plan.fcfs else accepted  # jobs the sojourn time is estimated from
+    empty = int((counted.sum(axis=1) == 0).sum())
+    what = "left" if plan.fcfs else "was accepted"
     if empty:
-        which = "no job" if n_rep == 1 else f"in {empty} of n_replications={n_rep} replications no job"
+        which = f"no job {what}" if n_rep == 1 else f"in {empty} of n_replications={n_rep} replications no job {what}"
+        due = (f"about {n * plan.arrival_rate * (t1 - warmup):.3g} arrivals were due per replication"
+               if plan.engine == "fast" else
+               f"about {n * plan.arrival_rate * (t1 - warmup):.3g} arrival dispatches were due per replication")
         raise ValueError(
-            f"{which} left during [warmup, t1] = [{warmup:.6g}, {t1:.6g}], so there is no sojourn time to report "
-            f"(about {n * lam * (t1 - warmup):.3g} arrivals were due per replication); raise t1"
+            f"{which} during [warmup, t1] = [{warmup:.6g}, {t1:.6g}], so there is no sojourn time to report "
+            f"({due}); raise t1"
         )
-    if n_rep == 1 and (n_jobs[0] > 0).sum() < 2:
+    if n_rep == 1 and (counted[0] > 0).sum() < 2:
         raise ValueError(
-            f"jobs left in only one of the n_batches={n_batches} batches of [warmup, t1] = [{warmup:.6g}, {t1:.6g}]: "
-            "batch means give no confidence interval; raise t1 (or lower n_batches)"
+            f"jobs {'left' if plan.fcfs else 'were accepted'} in only one of the n_batches={n_batches} batches of "
+            f"[warmup, t1] = [{warmup:.6g}, {t1:.6g}]: batch means give no confidence interval; raise t1 (or lower "
+            "n_batches)"
         )
     w = (batch_len / batch_len.sum())[None, :]
 
     def rep(x):  # time average over the batches of each replication
         return np.tensordot(w[0], x, axes=([0], [1])) if x.ndim > 2 else (w * x).sum(axis=1)
 
-    tails_r, phase_r, queue_r = rep(tails_rb), rep(phase_rb), rep(queue_rb)
+    tails_r, queue_r, cells_r, thr_r = rep(tails_rb), rep(queue_rb), rep(p), rep(thr_rb)
     tails_r[:, 0] = 1.0  # (the batch weights sum to 1 only to rounding)
-    soj_r = soj_sum.sum(axis=1) / n_jobs.sum(axis=1)
+    if plan.fcfs:
+        soj_r = soj_sum.sum(axis=1) / n_jobs.sum(axis=1)
+        num_b, den_b = soj_sum[0], n_jobs[0].astype(float)  # batch means of a ratio: sum of times / jobs
+    else:  # Little's law: mean jobs / accepted job rate
+        soj_r = queue_r / thr_r
+        num_b, den_b = queue_rb[0], thr_rb[0]
+    phase = plan.kind == "ph"
+    if phase:
+        phase_rb = np.cumsum(p4[..., ::-1, :], axis=2)[..., ::-1, :][:, :, 1:, :]  # (R, B, K, m)
+        phase_r = rep(phase_rb)
     if n_rep >= 2:
         ci_method = "replications"
-        tails_ci, phase_ci = _half_width(tails_r), _half_width(phase_r)
+        tails_ci, cells_ci = _half_width(tails_r), _half_width(cells_r)
         queue_ci, soj_ci = float(_half_width(queue_r)), float(_half_width(soj_r))
+        thr_ci = float(_half_width(thr_r))
+        phase_ci = _half_width(phase_r) if phase else None
     else:
         ci_method = "batch_means"
         _warn_if_correlated(queue_rb[0], batch_len[0])
-        tails_ci, phase_ci = _half_width(tails_rb[0]), _half_width(phase_rb[0])
-        queue_ci = float(_half_width(queue_rb[0]))
-        # The mean sojourn time is a ratio (time summed over jobs / number of jobs); the delta method gives its
-        # half-width from the batches' residuals, and holds when some batches saw no job leave.
-        resid = soj_sum[0] - soj_r[0] * n_jobs[0]
-        soj_ci = float(_half_width(resid[:, None])[0] / n_jobs[0].mean())
-    if reach is not None and not reach.all():  # phases no job visits: zero columns
-        phase_r = _with_zero_phases(phase_r, reach)
-        phase_ci = _with_zero_phases(phase_ci, reach)
-    above = max_queue + 1 - width // m  # levels no server reached: tails and their half-widths are 0
+        tails_ci, cells_ci = _half_width(tails_rb[0]), _half_width(p[0])
+        queue_ci, thr_ci = float(_half_width(queue_rb[0])), float(_half_width(thr_rb[0]))
+        phase_ci = _half_width(phase_rb[0]) if phase else None
+        # The mean sojourn time is a ratio; the delta method gives its half-width from the batches' residuals,
+        # and holds when some batches saw no job leave.
+        resid = num_b - soj_r[0] * den_b
+        soj_ci = float(_half_width(resid[:, None])[0] / den_b.mean())
+    L = max_queue + 1
+    above = L - tails_r.shape[1]  # levels no server reached: tails and their half-widths are 0
     tails_r, tails_ci = _pad_levels(tails_r, above, 1), _pad_levels(tails_ci, above, 0)  # (R, K+1), (K+1,)
-    phase_r, phase_ci = _pad_levels(phase_r, above, 1), _pad_levels(phase_ci, above, 0)  # (R, K, m), (K, m)
-
-    hist = sum(s.hist for s in per_batch).sum(axis=0)
-    percentiles = {q: float(_percentile(hist, q, hist_lo)) for q in (50, 90, 99)}
+    if phase:
+        if plan.reach is not None and not plan.reach.all():  # phases no job visits: zero columns
+            phase_r = _with_zero_phases(phase_r, plan.reach)
+            phase_ci = _with_zero_phases(phase_ci, plan.reach)
+        phase_r, phase_ci = _pad_levels(phase_r, above, 1), _pad_levels(phase_ci, above, 0)  # (R, K, m), (K, m)
+    n_out = plan.out_status.size
+    cell_fractions, cell_ci = np.zeros(n_out), np.zeros(n_out)
+    cell_fractions[plan.out_cell[:width]] = cells_r.mean(axis=0)
+    cell_ci[plan.out_cell[:width]] = cells_ci
+    if plan.fcfs:
+        hist = sum(s.hist for s in per_batch).sum(axis=0)
+        percentiles = {q: float(_percentile(hist, q, plan.hist_lo)) for q in (50, 90, 99)}
+    else:
+        percentiles = None
     return SimulationResult(
         tails=tails_r.mean(axis=0),
         tails_ci=tails_ci,
-        phase_tails=phase_r.mean(axis=0) if kind == "ph" else None,
-        phase_tails_ci=phase_ci if kind == "ph" else None,
+        phase_tails=phase_r.mean(axis=0) if phase else None,
+        phase_tails_ci=phase_ci if phase else None,
         mean_queue_length=float(queue_r.mean()),
         mean_queue_length_ci=queue_ci,
         mean_sojourn_time=float(np.mean(soj_r)),
@@ -592,6 +841,15 @@ def simulate(
         max_queue=max_queue,
         sampling=sampling,
         ci_method=ci_method,
+        real_events=real_events,
+        throughput=float(thr_r.mean()),
+        throughput_ci=thr_ci,
+        cell_fractions=cell_fractions,
+        cell_fractions_ci=cell_ci,
+        cell_level=plan.out_level,
+        cell_status=plan.out_status,
+        status_names=plan.status_names,
+        engine=plan.engine,
     )
 
 
@@ -616,12 +874,14 @@ def _warn_if_correlated(means: np.ndarray, batch_len: float) -> None:
         )
 
 
-def _trim_levels(stats: core.Stats, m: int) -> core.Stats:
-    """`stats` with the time integrals cut after the highest queue length any server reached (the cells above are
-    0): the statistics then take memory for the levels reached, not for `max_queue`."""
-    reached = np.flatnonzero(stats.area.reshape(stats.area.shape[0], -1, m).any(axis=(0, 2)))
-    top = int(reached[-1]) if reached.size else 0
-    return stats._replace(area=stats.area[:, : (top + 1) * m].copy())
+def _trim_cells(stats: core.Stats, group: int) -> core.Stats:
+    """`stats` with the time integrals cut after the last cell some server reached (the cells above are 0); with
+    cells ordered by level, `group` per level, after the highest level reached. The statistics then take memory for
+    the levels reached, not for `max_queue`."""
+    reached = np.flatnonzero(stats.area.any(axis=0))
+    last = int(reached[-1]) if reached.size else 0
+    width = (last // group + 1) * group if group else last + 1
+    return stats._replace(area=stats.area[:, :width].copy())
 
 
 def _pad_levels(x: np.ndarray, above: int, axis: int) -> np.ndarray:

@@ -21,16 +21,28 @@ class SimulationResult:
     - `phase_tails`: $S_k^{(i)}$, the fraction of servers with at least $k$ jobs whose job in service is in phase
       $i$, shape `(max_queue, m)` for $k = 1..$`max_queue`; `None` for general (non-PH) service.
     - `phase_tails_ci`: their half-widths (or `None`).
-    - `mean_queue_length`, `mean_queue_length_ci`: mean number of jobs per server, $\sum_{k\ge1} s_k$.
+    - `mean_queue_length`, `mean_queue_length_ci`: mean number of jobs per server (the time average of the jobs
+      its cell holds; $\sum_{k\ge1} s_k$ for the JSQ models).
     - `mean_sojourn_time`, `mean_sojourn_time_ci`: mean time from arrival to departure, averaged directly over the
-      jobs that left during `[warmup, t1]`.
+      jobs that left during `[warmup, t1]` (FCFS queues); for a model whose jobs move between servers (tables
+      with `fcfs=False`), by Little's law, `mean_queue_length / throughput`.
     - `sojourn_time_percentiles`: `{50: ..., 90: ..., 99: ...}`, from a log-spaced histogram of all those jobs
-      (bins of at most 0.4 % relative width) from E[S] * 2**-20 to E[S] * 2**20; a percentile outside that
-      range is reported as its nearer end.
-    - `events`: events processed, summed over replications (warm-up and, for PH service, the self-loops of
-      uniformisation included).
-    - `n_jobs`: jobs whose sojourn times were recorded, summed over replications.
-    - `overflow`: arrivals that found a queue of `max_queue` jobs (always 0: `simulate` raises otherwise).
+      (bins of at most 0.4 % relative width) from E[S] * 2**-20 to E[S] * 2**20 (generic engine: from
+      t1 * 2**-39 to t1 * 2); a percentile outside that range is reported as its nearer end. `None` without FCFS
+      queues.
+    - `events`: events processed, summed over replications (warm-up and, for uniformised engines, the self-loops
+      of uniformisation included).
+    - `real_events`: the events among them that changed a server's cell or refused a job, summed over
+      replications (warm-up included).
+    - `n_jobs`: jobs whose sojourn times were recorded, summed over replications (0 without FCFS queues).
+    - `overflow`: arrivals that found a queue of `max_queue` jobs, or moves beyond the truncation (always 0:
+      `simulate` raises otherwise).
+    - `throughput`, `throughput_ci`: jobs accepted per unit time and server (those brought by arrival streams).
+    - `cell_fractions`, `cell_fractions_ci`: the time-averaged fraction of servers in each cell, shape `(C,)`;
+      cell `c` has level `cell_level[c]` and status `cell_status[c]`, named by `status_names`. For the JSQ models
+      (either engine, unless a model's own tables number them otherwise) cell `k * m + i` holds `k` jobs, the job
+      in service in phase `i` (status `i + 1`; status 0, `idle`, for `k = 0`).
+    - `engine`: `"fast"` (the JSQ engines of `jsmkt._simulate.core`) or `"generic"`.
     - `n_servers`, `t1`, `warmup`, `n_replications`, `n_batches`, `max_queue`, `sampling`, `ci_method`: the run
       (`n_batches` is 1 with several replications, whose runs after the warm-up are not split).
     """
@@ -43,7 +55,7 @@ class SimulationResult:
     mean_queue_length_ci: float
     mean_sojourn_time: float
     mean_sojourn_time_ci: float
-    sojourn_time_percentiles: dict[int, float]
+    sojourn_time_percentiles: dict[int, float] | None
     events: int
     n_jobs: int
     overflow: int
@@ -55,10 +67,19 @@ class SimulationResult:
     max_queue: int
     sampling: str
     ci_method: str
+    real_events: int
+    throughput: float
+    throughput_ci: float
+    cell_fractions: np.ndarray
+    cell_fractions_ci: np.ndarray
+    cell_level: np.ndarray
+    cell_status: np.ndarray
+    status_names: tuple[str, ...]
+    engine: str
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (Python floats, ints and lists). `tail` and `tail_ci` list $s_k$ from $k = 0$ up to
-        the last $k$ with $s_k > 0$."""
+        the last $k$ with $s_k > 0$; `sojourn_time_percentiles` is `{}` without FCFS queues."""
         nz = np.nonzero(self.tails > 0)[0]
         last = int(nz[-1]) + 1 if nz.size else 1
 
@@ -73,8 +94,11 @@ class SimulationResult:
             "mean_sojourn_time_ci": f(self.mean_sojourn_time_ci),
             "tail": [f(x) for x in self.tails[:last]],
             "tail_ci": [f(x) for x in self.tails_ci[:last]],
-            "sojourn_time_percentiles": {f"p{p}": f(v) for p, v in self.sojourn_time_percentiles.items()},
+            "sojourn_time_percentiles": {f"p{p}": f(v) for p, v in (self.sojourn_time_percentiles or {}).items()},
             "events": int(self.events),
+            "real_events": int(self.real_events),
+            "throughput": f(self.throughput),
+            "throughput_ci": f(self.throughput_ci),
             "n_jobs": int(self.n_jobs),
             "n_servers": int(self.n_servers),
             "t1": float(self.t1),
@@ -84,6 +108,7 @@ class SimulationResult:
             "max_queue": int(self.max_queue),
             "sampling": self.sampling,
             "ci_method": self.ci_method,
+            "engine": self.engine,
         }
 
     def __repr__(self) -> str:

@@ -1,0 +1,445 @@
+r"""The generic event engine: any model family given as `SimTables`, executed server by server.
+
+**The system.** $N$ servers, each in a cell $c$ (`0..C-1`). Two kinds of events change them:
+
+- *per-server clocks*, uniformised at rate $u$ per server: at an event of its clock a server in cell $c$ takes
+  action $a$ with probability `act_prob[c, a]` (moving to `act_target[c, a]`) and stays put otherwise (a
+  self-loop); an action may make the server the *origin* of a dispatch stream (`act_stream`), executed right
+  after the server's own move (and only if that move was not refused);
+- *dispatch streams* $s$ at rate `stream_rate[s]` per server: a dispatch draws $D$ from `choice[s]`, samples $D$
+  servers (with or without replacement), compares their keys `key[s, cell]` (lower preferred, `INELIGIBLE` never
+  chosen) and moves the chosen server from $c$ to `eff_target[s, c, e]` with probability `eff_prob[s, c, e]`. If
+  no sampled server is eligible, nothing happens to them.
+
+Events form one Poisson process of rate $N\Lambda$, $\Lambda = \sum_s$ `stream_rate[s]` $+ u$: an event is
+stream $s$ with probability `stream_rate[s]` $/\Lambda$, otherwise the clock of a uniformly chosen server. This is
+the law of the physical system, with $O(D)$ work per event. A move to `OVERFLOW` (beyond the truncation) is
+refused and counted, and the driver raises after the run.
+
+**Rows.** The clock is handled as one more stream (row `S`) whose "dispatch" samples one server and whose key
+is 0 for every cell: every event then runs the same code, a choice among its sampled servers followed by a
+categorical draw in the row `(r, c)` of a merged move table (`tables.Structure`), the clock's self-loop being an
+entry whose target is the cell itself. The first minimum of the keys is a uniform tie-break, since the sample is
+exchangeable (as in `core._choose`); when $D$ varies, the unused candidates are replaced by the first, which
+never wins a strict comparison (`core._only_chosen`).
+
+**FCFS queues.** With `fcfs`, each server keeps a ring buffer of the arrival times of its jobs (the packed state
+is `head * C + cell`). A move that raises the server's jobs by $j$ stamps $j$ slots at the tail with the current
+time, one that lowers them by $j$ removes the $j$ oldest jobs, whose sojourn times are recorded: the largest
+changes are static (`Structure.up`, `.down`), so both are unrolled. Where jobs move between servers (a stream
+with an origin) there is no FCFS queue to keep, and the driver reports the mean sojourn time by Little's law.
+
+**One event at a time (CPU).** As `core._sequential_chunk`: an outer `lax.while_loop` iteration draws the
+state-independent part of the next `block` events at once (event times, the row, candidates with the unused ones
+masked, the uniforms of the moves; `_draw`, vectorised, carried in the state), an inner loop applies the events
+up to `t_end` one per iteration, reading and writing single array elements only (no gather, scatter or sort), so
+that XLA's CPU backend compiles it into one kernel, and the statistics are accumulated a block at a time from
+compact per-event records (the cells moved between, the arrival times of departing jobs). The move tables are
+arguments, not constants: XLA counts a constant in full towards the size of a loop it compiles into one kernel.
+Elsewhere (GPU) the same events are applied by a loop of exactly `block` iterations, vmapped over replications,
+those after `t_end` masked (a vmapped loop whose trip count differs between replications selects every carried
+array at each iteration).
+
+**Random numbers, chunks, statistics.** Event `e` uses the SplitMix64 words `h(seed, e * W + w)` of
+`core._words`; a pending event past `t_end` keeps its time and words, so chunking does not change the run. Time
+integrals of the cell counts use the same trick as `core`: each move adds $\pm(\tau - a)$ to the two cells it
+moves a server between, and the counts are recounted at the end of a chunk. *Real events* are those that
+changed a server's cell or refused a job; the others are self-loops (of the uniformised clocks, or dispatches
+that found no eligible server or whose effect kept the server in place).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+from jax import lax
+
+from . import core
+from .tables import INELIGIBLE, Structure
+
+
+class Config(NamedTuple):
+    """Static description of a generic run (hashable: one compilation per `Config`)."""
+
+    n: int  # number of servers
+    structure: Structure  # the integer tables
+    replace: bool  # sample with replacement
+    block: int  # events drawn per iteration of the outer loop
+    n_bins: int  # sojourn-time histogram bins (plus one underflow and one overflow bin)
+    sequential: bool  # one event per loop iteration, replication after replication (CPU); else vmapped
+
+    @property
+    def max_d(self) -> int:
+        return self.structure.max_d
+
+    @property
+    def fixed_d(self) -> bool:  # the clock samples one server: candidates are masked unless max_d == 1
+        return self.max_d == 1
+
+    @property
+    def n_cells(self) -> int:
+        return self.structure.n_cells
+
+    @property
+    def ring_size(self) -> int:
+        return self.n * self.structure.queue if self.structure.fcfs else 0
+
+    @property
+    def packed_dtype(self):
+        s = self.structure
+        return jnp.int32 if s.queue * s.n_cells < 2**31 - 1 else jnp.int64
+
+    @property
+    def n_words(self) -> int:
+        """Random words per event: time step, row, move, choice number, candidates (and, with origins, the move,
+        choice number and candidates of the dispatch a clock action starts)."""
+        return 4 + self.max_d + (2 + self.max_d if self.structure.origins else 0)
+
+
+class Params(NamedTuple):
+    """Arguments of a run: the float tables (traced: new values reuse the compilation), the histogram range, and
+    the structure's integer tables as arrays (see `Config`'s docstring on constants)."""
+
+    u: jax.Array  # per-server clock rate
+    act_prob: jax.Array  # (C, A)
+    stream_rate: jax.Array  # (S,)
+    choice: jax.Array  # (S, max_d)
+    eff_prob: jax.Array  # (S, C, E)
+    hist_lo: jax.Array  # int64 key of the lower edge of the sojourn-time histogram
+    target: jax.Array  # ((S + 1) * C * W,) int32 targets of the merged rows (C: OVERFLOW)
+    delta: jax.Array  # ((S + 1) * C * W,) int32 job changes of those moves
+    stream: jax.Array  # (C * W,) int32 stream a clock action starts, -1 for none
+    key: jax.Array  # ((S + 1) * C,) int32 keys, the clock's row 0
+    jobs: jax.Array  # (C,) int32 jobs per cell
+    arrivals: jax.Array  # (S + 1,) bool: the row brings new jobs (False for the clock)
+
+
+def params_of(structure: Structure, tables, hist_lo: int) -> Params:
+    """`Params` of checked `tables` with `structure` (their integer part)."""
+    S, C = structure.n_streams, structure.n_cells
+    key = np.concatenate([structure.key.reshape(-1), np.zeros(C, np.int32)])
+    return Params(
+        u=jnp.asarray(tables.u, jnp.float64),
+        act_prob=jnp.asarray(tables.act_prob, jnp.float64),
+        stream_rate=jnp.asarray(tables.stream_rate, jnp.float64).reshape(S),
+        choice=jnp.asarray(tables.choice, jnp.float64),
+        eff_prob=jnp.asarray(tables.eff_prob, jnp.float64),
+        hist_lo=jnp.asarray(hist_lo, jnp.int64),
+        target=jnp.asarray(structure.target.reshape(-1)),
+        delta=jnp.asarray(structure.delta.reshape(-1)),
+        stream=jnp.asarray(structure.stream.reshape(-1)),
+        key=jnp.asarray(key, jnp.int32),
+        jobs=jnp.asarray(structure.jobs, jnp.int32),
+        arrivals=jnp.asarray(np.concatenate([structure.arrivals, [False]]), bool),
+    )
+
+
+class _Prep(NamedTuple):
+    rate: jax.Array  # total event rate N * Lambda
+    kind_cum: jax.Array  # (S,) thresholds: outcome s < S a stream, S the clock
+    d_cum: jax.Array  # (S + 1, max_d - 1) thresholds of the choice number per row (clock: always 1)
+    move_cum: jax.Array  # ((S + 1) * C * (W - 1),) cumulative move probabilities without the last entry
+
+
+def _prepare(cfg: Config, params: Params) -> _Prep:
+    s = cfg.structure
+    S, C, W = s.n_streams, s.n_cells, s.width
+    A, E = params.act_prob.shape[1], params.eff_prob.shape[2]
+    total = jnp.sum(params.stream_rate) + params.u
+    kind_cum = jnp.cumsum(params.stream_rate) / total
+    d_cum = jnp.cumsum(params.choice, axis=1)[:, :-1]
+    d_cum = jnp.concatenate([d_cum, jnp.full((1, cfg.max_d - 1), 2.0)], axis=0)
+    clock = jnp.concatenate(
+        [params.act_prob, (1.0 - jnp.sum(params.act_prob, axis=1))[:, None], jnp.zeros((C, W - A - 1))], axis=1
+    )
+    effects = jnp.concatenate([params.eff_prob, jnp.zeros((S, C, W - E))], axis=2)
+    prob = jnp.concatenate([effects, clock[None]], axis=0)  # (S + 1, C, W)
+    move_cum = jnp.cumsum(prob, axis=2)[:, :, :-1].reshape(-1)
+    return _Prep(cfg.n * total, kind_cum, d_cum, move_cum)
+
+
+class _Draw(NamedTuple):
+    """The state-independent part of the next `block` events."""
+
+    tau: jax.Array  # (B,) event times
+    kind: jax.Array  # (B,) row: stream s < S, or S for a clock event
+    table: jax.Array  # (B, cols) int32: row * C, the candidates (masked); with origins the second candidates and
+    #                   the choice number of each stream
+    uni: jax.Array  # (B, 1 or 2) uniforms of the moves
+
+
+def _draw(cfg: Config, prep: _Prep, seed, ctr, t) -> _Draw:
+    s = cfg.structure
+    B, D, S, C = cfg.block, cfg.max_d, s.n_streams, s.n_cells
+    words = core._words(seed, ctr, B, cfg.n_words)
+    tau = t + jnp.cumsum(-jnp.log(core._uniform(words[:, 0])) / prep.rate)
+    kind = core._categorical(core._uniform(words[:, 1]), prep.kind_cum)
+    cands = core._candidates(cfg, words[:, 4 : 4 + D])
+    n_choose = 1 + core._categorical(core._uniform(words[:, 3]), prep.d_cum[kind])
+    cols = [(kind * C)[:, None], core._only_chosen(cfg, cands, n_choose)]
+    uni = [core._uniform(words[:, 2])]
+    if s.origins:
+        w2 = words[:, 4 + D :]
+        cols.append(core._candidates(cfg, w2[:, 2 : 2 + D]))
+        if S:
+            u_d = core._uniform(w2[:, 1])
+            cols.append(1 + core._categorical(u_d[:, None], prep.d_cum[None, :S]))
+        uni.append(core._uniform(w2[:, 0]))
+    table = jnp.concatenate([c.astype(jnp.int32) for c in cols], axis=1)
+    return _Draw(tau, kind, table, jnp.stack(uni, axis=1))
+
+
+class State(NamedTuple):
+    """One replication (a batch of them: a leading axis on every field)."""
+
+    seed: jax.Array  # uint64 seed of the event stream
+    ctr: jax.Array  # uint64 events processed so far
+    t: jax.Array  # time of the last event
+    a: jax.Array  # start of the current chunk
+    packed: jax.Array  # (n,) head * C + cell with FCFS queues, else the cell
+    ring: jax.Array | None  # (n * queue,) arrival times (FCFS), else None
+    draw: _Draw
+    acc: jax.Array  # (C,) time-integral corrections of the cell counts in the current chunk
+    soj_sum: jax.Array  # sum of the sojourn times of the jobs that left in the current chunk
+    n_jobs: jax.Array  # number of such jobs
+    hist: jax.Array  # (n_bins + 2,) histogram of their sojourn times
+    events: jax.Array  # events in the current chunk (self-loops included)
+    real: jax.Array  # real events in the current chunk
+    accepted: jax.Array  # jobs brought by arrival streams and accepted in the current chunk
+    overflow: jax.Array  # moves refused beyond the truncation (whole run)
+    blocks: jax.Array  # outer-loop iterations in the current chunk
+
+
+@core._broadcasting
+def init_state(cfg: Config, params: Params, key) -> State:
+    """Every server in the empty cell at time 0 (one replication; `vmap` it over keys)."""
+    seed = jr.bits(jr.split(key)[1], (), jnp.uint64)
+    zero = jnp.zeros((), jnp.float64)
+    ctr = jnp.zeros((), jnp.uint64)
+    i64 = jnp.zeros((), jnp.int64)
+    return State(
+        seed=seed, ctr=ctr, t=zero, a=zero,
+        packed=jnp.full(cfg.n, cfg.structure.empty_cell, cfg.packed_dtype),
+        ring=jnp.zeros(cfg.ring_size, jnp.float64) if cfg.structure.fcfs else None,
+        draw=_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
+        acc=jnp.zeros(cfg.n_cells, jnp.float64), soj_sum=zero, n_jobs=i64,
+        hist=jnp.zeros(cfg.n_bins + 2, jnp.int64), events=i64, real=i64, accepted=i64, overflow=i64, blocks=i64,
+    )
+
+
+def _div(x, c: int):
+    return lax.div(x, jnp.asarray(c, x.dtype))
+
+
+def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_base=0, hist_base=0,
+           masked: bool = False) -> State:
+    """The events of the drawn block up to `t_end`, one per iteration of an inner loop, then their statistics.
+    `masked`: run all `block` iterations, those after `t_end` changing nothing (the vmapped form)."""
+    s = cfg.structure
+    B, D, S, C, W, Q = cfg.block, cfg.max_d, s.n_streams, s.n_cells, s.width, s.queue
+    fcfs, origins, up, down = s.fcfs, s.origins, s.up, s.down
+    tau, kind, table, uni = state.draw
+    nv = jnp.sum(tau <= t_end, dtype=jnp.int32)
+    pd = cfg.packed_dtype
+
+    def one(x, i):  # one element: reading a whole row would count its size in every fusion using it
+        return lax.dynamic_slice(x, (i,), (1,))[0]
+
+    def col(i, c):
+        return lax.dynamic_slice(table, (i, jnp.asarray(c, i.dtype)), (1, 1))[0, 0]
+
+    def cell_of(p):
+        return lax.rem(p, jnp.asarray(C, p.dtype)).astype(jnp.int32) if fcfs else p.astype(jnp.int32)
+
+    def choose(packed, row_c, cands):
+        """First minimum of the sampled servers' keys in the row starting at `row_c`: (server, key)."""
+        best = cands[0]
+        k_best = one(params.key, row_c + cell_of(packed[best]))
+        for c in cands[1:]:
+            k_c = one(params.key, row_c + cell_of(packed[c]))
+            better = k_c < k_best
+            best, k_best = jnp.where(better, c, best), jnp.where(better, k_c, k_best)
+        return best, k_best
+
+    def move(row_c, c, u):
+        """Entry of the row (row_c + c) drawn with uniform u: its flat index."""
+        base = row_c + c
+        e = jnp.zeros((), jnp.int32)
+        for j in range(W - 1):
+            e = e + (u >= one(prep.move_cum, base * (W - 1) + j)).astype(jnp.int32)
+        return base * W + e
+
+    def event(i, carry):
+        packed, ring, rec, arrived = carry
+        active = (i < nv) if masked else True
+        ti = tau[i]
+        row_c = col(i, 0)
+        n, k_best = choose(packed, row_c, [col(i, 1 + j) for j in range(D)])
+        p = packed[n]
+        if fcfs:
+            head = _div(p, C)
+            c = (p - head * C).astype(jnp.int32)
+        else:
+            c = p.astype(jnp.int32)
+        idx = move(row_c, c, lax.dynamic_slice(uni, (i, jnp.zeros_like(i)), (1, 1))[0, 0])
+        t = one(params.target, idx)
+        ok = active & (k_best < INELIGIBLE)
+        goes = ok & (t < C)
+        ct = jnp.where(goes, t, c)
+        if fcfs:
+            dj = jnp.where(goes, one(params.delta, idx), 0)
+            k = one(params.jobs, c)
+            row = ring_base + n * Q
+            tail = head.astype(jnp.int32) + k
+            for q in range(up):  # stamp the jobs that join at the tail (other slots are rewritten unchanged)
+                x = tail + q
+                slot = row + jnp.where(x >= Q, x - Q, x)
+                ring = ring.at[slot].set(jnp.where(q < dj, ti, ring[slot]))
+            h = head.astype(jnp.int32)
+            heads = []
+            for q in range(down):  # arrival times of the jobs at the head (used where they leave)
+                x = h + q
+                heads.append(ring[row + jnp.where(x >= Q, x - Q, x)])
+            if down:
+                arrived = lax.dynamic_update_slice(arrived, jnp.stack(heads)[None], (i, jnp.zeros_like(i)))
+            x = h - jnp.minimum(dj, 0)
+            head2 = jnp.where(x >= Q, x - Q, x)
+            packed = packed.at[n].set(head2.astype(pd) * C + ct.astype(pd))
+        else:
+            packed = packed.at[n].set(ct.astype(pd))
+        rec_row = [c, jnp.where(ok & (t == C), C, ct)]
+        if origins:  # the dispatch a clock action starts, after the origin's own move
+            s2 = jnp.where(goes & (row_c == S * C), one(params.stream, c * W + idx - (row_c + c) * W), -1)
+            has2 = s2 >= 0
+            s2c = jnp.maximum(s2, 0)
+            n_choose = col(i, 1 + 2 * D + s2c) if S else jnp.ones((), jnp.int32)
+            first = col(i, 1 + D)
+            cands = [first] + [jnp.where(j < n_choose, col(i, 1 + D + j), first) for j in range(1, D)]
+            row2 = s2c * C
+            n2, k2 = choose(packed, row2, cands)
+            c2 = packed[n2].astype(jnp.int32)
+            idx2 = move(row2, c2, lax.dynamic_slice(uni, (i, jnp.ones_like(i)), (1, 1))[0, 0])
+            t2 = one(params.target, idx2)
+            ok2 = has2 & (k2 < INELIGIBLE)
+            ct2 = jnp.where(ok2 & (t2 < C), t2, c2)
+            packed = packed.at[n2].set(ct2.astype(pd))
+            rec_row += [c2, jnp.where(ok2 & (t2 == C), C, ct2), s2]
+        rec = lax.dynamic_update_slice(rec, jnp.stack(rec_row).astype(jnp.int32)[None], (i, jnp.zeros_like(i)))
+        return packed, ring, rec, arrived
+
+    n_rec = 5 if origins else 2
+    carry = (state.packed, state.ring if fcfs else jnp.zeros(1), jnp.zeros((B, n_rec), jnp.int32),
+             jnp.zeros((B, max(down, 1)), jnp.float64))
+    packed, ring, rec, arrived = lax.fori_loop(0, B if masked else nv, event, carry)
+    ctr = state.ctr + nv.astype(jnp.uint64)
+    t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
+    state = state._replace(ctr=ctr, t=t, packed=packed, ring=ring if fcfs else None,
+                           draw=_draw(cfg, prep, state.seed, ctr, t))
+    return _finish(cfg, params, state, tau, kind, nv, rec, arrived, hist_base)
+
+
+def _finish(cfg: Config, params: Params, state: State, tau, kind, nv, rec, arrived, hist_base) -> State:
+    """Statistics of the first `nv` events of a block from their records."""
+    s = cfg.structure
+    B, C = cfg.block, s.n_cells
+    done = jnp.arange(B, dtype=jnp.int32) < nv
+    w_t = jnp.where(done, tau - state.a, 0.0)
+    acc = state.acc
+    real = jnp.zeros(B, bool)
+    ovf = jnp.zeros((), jnp.int64)
+    accepted = jnp.zeros((), jnp.int64)
+    moves = [(rec[:, 0], rec[:, 1], kind)]
+    if s.origins:
+        moves.append((rec[:, 2], rec[:, 3], jnp.where(rec[:, 4] >= 0, rec[:, 4], s.n_streams)))
+    dj1 = None
+    for cf, ct_rec, row in moves:
+        refused = done & (ct_rec == C)
+        ct = jnp.where(refused, cf, ct_rec)
+        changed = done & (cf != ct)
+        w = jnp.where(changed, w_t, 0.0)
+        acc = acc.at[cf].add(w).at[ct].add(-w)
+        real = real | changed | refused
+        ovf = ovf + jnp.sum(refused, dtype=jnp.int64)
+        dj = params.jobs[ct] - params.jobs[cf]
+        accepted = accepted + jnp.sum(jnp.where(done & params.arrivals[row], dj, 0), dtype=jnp.int64)
+        dj1 = dj if dj1 is None else dj1
+    soj_sum, n_jobs, hist = state.soj_sum, state.n_jobs, state.hist
+    if s.fcfs and s.down:
+        leaving = jnp.maximum(-dj1, 0)
+        dep = done[:, None] & (jnp.arange(s.down, dtype=jnp.int32) < leaving[:, None])  # (B, down)
+        soj = jnp.where(dep, tau[:, None] - arrived[:, : s.down], 1.0)
+        bins = core._hist_bin(cfg, params, soj) + hist_base
+        hist = hist.reshape(-1).at[bins.reshape(-1)].add(dep.reshape(-1).astype(jnp.int64)).reshape(hist.shape)
+        soj_sum = soj_sum + jnp.sum(jnp.where(dep, soj, 0.0))
+        n_jobs = n_jobs + jnp.sum(dep, dtype=jnp.int64)
+    return state._replace(
+        acc=acc, soj_sum=soj_sum, n_jobs=n_jobs, hist=hist,
+        events=state.events + nv.astype(jnp.int64),
+        real=state.real + jnp.sum(real, dtype=jnp.int64),
+        accepted=state.accepted + accepted,
+        overflow=state.overflow + ovf,
+        blocks=state.blocks + 1,
+    )
+
+
+def _chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_base=0, hist_base=0) -> State:
+    """Advance one replication to `t_end`, one event at a time."""
+    return lax.while_loop(
+        lambda st: st.draw.tau[0] <= t_end,
+        lambda st: _block(cfg, params, prep, t_end, st, ring_base, hist_base),
+        state,
+    )
+
+
+def _sequential_batch(cfg: Config, params: Params, prep: _Prep, t_end, states: State) -> State:
+    """Each replication of the batch in turn; the ring buffers and histograms stay in place, flattened over the
+    batch (as `core._sequential_batch`: slicing them out and back cost more than a short chunk's events)."""
+    n_rep = states.packed.shape[0]
+    big = ("ring", "hist") if cfg.structure.fcfs else ("hist",)
+    small = states._replace(**{f: None for f in big})
+
+    def one(r, carry):
+        small, flat = carry
+        state = jax.tree_util.tree_map(lambda x: x[r], small)._replace(**flat)
+        state = _chunk(cfg, params, prep, t_end, state, r * cfg.ring_size, r * (cfg.n_bins + 2))
+        small = jax.tree_util.tree_map(lambda xs, x: xs.at[r].set(x), small, state._replace(**{f: None for f in big}))
+        return small, {f: getattr(state, f) for f in big}
+
+    flat = {f: getattr(states, f).reshape(-1) for f in big}
+    small, flat = lax.fori_loop(0, n_rep, one, (small, flat))
+    return small._replace(**{f: flat[f].reshape(getattr(states, f).shape) for f in big})
+
+
+def _harvest(cfg: Config, t_end, state: State) -> tuple[State, core.Stats]:
+    """Close the chunk at `t_end` (one replication): time integrals, then reset the per-chunk accumulators."""
+    cells = state.packed % cfg.n_cells if cfg.structure.fcfs else state.packed
+    counts = jnp.zeros(cfg.n_cells, jnp.float64).at[cells.astype(jnp.int32)].add(1.0)
+    area = counts * (t_end - state.a) + state.acc
+    zero = jnp.zeros((), jnp.int64)
+    stats = core.Stats(area=area, soj_sum=state.soj_sum, n_jobs=state.n_jobs, hist=state.hist, events=state.events,
+                       overflow=state.overflow, bad_service=zero, blocks=state.blocks, real_events=state.real,
+                       accepted=state.accepted)
+    state = state._replace(
+        a=jnp.asarray(t_end, jnp.float64), acc=jnp.zeros_like(state.acc), soj_sum=jnp.zeros_like(state.soj_sum),
+        n_jobs=zero, hist=jnp.zeros_like(state.hist), events=zero, real=zero, accepted=zero, blocks=zero,
+    )
+    return state, stats
+
+
+@core._broadcasting
+def run_chunk(cfg: Config, params: Params, states: State, t_end) -> tuple[State, core.Stats]:
+    """Advance a batch of replications (leading axis) to `t_end`; statistics per replication, the sojourn-time
+    histogram pooled over the batch (as `core.run_chunk`). The first event after `t_end` stays pending."""
+    prep = _prepare(cfg, params)
+    if cfg.sequential:
+        states = _sequential_batch(cfg, params, prep, t_end, states)
+    else:
+        states = lax.while_loop(
+            lambda st: jnp.any(st.draw.tau[:, 0] <= t_end),
+            jax.vmap(lambda st: _block(cfg, params, prep, t_end, st, masked=True)),
+            states,
+        )
+    states, stats = jax.vmap(lambda st: _harvest(cfg, t_end, st))(states)
+    return states, stats._replace(hist=jnp.sum(stats.hist, axis=0, keepdims=True))
