@@ -13,13 +13,17 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 import optimistix as optx
+from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, PyTree
 
 from . import _maps
 from ._errors import all_finite, error_if, is_concrete
-from ._linalg import BlockTridiagonal, NeverFails
+from ._integrate import steady_state
+from ._linalg import NeverFails
 from ._models.base import AbstractSupermarketModel
-from ._solution import RESULTS, FixedPoint
+from ._models.structure import linear_solver as structure_solver
+from ._models.structure import linear_system_bytes, probe_violation, violation_message
+from ._solution import RESULTS, FixedPoint, check_values
 
 
 def _residual_fn(y, model):
@@ -37,24 +41,10 @@ def _max_abs(tree) -> Array:
     return jnp.max(jnp.stack([jnp.max(jnp.abs(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
-def check_values(model: AbstractSupermarketModel, token, throw: bool):
-    """Run the model's value checks. Returns `(token, result)`; with `throw`, raises the first failing check's
-    own message (under jit too, via `eqx.error_if`)."""
-    result = RESULTS.successful
-    for bad, msg in reversed(model.value_errors()):
-        code = RESULTS.unstable if msg.startswith("unstable") else RESULTS.invalid_parameters
-        result = RESULTS.where(bad, code, result)
-    if throw:
-        for bad, msg in model.value_errors():
-            token = eqx.error_if(token, bad, msg)
-    return token, result
-
-
 def linear_solver(model: AbstractSupermarketModel) -> lx.AbstractLinearSolver:
-    """Newton's (and the implicit adjoint's) linear solver: block-tridiagonal elimination where the model's
-    Jacobian has that structure, dense LU otherwise."""
-    m = model.jacobian_block_size
-    return lx.LU() if m is None else BlockTridiagonal(m)
+    """Newton's (and the implicit adjoint's) linear solver, chosen from the structure of the model's Jacobian
+    (`jsmkt._models.structure`): block tridiagonal, block banded, bordered (Schur complement) or dense LU."""
+    return structure_solver(model)
 
 
 @jax.custom_jvp
@@ -76,6 +66,13 @@ def _nan_derivatives_jvp(primals, tangents):
 @eqx.filter_jit
 def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
     y0, result = check_values(model, y0, throw)
+    structure = model.structure()
+    if model.declared_structure() is not None:
+        flat, unravel = ravel_pytree(y0)
+        wrong = probe_violation(structure, lambda z: ravel_pytree(_residual_fn(unravel(z), model))[0], flat)
+        result = RESULTS.where(wrong & (result == RESULTS.successful), RESULTS.wrong_structure, result)
+        if throw:
+            y0 = eqx.error_if(y0, wrong, violation_message(model, structure))
     if adjoint is None:
         # With throw=False a failed entry must not raise inside jvp/grad (Lineax's default), which would sink a
         # whole vmap batch: its adjoint solve never fails, and its derivatives are made NaN below.
@@ -133,16 +130,13 @@ def _state_size(model: AbstractSupermarketModel) -> int:
 
 
 def check_size(model: AbstractSupermarketModel, x0=None) -> None:
-    """Refuse, before tracing anything large, a model whose Newton linear system would not fit in memory: with
-    `n` unknowns, about `5 n m` floats for blocks of size `m` (probes and the three block diagonals), `2 n^2`
-    for a dense Jacobian."""
-    n = _state_size(model) if x0 is None else sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(x0))
-    m = model.jacobian_block_size
-    need = 8 * (5 * n * m if m is not None else 2 * n * n)
+    """Refuse, before tracing anything large, a model whose Newton linear system would not fit in memory (its
+    probes and factors, by the Jacobian's structure; `2 n^2` floats for a dense one)."""
+    need = linear_system_bytes(model)
     if need > _MAX_LINEAR_SYSTEM_BYTES:
-        order = f", {m} phases per level" if m is not None and m > 1 else ""
+        n = _state_size(model)
         raise ValueError(
-            f"{n} unknowns (K={model.K}{order}): Newton's linear system needs about {need / 2**30:.3g} GiB (limit "
+            f"{n} unknowns (K={model.K}): Newton's linear system needs about {need / 2**30:.3g} GiB (limit "
             f"{_MAX_LINEAR_SYSTEM_BYTES / 2**30:.3g} GiB); lower K or use a service distribution with fewer phases"
         )
 
@@ -233,12 +227,11 @@ def solve_fixed_point(
     while True:
         fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint)
         newton_failed = fp.result not in (RESULTS.successful, RESULTS.unstable, RESULTS.invalid_parameters,
+                                          RESULTS.wrong_structure,
                                           RESULTS.truncation_too_small)
         if newton_failed and x0 is None:
             # Newton did not converge from the model's initial guess (it diverged, stalled, met a singular or
             # non-finite linear system): start it from the ODE's steady state instead.
-            from ._integrate import steady_state
-
             y_ode, _ = steady_state(model, rtol=1e-8, atol=1e-10, throw=False)
             fp = _solve(model, y_ode, rtol, atol, max_steps, tail_tol, False, adjoint)
         if not (auto_K and fp.result == RESULTS.truncation_too_small and model.K < max_K):
@@ -254,6 +247,8 @@ def _raise_for(fp: FixedPoint, tail_tol: float, max_steps: int, auto_K: bool = F
         raise TruncationError(fp.model.K, float(fp.tail_mass), tail_tol, auto_K, max_K)
     if fp.result in (RESULTS.unstable, RESULTS.invalid_parameters):
         raise ValueError(_message(fp.result))
+    if fp.result == RESULTS.wrong_structure:
+        raise ValueError(violation_message(fp.model, fp.model.structure()))
     raise RuntimeError(
         f"the fixed-point solve did not converge ({_message(fp.result)}); residual {float(fp.residual):.3g} after "
         f"{int(fp.stats['num_steps'])} Newton steps (max_steps={max_steps}). Try a larger max_steps, a starting "

@@ -11,9 +11,8 @@ from jaxtyping import Array, ArrayLike, PyTree
 
 from . import _maps
 from ._errors import all_finite, check_count, error_if, is_concrete
-from ._fixed_point import check_values
 from ._models.base import AbstractSupermarketModel
-from ._solution import RESULTS, FixedPoint, Trajectory
+from ._solution import RESULTS, FixedPoint, Trajectory, check_values
 
 
 @eqx.filter_jit

@@ -1,13 +1,20 @@
 r"""Metrics: pure functions of `(model, state)` that compose with `jax.grad` and `jax.vmap`.
 
-`state` is a reduced state (tails $S_1..S_K$) or a `FixedPoint`/`Trajectory` snapshot's value; a `FixedPoint`
-may be passed directly. Metrics never solve anything.
+`state` is a reduced state or a `FixedPoint`/`Trajectory` snapshot's value; a `FixedPoint` may be passed
+directly. Metrics never solve anything.
+
+For a family stated by its physics (`AbstractDescribedModel`) every metric is defined from the description: the
+occupancy $x$ of the cells, the number of jobs and of jobs in service of each cell, and the job flows of the
+arrival streams (`jsmkt._models.description.job_flows`): the throughput is the rate of jobs that join a server,
+$E[T]$ and $E[W]$ follow by Little's law, $P(\text{wait})$ is the fraction of arriving jobs that do not start
+service at once. The papers' ODEs as published (`jsmkt.published`) keep their JSQ formulas.
 """
 
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._models.base import AbstractSupermarketModel
+from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
+from ._models.description import job_flows
 from ._solution import FixedPoint, Trajectory
 
 
@@ -22,8 +29,14 @@ def _state(model: AbstractSupermarketModel, state):
     return y
 
 
+def _cells(model: AbstractDescribedModel, y):
+    desc = model.description()
+    x = model.occupancy(y)
+    return desc, x, jnp.asarray(desc.cells.jobs, x.dtype), jnp.asarray(desc.cells.in_service, x.dtype)
+
+
 def tails(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
-    r"""$s_k$, the fraction of servers with at least $k$ jobs, $k = 0..K$ ($s_0 = 1$)."""
+    r"""$s_k$, the fraction of servers at level $\ge k$ (with at least $k$ jobs), $k = 0..K$ ($s_0 = 1$)."""
     return model.tails(_state(model, state))
 
 
@@ -42,14 +55,24 @@ def tail_mass_at_K(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
 
 
 def mean_queue_length(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    r"""Mean number of jobs per server (waiting and in service), $\sum_{k\ge1} s_k$."""
-    return jnp.sum(model.tails(_state(model, state))[1:])
+    r"""Mean number of jobs per server (waiting and in service): $\sum_c x_c\,\text{jobs}_c$, which for queues is
+    $\sum_{k\ge1} s_k$."""
+    y = _state(model, state)
+    if isinstance(model, AbstractDescribedModel):
+        _, x, jobs, _ = _cells(model, y)
+        return jnp.sum(x * jobs)
+    return jnp.sum(model.tails(y)[1:])
 
 
 def throughput(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    r"""Rate of accepted jobs per server, $\lambda\,(1 - g(s_K))$ (arrivals that find all sampled servers at the
-    truncation level are lost; this is $\lambda$ up to the truncation error)."""
-    s = model.tails(_state(model, state))
+    r"""Rate of accepted jobs per server: the jobs that join a server per unit time (jobs beyond the truncation
+    level are lost, so this is the job arrival rate up to the truncation error); for JSQ(d),
+    $\lambda\,(1 - g(s_K))$."""
+    y = _state(model, state)
+    if isinstance(model, AbstractDescribedModel):
+        desc, x, _, _ = _cells(model, y)
+        return job_flows(desc, x).accepted
+    s = model.tails(y)
     return model.arrival_rate * (1.0 - model.choice.pgf(s[-1]))
 
 
@@ -59,24 +82,42 @@ def mean_sojourn_time(model: AbstractSupermarketModel, state) -> Float[Array, ""
 
 
 def mean_waiting_time(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    r"""Mean time in queue before service, by Little's law for the waiting jobs: $E[W] = \sum_{k\ge2} s_k /
-    \text{throughput}$ (each server with $k \ge 1$ jobs has $k - 1$ waiting). At the fixed point this is
-    $E[T] - E[S]$, without the cancellation of that difference at light load."""
-    return jnp.sum(model.tails(_state(model, state))[2:]) / throughput(model, state)
+    r"""Mean time before service, by Little's law for the jobs not in service:
+    $E[W] = \sum_c x_c(\text{jobs}_c - \text{in service}_c)/\text{throughput}$ (for queues $\sum_{k\ge2} s_k$
+    over the throughput). At the fixed point this is $E[T] - E[S]$, without the cancellation of that difference
+    at light load."""
+    y = _state(model, state)
+    if isinstance(model, AbstractDescribedModel):
+        _, x, jobs, busy = _cells(model, y)
+        return jnp.sum(x * (jobs - busy)) / throughput(model, y)
+    return jnp.sum(model.tails(y)[2:]) / throughput(model, y)
 
 
-def prob_wait(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    r"""Probability that an arrival has to wait (all sampled servers busy), $g(s_1) = E[s_1^D]$."""
-    s = model.tails(_state(model, state))
-    return model.choice.pgf(s[1])
+def prob_wait(model: AbstractSupermarketModel, state, stream: str | None = None) -> Float[Array, ""]:
+    r"""Probability that an arriving job has to wait: the fraction of the jobs of the arrival streams (or of the
+    one named `stream`) that do not start service at once. For JSQ(d) this is $g(s_1) = E[s_1^D]$, all sampled
+    servers busy; for batches, every job but the first of a batch that finds its server empty waits."""
+    y = _state(model, state)
+    if isinstance(model, AbstractDescribedModel):
+        desc, x, _, _ = _cells(model, y)
+        f = job_flows(desc, x, stream)
+        return f.waiting / f.offered
+    if stream is not None:
+        raise ValueError(f"stream={stream!r}: {type(model).__name__} has one arrival stream")
+    return model.choice.pgf(model.tails(y)[1])
 
 
 def utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    r"""Fraction of busy servers, $s_1$ (equal to $\lambda E[S]$ at the fixed point)."""
-    return model.tails(_state(model, state))[1]
+    r"""Fraction of busy servers, $\sum_c x_c\,\text{in service}_c$ ($s_1$ for queues; $\lambda E[S]$ at the fixed
+    point)."""
+    y = _state(model, state)
+    if isinstance(model, AbstractDescribedModel):
+        _, x, _, busy = _cells(model, y)
+        return jnp.sum(x * busy)
+    return model.tails(y)[1]
 
 
 def queue_length_distribution(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
-    r"""Fraction of servers with exactly $k$ jobs, $s_k - s_{k+1}$, $k = 0..K$."""
+    r"""Fraction of servers at level exactly $k$, $s_k - s_{k+1}$, $k = 0..K$."""
     s = model.tails(_state(model, state))
     return s - jnp.concatenate([s[1:], jnp.zeros(1)])

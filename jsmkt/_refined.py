@@ -35,6 +35,7 @@ from . import _maps
 from ._choice import _UNROLL_MAX_D, AbstractChoice, _divided_differences, _weighted_divided_differences, _weighted_pgf
 from ._errors import error_if, is_concrete
 from ._models.base import AbstractSupermarketModel
+from ._models.description import jump_second_moment
 from ._solution import RESULTS, FixedPoint
 
 
@@ -90,17 +91,14 @@ def lyapunov(A: Float[Array, "n n"], Q: Float[Array, "n n"]) -> Float[Array, "n 
 
 
 def _jump_covariance(model: AbstractSupermarketModel, y: PyTree[Array]) -> Float[Array, "n n"]:
-    """$Q = \\sum_c \\sum_s x_s r_c(s)\\, \\ell\\ell^\\top$ in flattened reduced coordinates."""
+    """$Q = \\sum_{\\text{jumps}} \\text{flow}\\;\\ell\\ell^\\top$ in flattened reduced coordinates: $Q = R G R^\\top$
+    with $R$ the (linear) reduction and $G$ the jumps' second moment in the occupancy space
+    (`description.jump_second_moment`: $n_{\\text{states}}^2$ floats, never the matrix of jump vectors, and
+    transitions that move two servers at once with their cross term)."""
     x = model.occupancy(y)
     reduce_flat = lambda x: ravel_pytree(model.reduce(x))[0]  # noqa: E731
     Rm = jax.jacfwd(reduce_flat)(x)  # (n_reduced, n_states); reduce is linear
-    # Q = Rm G Rm^T with G = sum_j w_j (e_t - e_s)(e_t - e_s)^T over the jumps s -> t, accumulated in the state space
-    # (n_states^2 floats), never as the (n, jumps) matrix of jump vectors: a PH of order m has about m n jumps.
-    G = jnp.zeros((x.shape[0], x.shape[0]), x.dtype)
-    for tc in model.transitions(x):
-        w = tc.rate * x[tc.source]
-        s, t = jnp.asarray(tc.source), jnp.asarray(tc.target)
-        G = G.at[t, t].add(w).at[s, s].add(w).at[t, s].add(-w).at[s, t].add(-w)
+    G = jump_second_moment(model.transitions(x), x)
     return Rm @ G @ Rm.T
 
 

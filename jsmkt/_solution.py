@@ -3,6 +3,7 @@
 from typing import Any
 
 import equinox as eqx
+import jax.numpy as jnp
 import optimistix as optx
 from jaxtyping import Array, Float, PyTree
 
@@ -22,6 +23,10 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "(e.g. model.with_K(2 * model.K)) or call solve_fixed_point(..., auto_K=True)."
     )
     nonfinite_solution = "the solver produced non-finite values; check the parameters or raise K"
+    wrong_structure = (
+        "the model's Jacobian has entries outside its declared structure (declared_structure()); fix the "
+        "declaration, or return None from it to use the structure detected from jax.jacfwd"
+    )
     integration_failed = (
         "the ODE integration did not reach t1 (step size or max_steps); raise `max_steps`, or integrate to a "
         "smaller `t1`"
@@ -70,3 +75,16 @@ class Trajectory(eqx.Module):
     result: RESULTS
     model: AbstractSupermarketModel
     stats: dict[str, Any]
+
+
+def check_values(model: AbstractSupermarketModel, token, throw: bool):
+    """Run the model's value checks. Returns `(token, result)`; with `throw`, raises the first failing check's
+    own message (under jit too, via `eqx.error_if`)."""
+    result = RESULTS.successful
+    for bad, msg in reversed(model.value_errors()):
+        code = RESULTS.unstable if msg.startswith("unstable") else RESULTS.invalid_parameters
+        result = RESULTS.where(jnp.asarray(bad), code, result)
+    if throw:
+        for bad, msg in model.value_errors():
+            token = eqx.error_if(token, bad, msg)
+    return token, result

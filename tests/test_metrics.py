@@ -30,7 +30,7 @@ def test_definitions_on_occupancy(solved):
     P = np.asarray(jsmkt.phase_tails(model, fp))
     for k in (1, 2, 5):
         for i in range(model.m):
-            want = sum(x[j] for j, lab in enumerate(labels) if lab[0] >= k and len(lab) == 2 and lab[1] == i)
+            want = sum(x[j] for j, lab in enumerate(labels) if lab[0] >= k and lab[1] == i + 1)  # status i+1: phase i
             assert abs(P[k - 1, i] - want) < 1e-14
     # P(wait) = P(every sampled server busy) = sum_j P(D = j) s_1^j
     w = np.asarray(model.choice.weights())

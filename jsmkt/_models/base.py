@@ -1,49 +1,39 @@
 r"""The model contract shared by every supermarket model.
 
-A supermarket model is a population of $N$ exchangeable servers, each in a *local state*, moved by a few
-*transition classes* whose per-server rates depend on the empirical distribution $x$ of local states (the
+A supermarket model is a population of $N$ exchangeable servers, each in a *local state*, moved by per-server
+events and sampled dispatches whose rates depend on the empirical distribution $x$ of local states (the
 occupancy vector, summing to 1). As $N \to \infty$, $x$ follows the mean-field ODE
 $\dot x = \sum_c \sum_{s} r_c(s; x)\, x_s\, (e_{\mathrm{to}_c(s)} - e_s)$.
 
-Each model provides
+Two levels of contract:
 
-- `state_space()`: labels of the local states (truncated at `K` jobs);
-- `transitions(x)`: the transition classes, each a source index array, a target index array and the per-server
-  rate out of each source state at occupancy `x`;
-- `drift(x)`: the mean-field vector field, derived here from `transitions`;
-- a *reduced state* `y` (for the queueing models: the tails $S_k$, fraction of servers with at least $k$ jobs, per
-  phase where relevant, $k = 1..K$), in which conservation of mass is already eliminated so that the fixed-point
-  Jacobian is nonsingular; `occupancy(y)` and `reduce(x)` convert, and `vector_field(t, y, args)` is the drift in
-  reduced coordinates (hand-written for speed, tested equal to `reduce(drift(occupancy(y)))`);
-- `initial_state()` (the empty system) and `initial_guess()` (a cheap approximation of the fixed point);
-- `rate_scale()`: a typical transition rate, the unit in which the fixed-point residual is measured;
-- `check_state(y)` (inherited): refuses a reduced state of the wrong structure or shape, e.g. a user's `x0`, and,
-  when concrete, one that is not a state (non-finite or negative entries, tails outside [0, 1] or growing with k);
-- `value_errors()`: value checks (stability, valid parameters) run under `jit` at the public entry points.
+- `AbstractSupermarketModel`, what the solvers need: a *reduced state* `y` (tails, in which conservation of mass
+  is eliminated so that the fixed-point Jacobian is nonsingular), `vector_field(t, y, args)`, `initial_state()`
+  (the empty system), `initial_guess()`, `tails(y)`, `arrival_rate`, `load()`, `rate_scale()` (the unit in which
+  the fixed-point residual is measured), `value_errors()` (checks run under `jit` at the entry points),
+  `unknown_levels()` and the Jacobian's `structure()` (detected from `jax.jacfwd`, `jsmkt._models.structure`).
+  The papers' ODEs as published (`jsmkt.published`) are models of this kind only.
+- `AbstractDescribedModel`, a family stated by its physics: `description()` (`jsmkt._models.description`: cells,
+  local events, dispatches) and `load()`. From it are derived `state_space`, `transitions` (the tail rule,
+  transitions that move two servers included), `drift`, the reduced coordinates (`occupancy`, `reduce`,
+  `vector_field`, `initial_state`, `tails`), the metrics' flows and the simulator's tables. A family may
+  override `occupancy`, `reduce`, `vector_field` and `initial_guess` by faster hand-written forms; they are
+  tested equal to the derived ones, and its reduced state must flatten to the derived one.
 """
 
 import abc
 import copy
-from typing import Any, NamedTuple
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, Float, PyTree
 
 from .._distributions.ph import reachable_phases
 from .._errors import check_count, concrete_array, is_concrete
-
-
-class TransitionClass(NamedTuple):
-    """One class of transitions: servers in local state `source[i]` move to `target[i]` at per-server rate
-    `rate[i]` (so the flow is `rate[i] * x[source[i]]`)."""
-
-    name: str
-    source: Int[np.ndarray, " n"]
-    target: Int[np.ndarray, " n"]
-    rate: Float[Array, " n"]
+from .description import Description, TransitionClass as TransitionClass
 
 
 class AbstractSupermarketModel(eqx.Module):
@@ -62,18 +52,28 @@ class AbstractSupermarketModel(eqx.Module):
 
     def drift(self, x: Float[Array, " n"]) -> Float[Array, " n"]:
         """Mean-field drift of the occupancy vector, derived from `transitions`."""
-        dx = jnp.zeros_like(x)
-        for tc in self.transitions(x):
-            flow = tc.rate * x[tc.source]
-            dx = dx.at[tc.target].add(flow).at[tc.source].add(-flow)
-        return dx
+        from .description import drift
 
-    @property
-    def jacobian_block_size(self) -> int | None:
-        """Block size `m` if the Jacobian of `vector_field` on the flattened reduced state is block tridiagonal
-        (blocks of `m` entries per level, level `k` coupled only to levels `k - 1`, `k`, `k + 1`); the fixed-point
-        solver then eliminates block by block in $O(K m^3)$. `None` (the default): a general Jacobian, dense LU."""
+        return drift(self.transitions(x), x)
+
+    def unknown_levels(self) -> np.ndarray:
+        """The level of each entry of the flattened reduced state (the Jacobian's structure is banded in levels).
+        By default the leading axis of the reduced state is the level `1..K`."""
+        shape = jax.eval_shape(self.initial_state).shape
+        return np.repeat(np.arange(1, shape[0] + 1), int(np.prod(shape[1:], dtype=int)))
+
+    def declared_structure(self) -> tuple[int, tuple[int, ...]] | None:
+        """`(bandwidth, border)` of the Jacobian of `vector_field`, if the family states it; `None` (the default):
+        detected from `jax.jacfwd` (`jsmkt._models.structure`). A declared structure is checked against the
+        detected sparsity, and refused where it does not cover it."""
         return None
+
+    def structure(self):
+        """The Jacobian's `Structure` (bandwidth in levels, border unknowns), from which the fixed-point solver
+        picks its linear solver."""
+        from .structure import structure
+
+        return structure(self)
 
     # --- reduced coordinates ---------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -263,3 +263,56 @@ def mph1_tail_decay(lam: float, alpha: np.ndarray, T: np.ndarray) -> float:
         else:
             hi = mid
     return 1.0 / hi
+
+
+class AbstractDescribedModel(AbstractSupermarketModel):
+    """A model family stated once by its physics, `description()`; everything else is derived (module docstring
+    and `jsmkt._models.description`)."""
+
+    @abc.abstractmethod
+    def description(self) -> "Description":
+        """The family's cells, local events and dispatches at truncation `K`."""
+
+    def state_space(self) -> list[tuple]:
+        """`(level, status)` of each cell, in the order of the occupancy vector."""
+        cells = self.description().cells
+        return [(int(k), int(s)) for k, s in zip(cells.level, cells.status, strict=True)]
+
+    def transitions(self, x):
+        from .description import transitions
+
+        return transitions(self.description(), x)
+
+    def occupancy(self, y):
+        from .description import derived_occupancy
+
+        return derived_occupancy(self.description(), y)
+
+    def reduce(self, x):
+        from .description import derived_reduce
+
+        return derived_reduce(self.description(), x)
+
+    def vector_field(self, t, y, args=None):
+        from .description import derived_vector_field
+
+        del t, args
+        return derived_vector_field(self.description(), y)
+
+    def initial_state(self):
+        return jnp.zeros(self.description().cells.size - 1)
+
+    def tails(self, y):
+        from .description import derived_tails
+
+        return derived_tails(self.description(), y)
+
+    def unknown_levels(self) -> np.ndarray:
+        return self.description().cells.level[1:]
+
+    def simulation_tables(self, top: int):
+        """The simulator's tables (`jsmkt._simulate.tables.SimTables`) of this model truncated at `top` jobs per
+        server (concrete parameters only)."""
+        from .description import simulation_tables
+
+        return simulation_tables(self.with_K(top).description())

@@ -8,7 +8,8 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
 from .._errors import as_float_array, concrete_array
-from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt
+from .base import AbstractDescribedModel, check_K, default_K, fmt
+from .description import Description, Dispatch, LocalEvent, Moves, make_cells
 
 
 def _positive(name: str, x: Array) -> None:
@@ -17,7 +18,7 @@ def _positive(name: str, x: Array) -> None:
         raise ValueError(f"{name}={float(c)!r} must be positive")
 
 
-class JSQd(AbstractSupermarketModel):
+class JSQd(AbstractDescribedModel):
     r"""The supermarket model: $N$ exponential servers, Poisson arrivals of rate $N\lambda$, each arrival samples
     $d$ servers with replacement and joins the shortest queue (ties uniformly).
 
@@ -86,22 +87,20 @@ class JSQd(AbstractSupermarketModel):
     def rate_scale(self) -> Array:
         return jnp.maximum(self.lam, self.mu)
 
-    def state_space(self) -> list[tuple]:
-        return [(k,) for k in range(self.K + 1)]
+    def declared_structure(self):
+        """Tridiagonal: level `k` exchanges servers with levels `k - 1` and `k + 1` only."""
+        return 1, ()
 
-    def transitions(self, x):
-        s = jnp.cumsum(x[::-1])[::-1]  # s_0..s_K
-        k = np.arange(self.K)
-        return [
-            TransitionClass("arrival", k, k + 1, self.lam * self.choice.join_factor(s[:-1], s[1:])),
-            TransitionClass("departure", k + 1, k, jnp.broadcast_to(self.mu, (self.K,))),
-        ]
-
-    @property
-    def jacobian_block_size(self) -> int:
-        """Level `k` exchanges servers with levels `k - 1` and `k + 1` only: block tridiagonal, blocks of the
-        phases."""
-        return 1
+    def description(self) -> Description:
+        """Cells: one per queue length `k = 0..K`. Departures `k -> k - 1` at rate μ; arrivals at rate λ per server
+        sample `d` servers and join the shortest (key: the queue length), `k -> k + 1`."""
+        K = self.K
+        k = np.arange(K + 1)
+        cells = make_cells(k, np.zeros(K + 1, int), ("queue",))
+        departure = LocalEvent("departure", Moves(k[1:], k[1:] - 1, np.zeros(K, int), jnp.broadcast_to(self.mu, (K,))))
+        arrival = Dispatch("arrival", self.choice, key=k,
+                           effect=Moves(k, k + 1, np.zeros(K + 1, int), jnp.ones(K + 1)), rate=self.lam)
+        return Description(cells, (departure,), (arrival,))
 
     def occupancy(self, y):
         s = jnp.concatenate([jnp.ones(1), y, jnp.zeros(1)])

@@ -10,13 +10,14 @@ from .._choice import AbstractChoice, as_choice
 from .._distributions.ph import PH, not_a_ph
 from .._errors import as_float_array, concrete_array
 from .._linalg import mmatrix_solve
-from .base import AbstractSupermarketModel, TransitionClass, check_K, default_K, fmt, mph1_tail_decay
+from .base import AbstractDescribedModel, check_K, default_K, fmt, mph1_tail_decay
+from .description import Description, Dispatch, LocalEvent, Moves, make_cells
 
 
 _GUESS_STEPS = 16  # safeguarded Newton steps per level of the initial guess (bisection alone: 2^-16 of s_{k-1})
 
 
-class JSQdPH(AbstractSupermarketModel):
+class JSQdPH(AbstractDescribedModel):
     r"""Supermarket model with PH service: $N$ FCFS servers, Poisson arrivals of rate $N\lambda$, each arrival
     samples $d$ servers with replacement and joins the shortest queue (ties uniformly); service times are
     $\mathrm{PH}(\alpha, T)$ of order $m$.
@@ -91,51 +92,41 @@ class JSQdPH(AbstractSupermarketModel):
     def rate_scale(self) -> Array:
         return jnp.maximum(self.lam, jnp.max(-jnp.diagonal(self.service.T)))
 
-    def state_space(self) -> list[tuple]:
-        return [(0,)] + [(k, i) for k in range(1, self.K + 1) for i in range(self.m)]
+    def declared_structure(self):
+        """Block tridiagonal (blocks of the phases): level `k` exchanges servers with levels `k - 1` and `k + 1`
+        only."""
+        return 1, ()
 
-    def _index(self, k, i):
-        return 1 + (np.asarray(k) - 1) * self.m + np.asarray(i)
-
-    def transitions(self, x):
+    def description(self) -> Description:
+        """Cells: the empty server (status `idle`) and `(k, phase i)` for `k = 1..K` jobs, `i` the phase of the job
+        in service. Local events: phase moves `i -> j` at rate `T[i, j]`; completions at rate `T0[i]`, the next job
+        starting in phase `j ~ alpha` (or the server emptying). Arrivals at rate λ per server sample `d` servers
+        and join the shortest (key: the queue length); a job joining an empty server starts in phase `j ~ alpha`,
+        one joining a busy server leaves its phase unchanged."""
         K, m = self.K, self.m
-        alpha, T = self.service.alpha, self.service.T
-        T0 = self.service.exit_vector
-        X = x[1:].reshape(K, m)
-        s = jnp.concatenate([jnp.ones(1), jnp.cumsum(X.sum(1)[::-1])[::-1]])  # s_0..s_K
-        h = self.choice.join_factor(s[:-1], s[1:])  # h(s_k, s_{k+1}), k = 0..K-1
-        ks, is_ = np.meshgrid(np.arange(1, K + 1), np.arange(m), indexing="ij")
-        ks, is_ = ks.ravel(), is_.ravel()
-        out = []
-        # Arrival to an empty server: phase drawn from alpha.
-        out.append(TransitionClass("arrival_empty", np.zeros(m, int), self._index(1, np.arange(m)),
-                                   self.lam * h[0] * alpha))
-        # Arrival to a server with k jobs (1 <= k < K): its phase is unchanged.
-        low = ks < K
-        out.append(TransitionClass("arrival", self._index(ks[low], is_[low]), self._index(ks[low] + 1, is_[low]),
-                                   self.lam * h[ks[low]]))
-        # Phase changes i -> j within a level.
+        alpha, T, T0 = self.service.alpha, self.service.T, self.service.exit_vector
+        k, i = (a.ravel() for a in np.meshgrid(np.arange(1, K + 1), np.arange(m), indexing="ij"))
+        cells = make_cells(np.concatenate([[0], k]), np.concatenate([[0], i + 1]),
+                           ("idle",) + tuple(f"phase {j + 1}" for j in range(m)))
+        busy = cells.index(k, i + 1)
+        # Phase moves within a level: rows (k, i) -> (k, j), i != j.
         ii, jj = np.nonzero(~np.eye(m, dtype=bool))
         kk = np.repeat(np.arange(1, K + 1), len(ii))
-        src = self._index(kk, np.tile(ii, K))
-        dst = self._index(kk, np.tile(jj, K))
-        out.append(TransitionClass("phase", src, dst, jnp.tile(T[ii, jj], K)))
-        # Completions: level k -> k-1, next job starts in phase j ~ alpha (server empties at k = 1).
-        out.append(TransitionClass("completion_last", self._index(1, np.arange(m)), np.zeros(m, int), T0))
-        if K >= 2:
-            ii, jj = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
-            ii, jj = ii.ravel(), jj.ravel()
-            kk = np.repeat(np.arange(2, K + 1), m * m)
-            out.append(TransitionClass("completion", self._index(kk, np.tile(ii, K - 1)),
-                                       self._index(kk - 1, np.tile(jj, K - 1)),
-                                       jnp.tile(T0[ii] * alpha[jj], K - 1)))
-        return out
-
-    @property
-    def jacobian_block_size(self) -> int:
-        """Level `k` exchanges servers with levels `k - 1` and `k + 1` only: block tridiagonal, blocks of the
-        phases."""
-        return self.m
+        phase = Moves(cells.index(kk, np.tile(ii, K) + 1), kk, np.tile(jj, K) + 1, jnp.tile(T[ii, jj], K))
+        # Completions: (k, i) -> (k - 1, j) at T0[i] alpha[j]; (1, i) -> empty at T0[i].
+        ci, cj = (a.ravel() for a in np.meshgrid(np.arange(m), np.arange(m), indexing="ij"))
+        kk = np.repeat(np.arange(2, K + 1), m * m)
+        done = Moves(
+            np.concatenate([cells.index(np.ones(m, int), np.arange(m) + 1), cells.index(kk, np.tile(ci, K - 1) + 1)]),
+            np.concatenate([np.zeros(m, int), kk - 1]),
+            np.concatenate([np.zeros(m, int), np.tile(cj, K - 1) + 1]),
+            jnp.concatenate([T0, jnp.tile(T0[ci] * alpha[cj], K - 1)]),
+        )
+        # Arrivals: the empty server starts the job in phase j ~ alpha; a busy one keeps its phase.
+        effect = Moves(np.concatenate([np.zeros(m, int), busy]), np.concatenate([np.ones(m, int), k + 1]),
+                       np.concatenate([np.arange(m) + 1, i + 1]), jnp.concatenate([alpha, jnp.ones(K * m)]))
+        arrival = Dispatch("arrival", self.choice, key=cells.level, effect=effect, rate=self.lam)
+        return Description(cells, (LocalEvent("phase", phase), LocalEvent("completion", done)), (arrival,))
 
     def occupancy(self, y):
         X = y - jnp.concatenate([y[1:], jnp.zeros((1, self.m))])

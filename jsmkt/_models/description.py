@@ -1,0 +1,479 @@
+r"""The physical description of a model family: what each server can be in and what moves it.
+
+A supermarket model is a population of $N$ exchangeable servers. A family states its physics once, as data, in a
+`Description`, and everything else is derived from it: the mean-field transitions and drift, the reduced
+coordinates, the Jacobian's structure, the metrics, the refined mean field and the simulator's tables.
+
+**Recipe for a family** (see `jsmkt/_models/batch.py` for a complete one in a few dozen lines):
+
+1. *Cells* (`make_cells`): the local states of one server, each a `level` (jobs at the server, or its orbit size)
+   and a `status` (the phase of the job in service, idle/busy, working/failed), listed level by level up to the
+   truncation `K`. Each cell also says how many `jobs` a server in it holds and how many of them are
+   `in_service` (0 or 1), for the metrics. Cell 0 is the empty server at time 0.
+2. *Local events* (`LocalEvent`): per-server clocks. Each row moves a server from cell `source` to the cell
+   `(level, status)` at a per-server `rate` that may depend on the cell; rows sharing a source are the random
+   targets of one clock (next phase ~ α, a batch service removing a random number of jobs).
+3. *Dispatches* (`Dispatch`): streams that choose a server by sampling. A stream has a `rate` per server (an
+   arrival class, a repairman) or starts at the servers themselves (`origin`: rows with per-server rates and the
+   origin's own move, e.g. a retrial leaving its orbit). Each event samples $D$ servers by the stream's `choice`
+   law, ranks them by the stream's priority `key` of their cells (lower preferred; `INELIGIBLE` cells are never
+   chosen, and nothing happens to the sampled servers if none is eligible), breaks ties uniformly and moves the
+   chosen server by the stream's random `effect` (rows with probabilities, e.g. random batch sizes).
+4. Targets beyond the truncation (a level above `K`) are allowed: the mean field keeps the server at level `K`
+   (the jobs above are lost, so throughput counts them out, and the solvers check that the mass at `K` is
+   negligible), the simulator refuses them as an overflow.
+
+**The tail rule.** With the eligible keys ranked $\kappa_1 < \kappa_2 < \dots$ and $F_{\ge\kappa}$ the fraction
+of servers whose key is $\ge \kappa$ or ineligible, the best of $D$ servers sampled with replacement has key
+$\kappa$ with probability $g(F_{\ge\kappa}) - g(F_{>\kappa})$ ($g$ the pgf of $D$), and within that key the chosen
+server's cell is in proportion to occupancy. So a server in cell $c$ of key $\kappa$ is chosen at rate
+$R\,h(F_{\ge\kappa}, F_{>\kappa})$ per unit of the stream's rate $R$ per server, with the divided difference
+$h(a, b) = (g(a) - g(b))/(a - b)$ (`AbstractChoice.join_factor`), which never divides by a vanishing difference.
+A stream with an origin moves two servers at once; its transitions carry the chosen server as a `Partner`, so the
+jump covariance of the refined mean field sees both moves. In the mean-field limit the origin is sampled with
+probability $O(1/N)$ and the choice sees the occupancy before the origin's move, which is $O(1/N)$ away.
+
+**Reduced coordinates.** The occupancy vector $x$ (one fraction per cell) sums to 1. The derived reduced state
+is, per cell $c$, the tail $T_c$: the fraction of servers in cells of $c$'s status at level $\ge$ level($c$),
+for every cell but cell 0 (whose tail follows from the others by conservation). For one status this is
+$s_1..s_K$; for PH service it is the phase tails $S_k$. Queueing drifts are local in these tails (a flow at rate
+$r$ from every level $\ge k$ sums to $r$ times a tail), so their Jacobians are banded in the levels.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from .._choice import AbstractChoice
+
+
+INELIGIBLE = 2**30  # the key of a cell a dispatch may not choose
+
+
+class Cells(NamedTuple):
+    """The local states of a server (see `make_cells`), level by level."""
+
+    level: Int[np.ndarray, " C"]
+    status: Int[np.ndarray, " C"]
+    jobs: Int[np.ndarray, " C"]
+    in_service: Int[np.ndarray, " C"]
+    status_names: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return self.level.shape[0]
+
+    @property
+    def K(self) -> int:
+        """The largest level."""
+        return int(self.level.max())
+
+    def index(self, level, status) -> np.ndarray:
+        """Cell indices of the `(level, status)` pairs (`-1` where there is no such cell)."""
+        level, status = np.broadcast_arrays(np.asarray(level), np.asarray(status))
+        grid = _grid(self)
+        inside = (level >= 0) & (level <= self.K) & (status >= 0) & (status < len(self.status_names))
+        out = np.full(level.shape, -1)
+        out[inside] = grid[level[inside], status[inside]]
+        return out
+
+
+def make_cells(level, status, status_names, *, jobs=None, in_service=None) -> Cells:
+    """Cells from their levels and statuses (static NumPy integers), ordered by level then status, the first
+    being the empty server. `jobs` defaults to the level, `in_service` to `1` where `jobs >= 1`."""
+    level, status = np.asarray(level, dtype=np.int64), np.asarray(status, dtype=np.int64)
+    if level.ndim != 1 or level.shape != status.shape or level.size < 2:
+        raise ValueError("cells need 1-d level and status arrays of one length >= 2")
+    order = np.lexsort((status, level))
+    if not np.array_equal(order, np.arange(level.size)):
+        raise ValueError("cells must be listed by level, then by status")
+    if np.any((np.diff(level) == 0) & (np.diff(status) == 0)):
+        raise ValueError("cells must be distinct (level, status) pairs")
+    if level[0] != 0 or np.any(status < 0) or np.any(status >= len(status_names)):
+        raise ValueError("the first cell must be at level 0, and statuses must index status_names")
+    jobs = level.copy() if jobs is None else np.asarray(jobs, dtype=np.int64)
+    in_service = (jobs >= 1).astype(np.int64) if in_service is None else np.asarray(in_service, dtype=np.int64)
+    return Cells(level, status, jobs, in_service, tuple(status_names))
+
+
+def _grid(cells: Cells) -> np.ndarray:
+    """`(K + 1, n_status)` table of cell indices, `-1` where no cell."""
+    grid = np.full((cells.K + 1, len(cells.status_names)), -1)
+    grid[cells.level, cells.status] = np.arange(cells.size)
+    return grid
+
+
+class Moves(NamedTuple):
+    """Rows `i`: a server in cell `source[i]` moves to the cell `(level[i], status[i])` with weight `weight[i]` (a
+    per-server rate, or a probability in a dispatch's effect). A `level` above the truncation is allowed (see the
+    module docstring). `jobs[i]`, when given, is the number of jobs the move brings to the server (default: the
+    change of level, counted before truncation)."""
+
+    source: Int[np.ndarray, " r"]
+    level: Int[np.ndarray, " r"]
+    status: Int[np.ndarray, " r"]
+    weight: Float[Array, " r"]
+
+
+class LocalEvent(NamedTuple):
+    """A per-server clock: `moves.weight` are per-server rates."""
+
+    name: str
+    moves: Moves
+
+
+class Dispatch(NamedTuple):
+    """A stream that samples servers and moves the best one.
+
+    - `choice`: the law of the number $D$ of servers sampled.
+    - `key`: `(C,)` integer priority of each cell, lower preferred; `INELIGIBLE` for cells never chosen.
+    - `effect`: the chosen server's moves, `weight` the probabilities (summing to 1 for each eligible cell).
+    - `rate`: the stream's rate per server; or `None` with `origin`, rows whose `weight` is the per-server rate at
+      which a server in cell `source` starts the stream, itself moving to `(level, status)`.
+    - `arrivals`: the stream brings new jobs into the system (its jobs make the throughput).
+    """
+
+    name: str
+    choice: AbstractChoice
+    key: Int[np.ndarray, " C"]
+    effect: Moves
+    rate: Float[Array, ""] | None = None
+    origin: Moves | None = None
+    arrivals: bool = True
+
+
+class Description(NamedTuple):
+    """A family's physics: cells, local events, dispatches, and (for later families) a global environment."""
+
+    cells: Cells
+    local_events: tuple[LocalEvent, ...]
+    dispatches: tuple[Dispatch, ...]
+    environment: None = None
+    fcfs: bool = True  # servers hold FCFS queues of their `jobs` (per-job sojourn times in simulation)
+
+
+class Partner(NamedTuple):
+    """The second server that each event of a `TransitionClass` moves: from `source[j]` to `target[j]` with
+    probability `prob[j]` (summing to at most 1: the rest of the events move no second server)."""
+
+    source: Int[np.ndarray, " p"]
+    target: Int[np.ndarray, " p"]
+    prob: Float[Array, " p"]
+
+
+class TransitionClass(NamedTuple):
+    """One class of transitions: servers in local state `source[i]` move to `target[i]` at per-server rate
+    `rate[i]` (so the flow is `rate[i] * x[source[i]]`). With a `partner`, each such event also moves a second
+    server, drawn by the partner's probabilities (the flow of the pair `(i, j)` is
+    `rate[i] * x[source[i]] * partner.prob[j]`)."""
+
+    name: str
+    source: Int[np.ndarray, " n"]
+    target: Int[np.ndarray, " n"]
+    rate: Float[Array, " n"]
+    partner: Partner | None = None
+
+
+# --- derived: transitions -------------------------------------------------------------------------------------
+
+
+def clipped_targets(cells: Cells, moves: Moves) -> np.ndarray:
+    """Target cells of `moves`, a level above `K` kept at `K` (the mean field's truncation)."""
+    target = cells.index(np.minimum(moves.level, cells.K), moves.status)
+    if np.any(target < 0):
+        i = int(np.flatnonzero(target < 0)[0])
+        raise ValueError(
+            f"a move from cell {int(moves.source[i])} goes to (level {int(moves.level[i])}, status "
+            f"{int(moves.status[i])}), which is not a cell"
+        )
+    return target
+
+
+def chosen_factor(dispatch: Dispatch, x: Float[Array, " C"]) -> Float[Array, " C"]:
+    r"""Per cell $c$ of key $\kappa$: $h(F_{\ge\kappa}, F_{>\kappa})$, the rate at which one server of the cell is
+    chosen per unit of the stream's rate per server (0 for ineligible cells). $\sum_c x_c h_c = 1 - g(F_{\rm inel})$
+    is the probability that some sampled server is eligible. The tails $F$ are reverse cumulative sums of the
+    occupancy over the keys, so they keep their relative precision deep in the tail."""
+    key = np.asarray(dispatch.key)
+    eligible = key != INELIGIBLE
+    ranks = np.unique(key[eligible])
+    rank = np.where(eligible, np.searchsorted(ranks, key), ranks.size)
+    mass = jax.ops.segment_sum(x, jnp.asarray(rank), num_segments=ranks.size + 1)
+    F_ge = jnp.cumsum(mass[::-1])[::-1]  # F_ge[r]: keys of rank >= r, or ineligible
+    h = dispatch.choice.join_factor(F_ge[:-1], F_ge[1:])
+    return jnp.where(jnp.asarray(eligible), jnp.concatenate([h, jnp.zeros(1, h.dtype)])[rank], 0.0)
+
+
+def stream_rate(dispatch: Dispatch, x: Float[Array, " C"]) -> Float[Array, ""]:
+    """The stream's rate per server: its `rate`, or the rate at which servers start it."""
+    if dispatch.origin is None:
+        return dispatch.rate
+    return jnp.sum(dispatch.origin.weight * x[np.asarray(dispatch.origin.source)])
+
+
+def transitions(desc: Description, x: Float[Array, " C"]) -> list[TransitionClass]:
+    """The mean-field transition classes of `desc` at occupancy `x`, by the tail rule (module docstring)."""
+    cells = desc.cells
+    out = []
+    for ev in desc.local_events:
+        out.append(TransitionClass(ev.name, np.asarray(ev.moves.source), clipped_targets(cells, ev.moves),
+                                   ev.moves.weight))
+    for disp in desc.dispatches:
+        eff = disp.effect
+        src = np.asarray(eff.source)
+        h = chosen_factor(disp, x)
+        if disp.origin is None:
+            out.append(TransitionClass(disp.name, src, clipped_targets(cells, eff), disp.rate * h[src] * eff.weight))
+        else:
+            partner = Partner(src, clipped_targets(cells, eff), h[src] * x[src] * eff.weight)
+            out.append(TransitionClass(disp.name, np.asarray(disp.origin.source), clipped_targets(cells, disp.origin),
+                                       disp.origin.weight, partner))
+    return out
+
+
+def drift(classes: list[TransitionClass], x: Float[Array, " C"]) -> Float[Array, " C"]:
+    """$\\dot x$: every flow moves mass from its source to its target (a partner's too)."""
+    dx = jnp.zeros_like(x)
+    for tc in classes:
+        flow = tc.rate * x[tc.source]
+        dx = dx.at[tc.target].add(flow).at[tc.source].add(-flow)
+        if tc.partner is not None:
+            p = tc.partner
+            pflow = jnp.sum(flow) * p.prob
+            dx = dx.at[p.target].add(pflow).at[p.source].add(-pflow)
+    return dx
+
+
+def jump_second_moment(classes: list[TransitionClass], x: Float[Array, " C"]) -> Float[Array, "C C"]:
+    r"""$G = \sum_{\text{jumps}} \text{flow}\;\ell\ell^\top$ in the occupancy space, $\ell$ the change of $x$ (times
+    $N$) of one event: $e_t - e_s$, plus $e_{t'} - e_{s'}$ for a partner. For a class with a partner the pair
+    flows factor as $a_i b_j$, so $G$ is accumulated from the two sides and their cross term, never per pair."""
+    n = x.shape[0]
+    G = jnp.zeros((n, n), x.dtype)
+
+    def add_side(G, s, t, w):
+        return G.at[t, t].add(w).at[s, s].add(w).at[t, s].add(-w).at[s, t].add(-w)
+
+    for tc in classes:
+        a = tc.rate * x[tc.source]
+        s, t = jnp.asarray(tc.source), jnp.asarray(tc.target)
+        if tc.partner is None:
+            G = add_side(G, s, t, a)
+            continue
+        p = tc.partner
+        b = p.prob
+        ps, pt = jnp.asarray(p.source), jnp.asarray(p.target)
+        A, B = jnp.sum(a), jnp.sum(b)
+        G = add_side(G, s, t, a * B)
+        G = add_side(G, ps, pt, b * A)
+        u = jnp.zeros(n, x.dtype).at[t].add(a).at[s].add(-a)  # sum_i a_i l_i
+        v = jnp.zeros(n, x.dtype).at[pt].add(b).at[ps].add(-b)  # sum_j b_j l'_j
+        G = G + jnp.outer(u, v) + jnp.outer(v, u)
+    return G
+
+
+# --- derived: reduced coordinates -----------------------------------------------------------------------------
+
+
+class TailMap(NamedTuple):
+    """Static index tables of the derived reduced coordinates of a `Cells`."""
+
+    level: np.ndarray  # (C,) levels
+    status: np.ndarray  # (C,) statuses
+    n_status: int
+    K: int
+    lowest: np.ndarray  # (n_status,) the lowest cell of each status (-1 if none)
+    next_cell: np.ndarray  # (C,) the next cell of the same status one level up or more (-1 if none)
+    at_or_above: np.ndarray  # (K + 1, n_status) lowest cell of each status at level >= k (-1 if none)
+
+
+def tail_map(cells: Cells) -> TailMap:
+    grid = _grid(cells)
+    K, S = grid.shape[0] - 1, grid.shape[1]
+    at_or_above = np.full((K + 2, S), -1)
+    for k in range(K, -1, -1):
+        at_or_above[k] = np.where(grid[k] >= 0, grid[k], at_or_above[k + 1])
+    next_cell = at_or_above[cells.level + 1, cells.status]
+    lowest = at_or_above[0]
+    if lowest[cells.status[0]] != 0:
+        raise ValueError("cell 0 must be the lowest cell of its status")
+    return TailMap(cells.level, cells.status, S, K, lowest, next_cell, at_or_above[: K + 1])
+
+
+def reduce_occupancy(tm: TailMap, x: Float[Array, " C"]) -> Float[Array, " C-1"]:
+    """Tails $T_c$ of every cell but cell 0: reverse cumulative sums over the levels, per status."""
+    grid = jnp.zeros((tm.K + 1, tm.n_status), x.dtype).at[tm.level, tm.status].set(x)
+    T = jnp.cumsum(grid[::-1], axis=0)[::-1]
+    return T[tm.level[1:], tm.status[1:]]
+
+
+def occupancy_of_tails(tm: TailMap, y: Float[Array, " C-1"]) -> Float[Array, " C"]:
+    """The occupancy vector of the reduced state `y` (the inverse of `reduce_occupancy`)."""
+    others = [int(c) for s, c in enumerate(tm.lowest) if c > 0 and s != tm.status[0]]
+    T0 = 1.0 - (jnp.sum(y[np.asarray(others) - 1]) if others else 0.0)
+    T = jnp.concatenate([jnp.reshape(T0, (1,)).astype(y.dtype), y])
+    T_next = jnp.where(jnp.asarray(tm.next_cell >= 0), T[np.maximum(tm.next_cell, 0)], 0.0)
+    return T - T_next
+
+
+def level_tails(tm: TailMap, y: Float[Array, " C-1"]) -> Float[Array, " K+1"]:
+    """$s_k$, the fraction of servers at level $\\ge k$, $k = 0..K$, summed from the tails (no differences)."""
+    T = jnp.concatenate([jnp.zeros(1, y.dtype), y])
+    idx = tm.at_or_above
+    s = jnp.sum(jnp.where(jnp.asarray(idx > 0), T[np.maximum(idx, 0)], 0.0), axis=1)
+    return s.at[0].set(1.0)
+
+
+# --- derived: the simulator's tables --------------------------------------------------------------------------
+
+
+def _concrete(name: str, x) -> np.ndarray:
+    if isinstance(x, jax.core.Tracer):
+        raise ValueError(f"{name} is traced: simulation needs concrete parameters (call it outside jit/grad/vmap)")
+    return np.asarray(x, dtype=float)
+
+
+def _targets_or_overflow(cells: Cells, moves: Moves) -> np.ndarray:
+    from .._simulate.tables import OVERFLOW
+
+    over = np.asarray(moves.level) > cells.K
+    target = cells.index(np.minimum(moves.level, cells.K), moves.status)
+    return np.where(over, OVERFLOW, target)
+
+
+def _per_cell(C: int, source: np.ndarray, columns: list[np.ndarray], pads: list) -> list[np.ndarray]:
+    """Rows grouped by source cell: each column as a `(C, width)` table padded with `pads`."""
+    order = np.argsort(source, kind="stable")
+    source = source[order]
+    counts = np.bincount(source, minlength=C)
+    width = max(int(counts.max()) if counts.size else 0, 1)
+    slot = np.arange(source.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    out = []
+    for col, pad in zip(columns, pads, strict=True):
+        table = np.full((C, width), pad, dtype=np.asarray(col).dtype if np.ndim(pad) == 0 else float)
+        table[source, slot] = np.asarray(col)[order]
+        out.append(table)
+    return out
+
+
+def simulation_tables(desc: Description):
+    """The generic simulator's `SimTables` of a description (concrete parameters): per cell its local events and
+    the streams it starts, uniformised at the largest total rate of a cell; per stream its rate, choice law, keys
+    and effects. Moves above the truncation are overflows."""
+    from .._simulate.tables import INELIGIBLE as SIM_INELIGIBLE
+    from .._simulate.tables import SimTables
+
+    cells = desc.cells
+    C = cells.size
+    src, tgt, rate, stream = [], [], [], []
+    for ev in desc.local_events:
+        src.append(np.asarray(ev.moves.source))
+        tgt.append(_targets_or_overflow(cells, ev.moves))
+        rate.append(_concrete(f"the rates of {ev.name}", ev.moves.weight))
+        stream.append(np.full(len(ev.moves.source), -1))
+    for s, disp in enumerate(desc.dispatches):
+        if disp.origin is not None:
+            src.append(np.asarray(disp.origin.source))
+            tgt.append(_targets_or_overflow(cells, disp.origin))
+            rate.append(_concrete(f"the origin rates of {disp.name}", disp.origin.weight))
+            stream.append(np.full(len(disp.origin.source), s))
+    src = np.concatenate(src) if src else np.zeros(0, int)
+    rate = np.concatenate(rate) if rate else np.zeros(0)
+    total = np.bincount(src, weights=rate, minlength=C)
+    u = float(total.max()) if total.size else 0.0
+    prob = rate / u if u > 0 else rate * 0.0
+    act_prob, act_target, act_stream = _per_cell(
+        C, src, [prob, np.concatenate(tgt) if tgt else np.zeros(0, int), np.concatenate(stream) if stream else
+                 np.zeros(0, int)], [0.0, 0, -1])
+    # A padded action keeps the server where it is.
+    act_target = np.where(act_prob > 0, act_target, np.arange(C)[:, None])
+    S = len(desc.dispatches)
+    max_d = max(d.choice.max_d for d in desc.dispatches) if S else 1
+    choice = np.zeros((S, max_d))
+    keys = np.full((S, C), SIM_INELIGIBLE, dtype=np.int64)
+    effects = []
+    for s, disp in enumerate(desc.dispatches):
+        w = _concrete(f"the choice law of {disp.name}", disp.choice.weights())
+        choice[s, : w.size] = w
+        key = np.asarray(disp.key)
+        keys[s] = np.where(key == INELIGIBLE, SIM_INELIGIBLE, key)
+        eff = disp.effect
+        effects.append(_per_cell(C, np.asarray(eff.source),
+                                 [_concrete(f"the effect of {disp.name}", eff.weight), _targets_or_overflow(cells, eff)],
+                                 [0.0, 0]))
+    E = max((e[0].shape[1] for e in effects), default=1)
+    eff_prob = np.zeros((S, C, E))
+    eff_target = np.tile(np.arange(C)[None, :, None], (S, 1, E))
+    for s, (p, t) in enumerate(effects):
+        eff_prob[s, :, : p.shape[1]] = p
+        eff_target[s, :, : t.shape[1]] = np.where(p > 0, t, np.arange(C)[:, None])
+    origin = any(d.origin is not None for d in desc.dispatches)
+    return SimTables(
+        level=cells.level, status=cells.status, status_names=cells.status_names, jobs=cells.jobs, empty_cell=0,
+        fcfs=bool(desc.fcfs and not origin), u=u, act_prob=act_prob, act_target=act_target, act_stream=act_stream,
+        stream_rate=np.array([0.0 if d.rate is None else float(_concrete(f"the rate of {d.name}", d.rate))
+                              for d in desc.dispatches]),
+        choice=choice, key=keys, eff_prob=eff_prob, eff_target=eff_target,
+        arrivals=np.array([d.arrivals for d in desc.dispatches], dtype=bool),
+    )
+
+
+# --- the derived model, whatever a family overrides -------------------------------------------------------------
+
+
+def derived_reduce(desc: Description, x: Float[Array, " C"]) -> Float[Array, " C-1"]:
+    return reduce_occupancy(tail_map(desc.cells), x)
+
+
+def derived_occupancy(desc: Description, y: Array) -> Float[Array, " C"]:
+    return occupancy_of_tails(tail_map(desc.cells), jnp.ravel(y))
+
+
+def derived_vector_field(desc: Description, y: Array) -> Float[Array, " C-1"]:
+    """The drift in the derived reduced coordinates (the flat tails), from the transitions by the tail rule."""
+    tm = tail_map(desc.cells)
+    x = occupancy_of_tails(tm, jnp.ravel(y))
+    return reduce_occupancy(tm, drift(transitions(desc, x), x))
+
+
+def derived_tails(desc: Description, y: Array) -> Float[Array, " K+1"]:
+    return level_tails(tail_map(desc.cells), jnp.ravel(y))
+
+
+# --- derived: the metrics' flows --------------------------------------------------------------------------------
+
+
+class JobFlows(NamedTuple):
+    """Job flows per server of the arrival streams at occupancy `x` (rates, per unit time)."""
+
+    offered: Array  # jobs brought by events that found an eligible server (those beyond the truncation included)
+    accepted: Array  # jobs that joined (the throughput)
+    waiting: Array  # jobs that joined (or were lost at the truncation) without starting service at once
+
+
+def job_flows(desc: Description, x: Float[Array, " C"], stream: str | None = None) -> JobFlows:
+    """`JobFlows` of every stream flagged `arrivals` (or of the one named `stream`)."""
+    cells = desc.cells
+    jobs, busy = jnp.asarray(cells.jobs, x.dtype), jnp.asarray(cells.in_service, x.dtype)
+    zero = jnp.zeros((), x.dtype)
+    offered = accepted = waiting = zero
+    names = [d.name for d in desc.dispatches if d.arrivals]
+    if stream is not None and stream not in names:
+        raise ValueError(f"stream={stream!r} is not an arrival stream of this model; its arrival streams are {names}")
+    for disp in desc.dispatches:
+        if not disp.arrivals or (stream is not None and disp.name != stream):
+            continue
+        eff = disp.effect
+        src = np.asarray(eff.source)
+        tgt = clipped_targets(cells, eff)
+        lost = np.asarray(eff.level) - np.minimum(np.asarray(eff.level), cells.K)
+        flow = stream_rate(disp, x) * chosen_factor(disp, x)[src] * x[src] * eff.weight
+        brought = jobs[tgt] - jobs[src] + jnp.asarray(lost, x.dtype)
+        starts = jnp.maximum(busy[tgt] - busy[src], 0.0)
+        offered = offered + jnp.sum(flow * brought)
+        accepted = accepted + jnp.sum(flow * (jobs[tgt] - jobs[src]))
+        waiting = waiting + jnp.sum(flow * (brought - starts))
+    return JobFlows(offered, accepted, waiting)

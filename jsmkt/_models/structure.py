@@ -1,0 +1,237 @@
+r"""The Jacobian structure of a model's reduced vector field, detected from `jax.jacfwd`, and the linear solver
+it calls for.
+
+Newton's method and the implicit adjoint solve with the Jacobian of `vector_field` on the flattened reduced state.
+Each unknown has a *level* (`model.unknown_levels()`); the structure is a `bandwidth` in levels, beyond which
+only a few dense `border` rows and columns (unknowns that couple to every level, such as a total busy fraction)
+have nonzeros. It is read off the sparsity of the Jacobian at a generic point: random entries for the state and
+for every inexact array leaf of the model, so that it depends only on the model's structure (its static fields
+and shapes), never on parameter values, and is the same inside and outside `jit`. It is computed once per model
+structure.
+
+A family may declare its structure (`declared_structure`), which spares the detection (a compilation of
+`jax.jacfwd` per model structure). It is never trusted silently: every fixed-point solve first checks the
+Jacobian at its starting point against the structure (`probe_violation`: the entries inside the structure are read
+by coloured products, and one more product with a random vector must agree with them), and refuses the model when
+some entry lies outside; `check_declared` compares a declaration with the detected sparsity, as the contract
+tests do for every registered family.
+"""
+
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from .. import _linalg, _maps
+
+
+class Structure(NamedTuple):
+    """`levels[i]`: level of flattened unknown `i`; `J[i, j] = 0` unless `|levels[i] - levels[j]| <= bandwidth` or
+    `i` or `j` is in `border`."""
+
+    levels: tuple[int, ...]
+    bandwidth: int
+    border: tuple[int, ...] = ()
+
+    @property
+    def n(self) -> int:
+        return len(self.levels)
+
+    def describe(self) -> str:
+        border = f", border unknowns {list(self.border)}" if self.border else ""
+        return f"bandwidth {self.bandwidth} in levels{border}"
+
+
+_PROBE_SEED = 20261201
+_CACHE: dict = {}
+_MAX_PATTERN = 2**14  # unknowns up to which the dense sparsity pattern is formed (n^2 booleans)
+
+
+def _probe_model(model):
+    """`model` with every inexact array leaf replaced by seeded random entries in [0.5, 1.5] (same shapes)."""
+    rng = np.random.default_rng(_PROBE_SEED)
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    out = []
+    for x in leaves:
+        if eqx.is_inexact_array(x) or (isinstance(x, jax.core.Tracer) and jnp.issubdtype(x.dtype, jnp.inexact)):
+            out.append(jnp.asarray(rng.uniform(0.5, 1.5, np.shape(x)), dtype=x.dtype))
+        else:
+            out.append(x)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+@eqx.filter_jit
+def _jacobian(probe, z):
+    _, unravel = ravel_pytree(probe.initial_state())
+    f = lambda u: ravel_pytree(probe.vector_field(0.0, unravel(u), None))[0]  # noqa: E731
+    return jax.jacfwd(f)(z)
+
+
+# Entries below this fraction of the largest are rounding residues (sums of flows that cancel exactly in exact
+# arithmetic, such as a departure's outflow and inflow within one tail), not couplings.
+_RELATIVE_ZERO = 1e-11
+
+
+def sparsity(model) -> np.ndarray:
+    """Boolean `(n, n)` sparsity pattern of the Jacobian of `model.vector_field` on the flattened reduced state, at
+    a generic point (module docstring)."""
+    with jax.ensure_compile_time_eval():
+        probe = _probe_model(model)
+        leaves = jax.tree_util.tree_leaves(jax.eval_shape(probe.initial_state))
+        n = sum(int(np.prod(a.shape)) for a in leaves)
+        if n > _MAX_PATTERN:
+            raise ValueError(f"{n} unknowns: too many to detect the Jacobian's structure; lower K")
+        rng = np.random.default_rng(_PROBE_SEED + 1)
+        z = jnp.asarray(rng.uniform(0.7, 0.99, n), dtype=leaves[0].dtype)
+        J = np.abs(np.asarray(_jacobian(probe, z)))
+    return J > _RELATIVE_ZERO * J.max(initial=0.0)
+
+
+def _signature(model) -> Any:
+    return (type(model), _maps.signature(model))
+
+
+def structure(model) -> Structure:
+    """The structure of `model`'s Jacobian: detected (module docstring), or the family's `declared_structure()`
+    after checking that it covers the detected sparsity. Cached per model structure."""
+    key = _signature(model)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    levels = tuple(int(v) for v in model.unknown_levels())
+    declared = model.declared_structure()
+    if declared is None:
+        pattern = sparsity(model)
+        if pattern.shape[0] != len(levels):
+            raise ValueError(
+                f"{type(model).__name__}.unknown_levels() gives {len(levels)} levels for {pattern.shape[0]} unknowns"
+            )
+        bandwidth, border = _linalg.classify_sparsity(pattern, np.asarray(levels))
+    else:
+        bandwidth, border = declared
+    found = Structure(levels, int(bandwidth), tuple(int(b) for b in border))
+    if len(_CACHE) >= 1024:
+        _CACHE.clear()
+    _CACHE[key] = found
+    return found
+
+
+_maps.on_clear(_CACHE.clear)
+
+
+def check_declared(model) -> Structure:
+    """The declared structure of `model`, after checking that it covers the sparsity detected from `jax.jacfwd`
+    (a `ValueError` names the first entry outside it)."""
+    declared = model.declared_structure()
+    if declared is None:
+        return structure(model)
+    levels = np.asarray(model.unknown_levels())
+    bandwidth, border = declared
+    bad = _linalg.structure_violations(sparsity(model), levels, bandwidth, tuple(border))
+    if len(bad):
+        raise ValueError(violation_message(model, Structure(tuple(levels), bandwidth, tuple(border)), *bad[0]))
+    return structure(model)
+
+
+def violation_message(model, s: Structure, i=None, j=None) -> str:
+    where = "" if i is None else (f": d(vector_field)[{int(i)}]/d(y)[{int(j)}] is nonzero (levels "
+                                  f"{s.levels[int(i)]} and {s.levels[int(j)]})")
+    return (f"{type(model).__name__} declares a Jacobian of {s.describe()}, but its Jacobian has entries outside "
+            f"that structure{where}; fix declared_structure(), or return None from it to use the detected structure")
+
+
+def _colour_tables(s: Structure):
+    """Colours of the unknowns for the structure check, and per row and colour the column read."""
+    levels = np.asarray(s.levels)
+    b = max(s.bandwidth, 1)
+    base = levels - levels.min()
+    pos = np.arange(levels.size) - np.searchsorted(levels, levels)  # position within its level
+    m = int(pos.max()) + 1
+    colour = (base % (2 * b + 1)) * m + pos
+    border = np.zeros(levels.size, bool)
+    border[list(s.border)] = True
+    n_colours = (2 * b + 1) * m
+    index = -np.ones((base.max() + 1, m), int)
+    index[base, pos] = np.arange(levels.size)
+    # Row i reads colour c = (r, p) from the column at the level l with |l - level_i| <= b and l = r (mod 2b + 1).
+    cols = -np.ones((levels.size, n_colours), int)
+    for c in range(n_colours):
+        r, p = divmod(c, m)
+        l = base + ((r - base) % (2 * b + 1))  # the first level >= base with that residue
+        l = np.where(l - base > b, l - (2 * b + 1), l)
+        ok = (l >= 0) & (l <= base.max())
+        j = np.where(ok, index[np.clip(l, 0, base.max()), p], -1)
+        j = np.where((j >= 0) & ~border[np.maximum(j, 0)], j, -1)
+        cols[:, c] = j
+    return colour, border, n_colours, cols
+
+
+def probe_violation(s: Structure, fn, y):
+    """Whether the Jacobian of `fn` (flat to flat) at `y` has entries outside the structure `s`, beyond rounding:
+    `(2b + 1) m` coloured products read the entries inside the band, `|border|` unit products the border columns,
+    and one product with a random vector `r` must equal their sum over `r` (rows of the border excepted, which may
+    hold anything)."""
+    colour, border, n_colours, cols = _colour_tables(s)
+    n = len(s.levels)
+    probes = np.zeros((n_colours + len(s.border), n))
+    probes[colour[~border], np.flatnonzero(~border)] = 1.0
+    for q, j in enumerate(s.border):
+        probes[n_colours + q, j] = 1.0
+    r = np.random.default_rng(_PROBE_SEED).uniform(0.5, 1.5, n)
+    V = jnp.asarray(np.concatenate([probes, r[None]]), dtype=y.dtype)
+    _, jvp = jax.linearize(fn, y)
+    Y = jax.vmap(jvp)(V)  # (probes + 1, n)
+    Yc, Yb, Jr = Y[:n_colours], Y[n_colours:-1], Y[-1]
+    rr = jnp.asarray(r, y.dtype)
+    picked = jnp.where(jnp.asarray(cols >= 0), rr[np.maximum(cols, 0)], 0.0)  # (n, colours)
+    inside = jnp.sum(Yc.T * picked, axis=1) + (Yb.T @ rr[np.asarray(s.border, int)] if s.border else 0.0)
+    scale = jnp.sum(jnp.abs(Yc.T) * picked, axis=1) + (jnp.abs(Yb.T) @ rr[np.asarray(s.border, int)]
+                                                          if s.border else 0.0)
+    gap = jnp.abs(Jr - inside) > 1e-9 * scale + 1e-300
+    return jnp.any(gap & ~jnp.asarray(border))
+
+
+def linear_solver(model) -> lx.AbstractLinearSolver:
+    """Newton's (and the implicit adjoint's) linear solver, chosen from the structure."""
+    s = structure(model)
+    return _linalg.structure_solver(s.levels, s.bandwidth, s.border)
+
+
+def linear_system_bytes(model) -> int:
+    """About how many bytes Newton's linear system takes (the probes and the factors of the structure)."""
+    s = structure(model)
+    counts = np.bincount(np.asarray(s.levels) - min(s.levels))
+    m = int(counts.max())
+    b = max(s.bandwidth, 1)
+    n, p = s.n, len(s.border)
+    banded = 8 * (5 * n * b * m + 2 * n * p + p * p)
+    return min(banded, 8 * 2 * n * n)
+
+
+# TEMPORARY until _linalg has them
+def _fb_classify(pattern, levels):
+    i, j = np.nonzero(pattern)
+    return int(np.max(np.abs(levels[i] - levels[j]), initial=0)), ()
+
+
+def _fb_violations(pattern, levels, bandwidth, border):
+    i, j = np.nonzero(pattern)
+    bad = (np.abs(levels[i] - levels[j]) > bandwidth) & ~np.isin(i, border) & ~np.isin(j, border)
+    return np.stack([i[bad], j[bad]], axis=1)
+
+
+def _fb_solver(levels, bandwidth, border=()):
+    counts = np.bincount(np.asarray(levels) - min(levels))
+    if not border and bandwidth <= 1 and np.all(counts == counts[0]):
+        return _linalg.BlockTridiagonal(int(counts[0]))
+    return lx.LU()
+
+
+for _n, _f in (("classify_sparsity", _fb_classify), ("structure_violations", _fb_violations),
+               ("structure_solver", _fb_solver)):
+    if not hasattr(_linalg, _n):
+        setattr(_linalg, _n, _f)
