@@ -29,8 +29,17 @@ from ._metrics import tail_mass_at_K as tail_mass_at_K
 from ._metrics import tails as tails
 from ._metrics import throughput as throughput
 from ._metrics import utilisation as utilisation
+from ._models.base import AbstractDescribedModel as AbstractDescribedModel
 from ._models.base import AbstractSupermarketModel as AbstractSupermarketModel
-from ._models.base import TransitionClass as TransitionClass
+from ._models.batch import JSQdBatch as JSQdBatch
+from ._models.description import INELIGIBLE as INELIGIBLE
+from ._models.description import Description as Description
+from ._models.description import Dispatch as Dispatch
+from ._models.description import LocalEvent as LocalEvent
+from ._models.description import Moves as Moves
+from ._models.description import Partner as Partner
+from ._models.description import TransitionClass as TransitionClass
+from ._models.description import make_cells as make_cells
 from ._models.jsqd import JSQd as JSQd
 from ._models.jsqd_ph import JSQdPH as JSQdPH
 from ._refined import RefinedMeanField as RefinedMeanField
@@ -48,10 +57,13 @@ from ._version import __version__ as __version__
 
 __all__ = [
     "AbstractChoice",
+    "AbstractDescribedModel",
     "AbstractSupermarketModel",
     "coxian",
     "coxian2",
     "deterministic",
+    "Description",
+    "Dispatch",
     "erlang",
     "exponential",
     "fit_ph2_three_moments",
@@ -60,15 +72,21 @@ __all__ = [
     "GeneralService",
     "hyperexponential",
     "hyperexponential2",
+    "INELIGIBLE",
     "integrate",
     "InterpolatedChoice",
     "JSQd",
+    "JSQdBatch",
     "JSQdPH",
+    "LocalEvent",
     "lognormal",
+    "make_cells",
     "mean_queue_length",
     "mean_sojourn_time",
     "mean_waiting_time",
     "MixedChoice",
+    "Moves",
+    "Partner",
     "PH",
     "phase_tails",
     "prob_wait",

@@ -1,14 +1,15 @@
 """TOML model specifications (used by the CLI).
 
 ```toml
-model = "jsq-ph"      # "jsq" (exponential service) or "jsq-ph"
+model = "jsq-ph"      # "jsq" (exponential service), "jsq-ph" or "jsq-batch" (batch_rate, batch_sizes, d, mu, K)
 lam = 0.9             # arrival rate per server
 d = 2                 # integer, real (randomised choice number) or list of probabilities over 1, 2, ... servers
 K = 48                # optional truncation level (integer)
 mu = 1.0              # "jsq" only: service rate
 
 [service]             # "jsq-ph" only
-kind = "erlang"       # exponential | erlang | hyperexponential | h2 | coxian | coxian2 | ph | moments
+kind = "erlang"       # exponential | erlang | hyperexponential | h2 | coxian | coxian2 | ph | moments (alpha and T
+                      # alone, without kind, are a ph)
 k = 2                 # erlang: phases;  mean = 1.0 for erlang / h2 / coxian2 / exponential (or rate, not both)
 # h2, coxian2: mean, scv;  hyperexponential: probs, rates;  coxian: rates, probs;  ph: alpha, T
 # moments: m1, m2, m3 (Telek-Heindl PH(2) fit; clip = true projects infeasible moments onto the PH(2) range)
@@ -26,12 +27,14 @@ boolean.
 
 import math
 import tomllib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
 from ._distributions.fit import fit_ph2_three_moments
 from ._distributions.ph import PH, coxian, coxian2, erlang, exponential, hyperexponential, hyperexponential2
+from ._models.batch import JSQdBatch
 from ._models.jsqd import JSQd
 from ._models.jsqd_ph import JSQdPH
 from ._simulate.service import GeneralService, deterministic, lognormal
@@ -41,7 +44,6 @@ class SpecError(ValueError):
     """A model specification that cannot be used; the message names the key and the value."""
 
 
-MODELS = ("jsq", "jsq-ph")
 SERVICE_KINDS = ("exponential", "erlang", "hyperexponential", "h2", "coxian", "coxian2", "ph", "moments")
 SIMULATION_KINDS = ("deterministic", "lognormal")
 SAMPLING = ("with_replacement", "without_replacement")
@@ -150,7 +152,10 @@ def service_from_spec(table: dict[str, Any], where: str = "[service]") -> PH:
     """Build a PH distribution from a `[service]` table."""
     if not isinstance(table, dict):
         raise SpecError(f"{where} must be a table (got {show(table)})")
-    kind = _require(table, "kind", where)
+    if "kind" not in table and "alpha" in table and "T" in table:
+        kind = "ph"  # the explicit form, `alpha` and `T`, needs no kind
+    else:
+        kind = _require(table, "kind", where)
     try:
         if kind == "exponential":
             _allowed(table, {"kind", "mean", "rate"}, where)
@@ -176,7 +181,7 @@ def service_from_spec(table: dict[str, Any], where: str = "[service]") -> PH:
             _allowed(table, {"kind", "mean", "scv"}, where)
             return coxian2(_number(table, "mean", where, 1.0), _number(table, "scv", where))
         if kind == "ph":
-            _allowed(table, {"kind", "alpha", "T"}, where)
+            _allowed(table, {"kind", "alpha", "T"} if "kind" in table else {"alpha", "T"}, where)
             return PH(_numbers(table, "alpha", where), _numbers(table, "T", where, matrix=True))
         if kind == "moments":
             _allowed(table, {"kind", "m1", "m2", "m3", "clip"}, where)
@@ -209,23 +214,119 @@ def _choice_number(spec: dict[str, Any], where: str):
     return d
 
 
+def _jsq(spec: dict[str, Any], where: str):
+    lam, d, K = _number(spec, "lam", where), _choice_number(spec, where), _integer(spec, "K", where, None)
+    return JSQd(lam, d=d, mu=_number(spec, "mu", where, 1.0), K=K)
+
+
+def _jsq_ph(spec: dict[str, Any], where: str):
+    lam, d, K = _number(spec, "lam", where), _choice_number(spec, where), _integer(spec, "K", where, None)
+    return JSQdPH(lam, service_from_spec(_require(spec, "service", where)), d=d, K=K)
+
+
+def _jsq_batch(spec: dict[str, Any], where: str):
+    return JSQdBatch(_number(spec, "batch_rate", where), jnp.asarray(_numbers(spec, "batch_sizes", where), dtype=float),
+                     d=_choice_number(spec, where), mu=_number(spec, "mu", where, 1.0),
+                     K=_integer(spec, "K", where, None))
+
+
+def _choice_text(model) -> str:
+    d = model.choice.number
+    return str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
+
+
+def _service_text(model) -> str:
+    if isinstance(model, JSQdPH):
+        s = model.service
+        return f"service: PH of order {s.order}, mean {float(s.mean):.6g}, SCV {float(s.scv):.6g}"
+    return f"service: exponential, rate mu = {float(model.mu):.6g}"
+
+
+class Family(NamedTuple):
+    """A registered model family: its TOML name, class, spec keys and builder, how the CLI describes it, and small
+    instances (`examples`) with the parameter perturbations (`perturbations`: name -> `(model, h) -> model`) that
+    the contract tests run on every family."""
+
+    name: str
+    model: type
+    keys: frozenset[str]
+    build: Callable[[dict[str, Any], str], Any]
+    parameters: Callable[[Any], dict[str, Any]]  # the model's parameters for the JSON output
+    describe: Callable[[Any], str]  # one line of parameters (the CLI's header)
+    examples: Callable[[], dict[str, Any]]
+    perturbations: dict[str, Callable[[Any, float], Any]]
+    published: bool = False  # `jsmkt solve --as-published` applies
+
+
+def _scale_service(model, h):
+    s = model.service
+    return JSQdPH(model.lam, PH(s.alpha, s.T * (1.0 + h)), d=model.choice, K=model.K)
+
+
+FAMILIES: dict[str, Family] = {
+    "jsq": Family(
+        "jsq", JSQd, frozenset({"lam", "d", "K", "mu"}), _jsq,
+        parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean), "mu": float(m.mu)},
+        describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
+        examples=lambda: {"jsq2": JSQd(0.7, d=2, K=14), "jsq-mixed": JSQd(0.8, d=jnp.array([0.2, 0.3, 0.5]), K=14),
+                          "jsq-real-d": JSQd(0.8, d=2.5, K=14)},
+        perturbations={"lam": lambda m, h: JSQd(m.lam + h, d=m.choice, mu=m.mu, K=m.K),
+                       "mu": lambda m, h: JSQd(m.lam, d=m.choice, mu=m.mu + h, K=m.K)},
+        published=True,
+    ),
+    "jsq-ph": Family(
+        "jsq-ph", JSQdPH, frozenset({"lam", "d", "K", "service"}), _jsq_ph,
+        parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean)},
+        describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
+        examples=lambda: {"jsq2-h2": JSQdPH(0.8, hyperexponential2(1.0, 4.0), d=2, K=24),
+                          "jsq-erlang-real-d": JSQdPH(0.7, erlang(3), d=2.5, K=12)},
+        perturbations={"lam": lambda m, h: JSQdPH(m.lam + h, m.service, d=m.choice, K=m.K),
+                       "service rate": _scale_service},
+        published=True,
+    ),
+    "jsq-batch": Family(
+        "jsq-batch", JSQdBatch, frozenset({"batch_rate", "batch_sizes", "d", "K", "mu"}), _jsq_batch,
+        parameters=lambda m: {"batch_rate": float(m.batch_rate),
+                              "batch_sizes": [float(p) for p in m.batch_sizes], "d": float(m.choice.mean),
+                              "mu": float(m.mu), "lam": float(m.arrival_rate)},
+        describe=lambda m: (f"batch_rate = {float(m.batch_rate):.6g}   batch sizes 1..{m.batch_sizes.shape[0]} "
+                            f"(mean {float(m.mean_batch_size):.6g})   d = {_choice_text(m)}"),
+        examples=lambda: {"batch-halves": JSQdBatch(0.6, jnp.array([0.5, 0.5]), d=2, K=40),
+                          "batch-uniform4-d3": JSQdBatch(0.3, jnp.full(4, 0.25), d=3, K=40)},
+        perturbations={"batch_rate": lambda m, h: JSQdBatch(m.batch_rate + h, m.batch_sizes, d=m.choice, mu=m.mu,
+                                                             K=m.K),
+                       "mu": lambda m, h: JSQdBatch(m.batch_rate, m.batch_sizes, d=m.choice, mu=m.mu + h, K=m.K),
+                       "batch_sizes": lambda m, h: JSQdBatch(
+                           m.batch_rate, m.batch_sizes + h * (jnp.arange(m.batch_sizes.shape[0]) == 0)
+                           - h * (jnp.arange(m.batch_sizes.shape[0]) == 1), d=m.choice, mu=m.mu, K=m.K)},
+    ),
+}
+MODELS = tuple(FAMILIES)
+
+
+def family_of(model) -> Family:
+    """The registered family of `model` (by its exact type); `ValueError` otherwise."""
+    for fam in FAMILIES.values():
+        if type(model) is fam.model:
+            return fam
+    raise ValueError(f"{type(model).__name__} is not a registered model family ({', '.join(MODELS)})")
+
+
+def describe_model(model) -> str:
+    """The CLI's two-line description of a model: its parameters, truncation and load; its service."""
+    fam = family_of(model)
+    return (f"{fam.describe(model)}   K = {model.K}   load rho = {float(model.load()):.6g}\n{_service_text(model)}")
+
+
 def model_from_spec(spec: dict[str, Any], where: str = "spec"):
-    """Build a model from a parsed TOML spec."""
-    model = _require(spec, "model", where)
-    if model not in MODELS:
-        raise SpecError(f"{where}: model={show(model)} is not one of {', '.join(map(show, MODELS))}")
-    if model == "jsq":
-        _allowed(spec, {"model", "lam", "d", "K", "mu", "simulation"}, where)
-    else:
-        _allowed(spec, {"model", "lam", "d", "K", "service", "simulation"}, where)
-    lam = _number(spec, "lam", where)
-    d = _choice_number(spec, where)
-    K = _integer(spec, "K", where, None)
+    """Build a model from a parsed TOML spec (`model` names a registered family)."""
+    name = _require(spec, "model", where)
+    if name not in FAMILIES:
+        raise SpecError(f"{where}: model={show(name)} is not one of {', '.join(map(show, MODELS))}")
+    fam = FAMILIES[name]
+    _allowed(spec, set(fam.keys) | {"model", "simulation"}, where)
     try:
-        if model == "jsq":
-            return JSQd(lam, d=d, mu=_number(spec, "mu", where, 1.0), K=K)
-        service = service_from_spec(_require(spec, "service", where))
-        return JSQdPH(lam, service, d=d, K=K)
+        return fam.build(spec, where)
     except SpecError:
         raise
     except (ValueError, TypeError, ArithmeticError) as e:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ._choice import choice_support
-from ._spec import SpecError, load_spec, model_from_spec, simulation_from_spec
+from ._spec import SpecError, describe_model, family_of, load_spec, model_from_spec, simulation_from_spec
 
 
 _SEED_RANGE = (-(2**63), 2**63 - 1)  # what jax.random.PRNGKey accepts
@@ -45,23 +45,17 @@ def _whole_float_d(model) -> int | None:
 
 
 def _describe(model, simulated: dict[str, Any] | None = None) -> str:
-    """The model's parameters and service in two lines; `simulated` (from `_simulated_service`) names the service
-    that `jsmkt simulate` runs instead of the model's."""
-    from ._models.jsqd_ph import JSQdPH
-
-    d = model.choice.number
-    dtxt = str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
+    """The model's parameters and service in two lines (`_spec.describe_model`); `simulated` (from
+    `_simulated_service`) names the service that `jsmkt simulate` runs instead of the model's."""
+    base, service = describe_model(model).split("\n", 1)
     if (whole := _whole_float_d(model)) is not None:
-        dtxt += f" (from a TOML float: write d = {whole} for a fixed choice number)"
-    base = f"lam = {float(model.lam):.6g}   d = {dtxt}   K = {model.K}   load rho = {float(model.load()):.6g}"
+        base = base.replace(" (randomised, E[D])", f" (randomised, E[D]) (from a TOML float: write d = {whole} for a "
+                            "fixed choice number)")
     if simulated is not None:
         order = f", PH of order {simulated['order']}" if "order" in simulated else ""
         return (base + f"\nservice (simulated, from {simulated['source']}): {simulated['kind']}{order}, mean "
                 f"{simulated['mean']:.6g}, SCV {simulated['scv']:.6g}")
-    if isinstance(model, JSQdPH):
-        s = model.service
-        return base + f"\nservice: PH of order {s.order}, mean {float(s.mean):.6g}, SCV {float(s.scv):.6g}"
-    return base + f"\nservice: exponential, rate mu = {float(model.mu):.6g}"
+    return base + "\n" + service
 
 
 def _simulated_service(spec: dict[str, Any], model, service) -> dict[str, Any]:
@@ -139,8 +133,9 @@ def _solve_exact(
     out = {
         "variant": "exact",
         "model": type(model).__name__,
-        "lam": float(model.lam),
+        "lam": float(model.arrival_rate),
         "d": float(model.choice.mean),
+        **family_of(model).parameters(model),
         "K": model.K,
         "load": float(model.load()),
         "mean_queue_length": float(jsmkt.mean_queue_length(model, fp)),
@@ -185,16 +180,20 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
         "n_servers": n,
         "sampling": sampling,
         "mean_queue_length": EQ,
-        "mean_sojourn_time": EQ / float(model.lam),
+        "mean_sojourn_time": EQ / float(model.arrival_rate),
         "prob_wait": float(rmf.expectation(lambda y: jsmkt.prob_wait(wait_model, y), n)),
         "utilisation": float(s[1]),
         "tail": [float(x) for x in s[:n_tail]],
         "tail_correction": [float(x) for x in v],
         "tail_std": [0.0] + [float(x) for x in rmf.std(lambda y: jsmkt.tails(model, y)[1:n_tail], n)],
-        # A relative correction beyond 30 % means N is too small for the expansion at this k.
+        # A relative correction beyond 30 % means N is too small for the expansion at this k. It is judged where the
+        # level carries mass (N s_k >= 1: at least one server expected there); deeper levels, whose tails fall far
+        # below 1/N, always fail it and say nothing about N.
         "tail_in_range": [bool(x) for x in np.abs(v) / n <= 0.3 * s_mf],
     }
-    out["in_range"] = not _outside_unit_interval(out) and all(out["tail_in_range"])
+    judged = [k for k in range(1, n_tail) if n * s_mf[k] >= 1.0]
+    out["out_of_range_levels"] = [k for k in judged if not out["tail_in_range"][k]]
+    out["in_range"] = not _outside_unit_interval(out) and not out["out_of_range_levels"]
     return out
 
 
@@ -400,7 +399,8 @@ def _check_servers(model, n: int, sampling: str) -> None:
     """`--servers N` must be >= 1, and at least the largest choice number when sampling without replacement."""
     if n < 1:
         raise SpecError(f"--servers={n} must be >= 1")
-    max_d = (choice_support(model.choice.weights()) or (1, 1))[1]
+    max_d = max((choice_support(np.asarray(disp.choice.weights())) or (1, 1))[1]
+                for disp in model.description().dispatches)
     if sampling == "without_replacement" and max_d > n:
         raise SpecError(f"d={max_d} exceeds --servers={n}: cannot sample {max_d} distinct servers without "
                         'replacement ([simulation] sampling = "without_replacement")')
@@ -416,6 +416,9 @@ def _cmd_solve(args) -> int:
         _check_servers(model, args.servers, sampling)
     if args.plot:
         _check_plot_path(args.plot)
+    if args.as_published and not family_of(model).published:
+        raise SpecError(f"--as-published: model = {family_of(model).name!r} has no published form in jsmkt; solve it "
+                        "without --as-published (the exact mean field)")
     out, model = (_solve_published(model, args.auto_K) if args.as_published
                   else _solve_exact(model, args.auto_K, args.servers, sampling))
     if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
