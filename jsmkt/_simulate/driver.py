@@ -63,6 +63,18 @@ def _sequential_general_engine(max_d: int) -> bool:
     return jax.default_backend() == "cpu"
 
 
+def _generic_sequential() -> bool:
+    """Whether the generic engine runs one event at a time, replication after replication (a CPU), rather than
+    vmapped over replications with loops of a fixed number of iterations (elsewhere). XLA's CPU backend compiles
+    its event loop into one kernel while the loop body is small: up to `_GENERIC_ONE_KERNEL_MAX_D` sampled servers
+    for JSQ(d) with PH service (checked by the tests); above, the loop runs op by op, still one event at a
+    time."""
+    return jax.default_backend() == "cpu"
+
+
+_GENERIC_ONE_KERNEL_MAX_D = 8  # see `_generic_sequential`
+
+
 _GPU_SHARED_REPLICATIONS = 4096  # replications up to which a GPU iteration's fixed cost dominates (H200, N = 1000)
 
 
@@ -502,7 +514,7 @@ def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t
         )
     C = structure.n_cells
     _check_sizes(n_rep, n, structure.queue if structure.fcfs else 0, note, 8, C, f"{C} cells")
-    sequential = jax.default_backend() == "cpu"
+    sequential = _generic_sequential()
     cfg = generic.Config(n=n, structure=structure, replace=replace,
                          block=_SEQUENTIAL_BLOCK if sequential else _GENERIC_BLOCK, n_bins=_N_BINS,
                          sequential=sequential)

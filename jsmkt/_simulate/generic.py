@@ -122,10 +122,10 @@ def params_of(structure: Structure, tables, hist_lo: int) -> Params:
     key = np.concatenate([structure.key.reshape(-1), np.zeros(C, np.int32)])
     return Params(
         u=jnp.asarray(tables.u, jnp.float64),
-        act_prob=jnp.asarray(tables.act_prob, jnp.float64),
+        act_prob=jnp.asarray(np.asarray(tables.act_prob)[:, structure.act_cols], jnp.float64),
         stream_rate=jnp.asarray(tables.stream_rate, jnp.float64).reshape(S),
         choice=jnp.asarray(tables.choice, jnp.float64),
-        eff_prob=jnp.asarray(tables.eff_prob, jnp.float64),
+        eff_prob=jnp.asarray(np.asarray(tables.eff_prob)[..., structure.eff_cols], jnp.float64),
         hist_lo=jnp.asarray(hist_lo, jnp.int64),
         target=jnp.asarray(structure.target.reshape(-1)),
         delta=jnp.asarray(structure.delta.reshape(-1)),
@@ -214,8 +214,10 @@ class State(NamedTuple):
 
 @core._broadcasting
 def init_state(cfg: Config, params: Params, key) -> State:
-    """Every server in the empty cell at time 0 (one replication; `vmap` it over keys)."""
-    seed = jr.bits(jr.split(key)[1], (), jnp.uint64)
+    """Every server in the empty cell at time 0 (one replication; `vmap` it over keys). The seed is drawn as in
+    `core.init_state`: the same key gives the same event words, so that, for instance, an exponential JSQ(d) runs
+    along the same path in both engines."""
+    seed = jr.bits(jr.split(key, 3)[1], (), jnp.uint64)
     zero = jnp.zeros((), jnp.float64)
     ctr = jnp.zeros((), jnp.uint64)
     i64 = jnp.zeros((), jnp.int64)
@@ -244,8 +246,11 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
     nv = jnp.sum(tau <= t_end, dtype=jnp.int32)
     pd = cfg.packed_dtype
 
-    def one(x, i):  # one element: reading a whole row would count its size in every fusion using it
+    def one(x, i):  # one element (no negative-index fix-ups, which XLA copies into every fusion using them)
         return lax.dynamic_slice(x, (i,), (1,))[0]
+
+    def put(x, i, v):
+        return lax.dynamic_update_slice(x, v.astype(x.dtype)[None], (i,))
 
     def col(i, c):
         return lax.dynamic_slice(table, (i, jnp.asarray(c, i.dtype)), (1, 1))[0, 0]
@@ -254,14 +259,19 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         return lax.rem(p, jnp.asarray(C, p.dtype)).astype(jnp.int32) if fcfs else p.astype(jnp.int32)
 
     def choose(packed, row_c, cands):
-        """First minimum of the sampled servers' keys in the row starting at `row_c`: (server, key)."""
+        """The first minimum of the sampled servers' keys in the row starting at `row_c`. Only the server number
+        leaves the choice (its key is read again from its cell): XLA recomputes a second result, such as the best
+        key, inside every fusion that uses it, and each counts towards the size of a loop compiled into one
+        kernel."""
         best = cands[0]
-        k_best = one(params.key, row_c + cell_of(packed[best]))
+        if len(cands) == 1:
+            return best
+        k_best = one(params.key, row_c + cell_of(one(packed, best)))
         for c in cands[1:]:
-            k_c = one(params.key, row_c + cell_of(packed[c]))
+            k_c = one(params.key, row_c + cell_of(one(packed, c)))
             better = k_c < k_best
             best, k_best = jnp.where(better, c, best), jnp.where(better, k_c, k_best)
-        return best, k_best
+        return best
 
     def move(row_c, c, u):
         """Entry of the row (row_c + c) drawn with uniform u: its flat index."""
@@ -276,13 +286,14 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         active = (i < nv) if masked else True
         ti = tau[i]
         row_c = col(i, 0)
-        n, k_best = choose(packed, row_c, [col(i, 1 + j) for j in range(D)])
-        p = packed[n]
+        n = choose(packed, row_c, [col(i, 1 + j) for j in range(D)])
+        p = one(packed, n)
         if fcfs:
             head = _div(p, C)
             c = (p - head * C).astype(jnp.int32)
         else:
             c = p.astype(jnp.int32)
+        k_best = one(params.key, row_c + c)
         idx = move(row_c, c, lax.dynamic_slice(uni, (i, jnp.zeros_like(i)), (1, 1))[0, 0])
         t = one(params.target, idx)
         ok = active & (k_best < INELIGIBLE)
@@ -296,19 +307,19 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             for q in range(up):  # stamp the jobs that join at the tail (other slots are rewritten unchanged)
                 x = tail + q
                 slot = row + jnp.where(x >= Q, x - Q, x)
-                ring = ring.at[slot].set(jnp.where(q < dj, ti, ring[slot]))
+                ring = put(ring, slot, jnp.where(q < dj, ti, one(ring, slot)))
             h = head.astype(jnp.int32)
             heads = []
             for q in range(down):  # arrival times of the jobs at the head (used where they leave)
                 x = h + q
-                heads.append(ring[row + jnp.where(x >= Q, x - Q, x)])
+                heads.append(one(ring, row + jnp.where(x >= Q, x - Q, x)))
             if down:
                 arrived = lax.dynamic_update_slice(arrived, jnp.stack(heads)[None], (i, jnp.zeros_like(i)))
             x = h - jnp.minimum(dj, 0)
             head2 = jnp.where(x >= Q, x - Q, x)
-            packed = packed.at[n].set(head2.astype(pd) * C + ct.astype(pd))
+            packed = put(packed, n, head2.astype(pd) * C + ct.astype(pd))
         else:
-            packed = packed.at[n].set(ct.astype(pd))
+            packed = put(packed, n, ct.astype(pd))
         rec_row = [c, jnp.where(ok & (t == C), C, ct)]
         if origins:  # the dispatch a clock action starts, after the origin's own move
             s2 = jnp.where(goes & (row_c == S * C), one(params.stream, c * W + idx - (row_c + c) * W), -1)
@@ -318,13 +329,14 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             first = col(i, 1 + D)
             cands = [first] + [jnp.where(j < n_choose, col(i, 1 + D + j), first) for j in range(1, D)]
             row2 = s2c * C
-            n2, k2 = choose(packed, row2, cands)
-            c2 = packed[n2].astype(jnp.int32)
+            n2 = choose(packed, row2, cands)
+            c2 = one(packed, n2).astype(jnp.int32)
+            k2 = one(params.key, row2 + c2)
             idx2 = move(row2, c2, lax.dynamic_slice(uni, (i, jnp.ones_like(i)), (1, 1))[0, 0])
             t2 = one(params.target, idx2)
             ok2 = has2 & (k2 < INELIGIBLE)
             ct2 = jnp.where(ok2 & (t2 < C), t2, c2)
-            packed = packed.at[n2].set(ct2.astype(pd))
+            packed = put(packed, n2, ct2.astype(pd))
             rec_row += [c2, jnp.where(ok2 & (t2 == C), C, ct2), s2]
         rec = lax.dynamic_update_slice(rec, jnp.stack(rec_row).astype(jnp.int32)[None], (i, jnp.zeros_like(i)))
         return packed, ring, rec, arrived

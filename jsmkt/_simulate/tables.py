@@ -164,6 +164,12 @@ def check_tables(tables) -> SimTables:
     )
 
 
+def _used_columns(prob: np.ndarray) -> np.ndarray:
+    """Indices of the columns of `prob` (rows, columns) with a positive entry; at least column 0 (when any)."""
+    used = np.flatnonzero((prob > 0).any(axis=0))
+    return used if used.size or prob.shape[1] == 0 else np.zeros(1, np.int64)
+
+
 class Structure:
     """The integer part of checked `SimTables` (cells, targets, keys, streams, job counts) as the generic engine
     uses it, hashable by its bytes: one compilation per structure, whatever the probabilities and rates.
@@ -171,9 +177,16 @@ class Structure:
     The engine's move tables merge the clock and the streams into rows `r = 0..S` (row `S` is the clock): entry
     `e < W` of row `r` and cell `c` has target `target[r, c, e]` (the cell itself for the clock's self-loop and for
     padding; `C` for OVERFLOW) and job change `delta[r, c, e]`; for the clock, `stream[c, e]` is the stream the
-    server then starts (-1: none)."""
+    server then starts (-1: none). Actions and effects whose probability is 0 in every cell are left out
+    (`act_cols`, `eff_cols`: those kept), so that padding costs the event loop nothing; the structure then also
+    holds which entries are 0 everywhere, and a run in which others are recompiles."""
 
     def __init__(self, t: SimTables):
+        self.act_cols = _used_columns(t.act_prob.reshape(-1, t.act_prob.shape[-1]))
+        self.eff_cols = _used_columns(t.eff_prob.reshape(-1, t.eff_prob.shape[-1]))
+        t = t._replace(act_prob=t.act_prob[:, self.act_cols], act_target=t.act_target[:, self.act_cols],
+                       act_stream=t.act_stream[:, self.act_cols], eff_prob=t.eff_prob[..., self.eff_cols],
+                       eff_target=t.eff_target[..., self.eff_cols])
         C, A = t.act_prob.shape
         S, _, E = t.eff_prob.shape
         W = max(A + 1, E)
@@ -210,7 +223,8 @@ class Structure:
         self.status = t.status
         self.status_names = t.status_names
         h = hashlib.sha256()
-        for a in (self.target, self.delta, self.stream, self.key, self.jobs, self.arrivals, self.level, self.status):
+        for a in (self.target, self.delta, self.stream, self.key, self.jobs, self.arrivals, self.level, self.status,
+                  self.act_cols, self.eff_cols):
             h.update(str(a.shape).encode())
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(repr((C, S, W, self.max_d, self.fcfs, self.empty_cell, self.status_names)).encode())

@@ -1,0 +1,482 @@
+"""Tests of the generic simulation engine (`jsmkt._simulate.generic`): models given as `SimTables`.
+
+The checks compare with exact results written out here (M/M/1, M/E2/1 by Pollaczek-Khinchine, M^X/M/1, the
+Erlang loss formula, symmetry of labels under a uniform tie-break), with the fast JSQ engines (the same path for
+exponential service, the same statistics otherwise), and with the batch model's mean-field fixed point at
+N = 1000. Tolerances are about 4 standard errors, read off the reported 95 % half-widths; no RNG stream is pinned.
+"""
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+import scipy.stats
+
+import jsmkt
+from jsmkt._simulate import driver, generic, jsq_tables
+from jsmkt._simulate import tables as tm
+from jsmkt._simulate.tables import INELIGIBLE, OVERFLOW, SimTables
+
+
+cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA's CPU backend")
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _se(res, half_width):
+    dof = res.n_replications - 1 if res.ci_method == "replications" else res.n_batches - 1
+    return half_width / scipy.stats.t.ppf(0.975, dof)
+
+
+def _assert_close(res, estimate, half_width, exact, *, n_se=4.0, allowance=0.0, what=""):
+    se = _se(res, half_width)
+    assert np.isfinite(se) and se > 0, f"{what}: no standard error ({half_width!r})"
+    assert abs(estimate - exact) <= n_se * se + allowance, (
+        f"{what}: simulated {estimate:.6g} ± {half_width:.2g} (95 %), exact {exact:.6g}, "
+        f"|diff| = {abs(estimate - exact):.3g} > {n_se} SE ({n_se * se:.3g}) + allowance {allowance:.3g}"
+    )
+
+
+def _assert_agree(a, b, xa, xb, hwa, hwb, what, n_se=4.0, allowance=0.0):
+    se = math.hypot(_se(a, hwa), _se(b, hwb))
+    assert abs(xa - xb) <= n_se * se + allowance, f"{what}: {xa:.6g} vs {xb:.6g}, {n_se} SE = {n_se * se:.3g}"
+
+
+def _tables(C, *, u, act_prob, act_target, key, eff_prob, eff_target, rate, choice, level=None, jobs=None,
+            status=None, names=("idle", "busy"), fcfs=True, act_stream=None, arrivals=(True,)):
+    """SimTables with the defaults of a queue: level = jobs = the cell, status idle/busy."""
+    cells = np.arange(C)
+    level = cells if level is None else np.asarray(level)
+    return SimTables(
+        level=level, status=(level > 0).astype(int) if status is None else np.asarray(status), status_names=names,
+        jobs=level if jobs is None else np.asarray(jobs), empty_cell=0, fcfs=fcfs, u=u,
+        act_prob=np.asarray(act_prob, float), act_target=np.asarray(act_target),
+        act_stream=np.full(np.shape(act_prob), -1) if act_stream is None else np.asarray(act_stream),
+        stream_rate=np.asarray(rate, float), choice=np.asarray(choice, float), key=np.asarray(key),
+        eff_prob=np.asarray(eff_prob, float), eff_target=np.asarray(eff_target), arrivals=np.asarray(arrivals),
+    )
+
+
+def _model(make, load, name="Model"):
+    return jsq_tables.TablesModel(make, load, name)
+
+
+def _erlang_loss_tables(lam, mu=1.0):
+    """Servers without queues: cell 0 idle, cell 1 busy, which an arrival may not choose (key INELIGIBLE)."""
+    return _tables(2, u=mu, act_prob=[[0.0], [1.0]], act_target=[[0], [0]], key=[[0, INELIGIBLE]],
+                   eff_prob=[[[1.0], [0.0]]], eff_target=[[[1], [1]]], rate=[lam], choice=[[0.0, 0.0, 1.0]])
+
+
+def _erlang_b(servers, a):
+    terms = [a**k / math.factorial(k) for k in range(servers + 1)]
+    return terms[-1] / sum(terms)
+
+
+# --- the same path as the fast engines, exact results -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "d", "sampling"), [(12, 2, "with_replacement"), (3, 3, "without_replacement")])
+def test_same_path_as_the_fast_engine_for_exponential_jsq(getkey, n, d, sampling):
+    """With exponential service the generic engine (on the tables of `jsq_tables`) draws the same random words as
+    the fast PH engine and makes the same choices from them, so the same key gives the same run: the same events,
+    real events, jobs, cells and statistics (to rounding), with and without replacement."""
+    model = jsmkt.JSQd(0.8, d=d)
+    kw = dict(key=getkey(), n_replications=2, sampling=sampling, max_queue=30)
+    fast = jsmkt.simulate(model, n, 300.0, engine="fast", **kw)
+    gen = jsmkt.simulate(model, n, 300.0, engine="generic", service=jsmkt.exponential(1.0), **kw)
+    assert (fast.engine, gen.engine) == ("fast", "generic")
+    assert (fast.events, fast.real_events, fast.n_jobs) == (gen.events, gen.real_events, gen.n_jobs)
+    assert fast.real_events < fast.events
+    np.testing.assert_allclose(gen.tails, fast.tails, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(gen.cell_fractions, fast.cell_fractions, rtol=1e-10, atol=1e-14)
+    assert gen.mean_sojourn_time == pytest.approx(fast.mean_sojourn_time, rel=1e-12)
+    assert gen.throughput == pytest.approx(fast.throughput, rel=1e-12)
+    assert gen.sojourn_time_percentiles == pytest.approx(fast.sojourn_time_percentiles, rel=1e-3)
+    assert gen.status_names == fast.status_names == ("idle", "busy")
+    assert gen.phase_tails is None and fast.phase_tails is not None
+
+
+def test_m_erlang2_1_both_engines(getkey):
+    """N = 3, d = 1: three M/E2/1 queues (Pollaczek-Khinchine, E[S^2] = 1.5), through both engines with the same
+    key (different paths: the phases are drawn differently); the phase occupancy is lam E[time in phase i]."""
+    lam, key = 0.6, getkey()
+    model = jsmkt.JSQdPH(lam, jsmkt.erlang(2, 1.0), d=1)
+    ET = 1.0 + lam * 1.5 / (2.0 * (1.0 - lam))
+    for engine in ("fast", "generic"):
+        res = jsmkt.simulate(model, 3, 20000.0, key=key, n_replications=4, engine=engine,
+                             service=jsmkt.erlang(2, 1.0) if engine == "generic" else None)
+        _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, ET, what=f"{engine} E[T]")
+        _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam * ET, what=f"{engine} E[Q]")
+        _assert_close(res, res.throughput, res.throughput_ci, lam, what=f"{engine} throughput")
+        busy = res.cell_fractions.reshape(-1, 2)[1:].sum(axis=0)  # cells k * 2 + phase, k >= 1
+        for i in range(2):
+            hw = math.sqrt(np.sum(res.cell_fractions_ci.reshape(-1, 2)[1:, i] ** 2))
+            _assert_close(res, busy[i], hw, lam * 0.5, what=f"{engine} phase {i}", n_se=6)
+        assert res.status_names == ("idle", "phase 1", "phase 2")
+
+
+def test_batch_arrivals_mx_m_1(getkey):
+    """N = 3, d = 1: three M^X/M/1 queues, batches of 1 or 2 jobs (probability 1/2 each) at rate lam_b, service
+    rate mu = 1. With L = E[jobs], the drift of N^2 vanishes in steady state: batches add
+    E[(N + X)^2 - N^2] = 2 L E[X] + E[X^2] at rate lam_b, departures add (N - 1)^2 - N^2 = 1 - 2N at rate mu while
+    N > 0 (probability rho = lam_b E[X] / mu), so lam_b (2 L E[X] + E[X^2]) + mu (rho - 2 L) = 0, i.e.
+    L = rho (E[X^2] + E[X]) / (2 E[X] (1 - rho)). The per-job FCFS sojourn time is L / (lam_b E[X]) by Little's
+    law, and the throughput lam_b E[X]."""
+    lam_b, EX, EX2 = 0.4, 1.5, 2.5
+    rho = lam_b * EX
+    L = rho * (EX2 + EX) / (2 * EX * (1 - rho))
+    res = jsmkt.simulate(jsq_tables.BatchJSQ(lam_b, [0.5, 0.5], d=1), 3, 20000.0, key=getkey(), n_replications=4)
+    assert res.engine == "generic" and res.max_queue >= 2 * 64  # the default allows for batches
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, L, what="L")
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, L / (lam_b * EX), what="E[T]")
+    _assert_close(res, res.throughput, res.throughput_ci, lam_b * EX, what="throughput")
+    _assert_close(res, res.tails[1], res.tails_ci[1], rho, what="busy fraction")
+    assert res.sojourn_time_percentiles[50] < res.sojourn_time_percentiles[90] < res.sojourn_time_percentiles[99]
+
+
+def test_ineligible_servers_are_never_chosen_erlang_loss(getkey):
+    """Servers without queues whose busy cell is ineligible: with d = N = 3 distinct samples an arrival takes an
+    idle server if any, and when all three are busy nothing happens (the job is lost, no overflow, no real
+    event). This is the Erlang loss system M/M/3/3: blocking B(3, a) with a = N lam / mu, throughput
+    lam (1 - B), busy fraction lam (1 - B) / mu, sojourn time Exp(mu). From an empty start (warmup 0), the real
+    events are exactly the accepted arrivals and the departures."""
+    lam, N = 0.8, 3
+    B = _erlang_b(N, N * lam)
+    model = _model(lambda top: _erlang_loss_tables(lam), lam, "ErlangLoss")
+    res = jsmkt.simulate(model, N, 20000.0, key=getkey(), n_replications=4, warmup=0.0,
+                         sampling="without_replacement", max_queue=1)
+    _assert_close(res, res.throughput, res.throughput_ci, lam * (1 - B), what="throughput")
+    _assert_close(res, res.tails[1], res.tails_ci[1], lam * (1 - B), what="busy fraction")
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, 1.0, what="E[T]")
+    accepted = round(res.throughput * N * res.t1 * res.n_replications)
+    assert res.real_events == accepted + res.n_jobs and res.overflow == 0
+    # The blocked arrivals are events but not real ones: about N lam B t1 per replication of them, and the
+    # clock events of idle servers, about N u (1 - busy) t1.
+    selfloops = res.events - res.real_events
+    expected = N * res.t1 * res.n_replications * (lam * B + (1 - lam * (1 - B)))
+    assert selfloops == pytest.approx(expected, rel=0.03)
+
+
+def test_ties_are_broken_uniformly(getkey):
+    """Two idle cells `a` and `b` share key 0 (a departure leaves its server in `a` with probability 0.3, else
+    in `b`), the busy cell is ineligible. The label is then carried without effect on the dynamics when the
+    chosen server among tied ones is uniform: the fraction of idle servers labelled `a` is exactly 0.3, whatever
+    N and d. Preferring one cell among tied ones (a first-minimum over cells, say) would make `a` servers leave
+    idleness sooner and their fraction smaller."""
+    q = 0.3
+    tables = _tables(3, u=1.0, act_prob=[[0.0, 0.0], [0.0, 0.0], [q, 1 - q]], act_target=[[0, 0], [1, 1], [0, 1]],
+                     level=[0, 0, 1], key=[[0, 0, INELIGIBLE]], eff_prob=[[[1.0], [1.0], [0.0]]],
+                     eff_target=[[[2], [2], [2]]], rate=[0.6], choice=[[0.0, 1.0]], names=("idle", "busy"))
+    res = jsmkt.simulate(_model(lambda top: tables, 0.6, "Ties"), 10, 4000.0, key=getkey(), n_replications=6,
+                         max_queue=1)
+    a, b = res.cell_fractions[:2]
+    se_a, se_idle = _se(res, res.cell_fractions_ci[0]), _se(res, res.tails_ci[1])
+    assert abs(a - q * (a + b)) <= 4 * (se_a + q * se_idle), (a, b, a / (a + b))
+    assert res.cell_fractions.sum() == pytest.approx(1.0, abs=1e-12)
+    assert list(res.cell_level) == [0, 0, 1] and list(res.cell_status) == [0, 0, 1]
+
+
+def test_streams_started_by_servers_little(getkey):
+    """Arrivals as streams that servers start (`act_stream`): each server's clock fires at rate lam and starts a
+    dispatch (its own move keeps its cell), which joins a random server (d = 1). The superposition is Poisson of
+    rate N lam, so every queue is M/M/1: L = rho / (1 - rho); without FCFS queues the mean sojourn time comes
+    from Little's law, 1 / (mu - lam), with no percentiles."""
+    lam, K = 0.6, 40
+    k = np.arange(K + 1)
+    u = lam + 1.0
+    act_prob = np.stack([np.full(K + 1, lam / u), np.where(k > 0, 1.0 / u, 0.0)], axis=1)
+    act_target = np.stack([k, np.maximum(k - 1, 0)], axis=1)
+    act_stream = np.stack([np.zeros(K + 1, int), np.full(K + 1, -1)], axis=1)
+    tables = _tables(K + 1, u=u, act_prob=act_prob, act_target=act_target, act_stream=act_stream, key=[k],
+                     eff_prob=np.ones((1, K + 1, 1)), eff_target=np.where(k < K, k + 1, OVERFLOW)[None, :, None],
+                     rate=[0.0], choice=[[1.0]], fcfs=False)
+    res = jsmkt.simulate(_model(lambda top: tables, lam, "Origins"), 10, 5000.0, key=getkey(), n_replications=4,
+                         max_queue=K)
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam / (1 - lam), what="L")
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, 1 / (1 - lam), what="E[T] (Little)")
+    _assert_close(res, res.throughput, res.throughput_ci, lam, what="throughput")
+    assert res.sojourn_time_percentiles is None and res.n_jobs == 0
+    assert res.to_dict()["sojourn_time_percentiles"] == {}
+    json.dumps(res.to_dict())
+
+
+# --- behaviour --------------------------------------------------------------------------------------------------
+
+
+def test_chunking_does_not_change_the_run(getkey):
+    """Pending events keep their times and random numbers across chunk boundaries: the whole-run averages depend
+    neither on n_batches nor on the progress bar's sub-chunks (batch arrivals, so moves of two jobs too)."""
+    model = jsq_tables.BatchJSQ(0.5, [0.5, 0.5], d=2)
+    kw = dict(key=getkey(), max_queue=40)
+    pairs = [
+        (jsmkt.simulate(model, 30, 300.0, n_batches=5, **kw), jsmkt.simulate(model, 30, 300.0, n_batches=13, **kw)),
+        (jsmkt.simulate(model, 30, 300.0, n_replications=2, **kw),
+         jsmkt.simulate(model, 30, 300.0, n_replications=2, progress=True, **kw)),
+    ]
+    for a, b in pairs:
+        assert (a.events, a.real_events, a.n_jobs) == (b.events, b.real_events, b.n_jobs)
+        np.testing.assert_allclose(a.tails, b.tails, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(a.cell_fractions, b.cell_fractions, rtol=1e-9, atol=1e-12)
+        assert a.mean_sojourn_time == pytest.approx(b.mean_sojourn_time, rel=1e-12)
+        assert a.throughput == pytest.approx(b.throughput, rel=1e-12)
+
+
+def test_without_replacement_is_better_at_small_n(getkey):
+    """N = 3, d = 3, Erlang-2 service: without replacement an arrival sees all three queues, with replacement
+    fewer distinct ones 7 times in 9, so its sojourn time is longer (the generic engine on the tables of
+    `jsq_tables`)."""
+    e2 = jsmkt.erlang(2, 1.0)
+    model = jsmkt.JSQdPH(0.7, e2, d=3)
+    key = getkey()
+    w = jsmkt.simulate(model, 3, 60000.0, key=key, engine="generic", service=e2)
+    wo = jsmkt.simulate(model, 3, 60000.0, key=key, engine="generic", service=e2, sampling="without_replacement")
+    se = math.hypot(_se(w, w.mean_sojourn_time_ci), _se(wo, wo.mean_sojourn_time_ci))
+    assert w.mean_sojourn_time - wo.mean_sojourn_time > 4 * se, (w, wo)
+
+
+def test_real_events_of_exponential_jsq(getkey):
+    """Exponential JSQ(2) with u = mu: the only self-loops of uniformisation are the clock events of empty
+    servers (rate mu per idle server), so the real events are the accepted arrivals and the departures: exactly
+    so from an empty start, for both engines, and the self-loops are the clock events in the servers' idle
+    time."""
+    lam, N = 0.7, 50
+    model = jsmkt.JSQd(lam, d=2)
+    for engine, service in (("fast", None), ("generic", jsmkt.exponential(1.0))):
+        res = jsmkt.simulate(model, N, 400.0, key=getkey(), n_replications=2, warmup=0.0, engine=engine,
+                             service=service)
+        accepted = round(res.throughput * N * res.t1 * res.n_replications)
+        assert res.real_events == accepted + res.n_jobs, engine
+        # Given the servers' idle time, the clock events of idle servers are Poisson with mean mu times it.
+        idle_time = N * res.t1 * res.n_replications * (1.0 - res.tails[1])
+        assert abs(res.events - res.real_events - idle_time) <= 5 * math.sqrt(idle_time), engine
+
+
+def test_overflow_raises_naming_max_queue(getkey):
+    with pytest.raises(ValueError, match=r"max_queue=3 is too small: \d+ move\(s\) beyond the truncation.*"
+                                         r"raise max_queue \(e\.g\. max_queue=6\)"):
+        jsmkt.simulate(jsq_tables.BatchJSQ(0.45, [0.5, 0.5], d=1), 20, 300.0, key=getkey(), max_queue=3)
+
+
+class _NoTables:
+    lam = 0.5
+
+
+@pytest.mark.parametrize(
+    ("model", "kwargs", "match"),
+    [
+        (_NoTables(), {}, r"must be a jsmkt.JSQd or jsmkt.JSQdPH, or a model with simulation tables: a _NoTables "
+                          r"has no simulation tables"),
+        (jsq_tables.BatchJSQ(0.3, [1.0]), dict(engine="fast"), r"engine='fast' runs jsmkt.JSQd and jsmkt.JSQdPH "
+                                                               r"only, not a BatchJSQ"),
+        (jsmkt.JSQd(0.5), dict(engine="warp"), r"engine='warp' is not one of \('auto', 'fast', 'generic'\)"),
+        (jsmkt.JSQd(0.5), dict(engine=None), r"engine=None is not one of"),
+        (jsq_tables.BatchJSQ(0.3, [1.0]), dict(service=jsmkt.exponential(1.0)), r"a BatchJSQ simulates its own "
+                                                                                 r"service"),
+        (jsmkt.JSQd(0.5), dict(engine="generic", service=jsmkt.deterministic(1.0)), r"general distribution: the "
+                                                                                    r"generic engine executes"),
+        (jsmkt.JSQd(1.2), dict(engine="generic"), r"lam=1.2 gives load 1.2 ≥ 1"),
+        (jsq_tables.BatchJSQ(0.3, [1.0], d=3), dict(sampling="without_replacement"), r"d=3 exceeds n_servers=2"),
+        (_model(lambda top: "tables", 0.5, "Bad"), {}, r"simulation_tables returned str"),
+        (_model(lambda top: jsq_tables.batch_jsq_tables(0.3, [1.0], [1.0], 1.0, top + 1), 0.5, "Deep"),
+         dict(max_queue=5), r"simulation_tables\(5\) has cells of level 6 > 5"),
+    ],
+)
+def test_refused_models_and_arguments(model, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        jsmkt.simulate(model, 2, 50.0, key=jr.PRNGKey(0), **kwargs)
+
+
+def _good(**change):
+    t = jsq_tables.batch_jsq_tables(0.3, [0.5, 0.5], [0.0, 1.0], 1.0, 6)
+    return t._replace(**change)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(act_prob=np.full((7, 1), 1.5)), r"act_prob: cell 0's actions have total probability 1.5 > 1"),
+        (dict(act_prob=np.full((7, 2), 0.1)), r"act_target has shape \(7, 1\); expected \(7, 2\)"),
+        (dict(eff_target=np.full((1, 7, 2), 9)), r"eff_target\(0, 0, 0\) = 9 is neither a cell 0..6 nor OVERFLOW"),
+        (dict(choice=np.array([[0.5, 0.4]])), r"choice\[0\] sums to 0.9"),
+        (dict(eff_prob=np.full((1, 7, 2), 0.4)), r"eff_prob\[0, 0\] sums to 0.8; the effect on an eligible cell"),
+        (dict(act_stream=np.zeros((7, 1), int)), r"fcfs is True but some act_stream >= 0"),
+        (dict(status=np.full(7, 2)), r"status must index tables.status_names \(2 names\); got 2"),
+        (dict(key=np.full((1, 7), -1)), r"key\(0, 0\) is outside 0..INELIGIBLE"),
+        (dict(stream_rate=np.array([np.nan])), r"stream_rate holds non-finite entries"),
+        (dict(level=np.arange(7.0)), r"tables.level must hold integers, got dtype float64"),
+        (dict(empty_cell=7), r"empty_cell=7 is not a cell 0..6"),
+    ],
+)
+def test_bad_tables_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        tm.check_tables(_good(**change))
+
+
+def test_structure_is_hashed_by_its_integer_tables():
+    """One compilation per structure: new rates and probabilities keep it, other targets or keys do not."""
+    a = tm.Structure(tm.check_tables(_good()))
+    b = tm.Structure(tm.check_tables(_good(stream_rate=np.array([0.4]), eff_prob=np.tile([0.3, 0.7], (1, 7, 1)))))
+    c = tm.Structure(tm.check_tables(_good(key=np.zeros((1, 7), int))))
+    assert a == b and hash(a) == hash(b) and a != c
+    assert (a.up, a.down, a.queue, a.width, a.origins) == (2, 1, 6, 2, False)
+
+
+def test_new_parameter_values_reuse_the_compilation(getkey):
+    jsmkt.simulate(jsq_tables.BatchJSQ(0.3, [0.5, 0.5], d=2), 30, 50.0, key=getkey(), max_queue=40)
+    misses = driver._compiled.cache_info().misses
+    jsmkt.simulate(jsq_tables.BatchJSQ(0.35, [0.4, 0.6], d=2), 30, 50.0, key=getkey(), max_queue=40)
+    assert driver._compiled.cache_info().misses == misses
+
+
+def test_vmapped_form_follows_the_same_path(getkey, monkeypatch):
+    """The generic engine vmapped over replications with loops of a fixed length (the form run off a CPU) applies
+    the same events as the one-event-at-a-time form: the same run, up to the rounding of sums."""
+    model = jsq_tables.BatchJSQ(0.5, [0.5, 0.5], d=2)
+    kw = dict(key=getkey(), n_replications=2, max_queue=40)
+    runs = []
+    for sequential in (True, False):
+        monkeypatch.setattr(driver, "_generic_sequential", lambda s=sequential: s)
+        runs.append(jsmkt.simulate(model, 30, 200.0, **kw))
+    a, b = runs
+    assert (a.events, a.real_events, a.n_jobs) == (b.events, b.real_events, b.n_jobs)
+    np.testing.assert_allclose(a.tails, b.tails, rtol=1e-9, atol=1e-12)
+    assert a.mean_sojourn_time == pytest.approx(b.mean_sojourn_time, rel=1e-12)
+    assert a.sojourn_time_percentiles == pytest.approx(b.sojourn_time_percentiles, rel=1e-12)
+
+
+def _run_hlo(tables, max_d_replace=True, sequential=True) -> str:
+    tables = tm.check_tables(tables)
+    structure = tm.Structure(tables)
+    cfg = generic.Config(n=97, structure=structure, replace=max_d_replace, block=16, n_bins=64,
+                         sequential=sequential)
+    params = generic.params_of(structure, tables, 0)
+    init, run = driver._compiled(cfg)
+    states = init(params, jr.split(jr.PRNGKey(0), 3))
+    return run.lower(params, states, jnp.asarray(1.0)).compile().as_text()
+
+
+@cpu_only
+def test_event_loop_is_one_kernel():
+    """Performance guard: XLA compiles the generic engine's event loop into a single kernel (a "small call") for
+    JSQ(d) with PH service up to `_GENERIC_ONE_KERNEL_MAX_D` sampled servers (here H2, a random choice number,
+    distinct samples) and for batches of up to 3 jobs."""
+    d = driver._GENERIC_ONE_KERNEL_MAX_D
+    h2 = jsmkt.hyperexponential2(1.0, 4.0)
+    jsq = jsq_tables.jsq_tables(0.9, np.ones(d) / d, h2.alpha, h2.T, 13)
+    assert 'xla_cpu_small_call="true"' in _run_hlo(jsq, max_d_replace=False)
+    batch = jsq_tables.batch_jsq_tables(0.3, [0.4, 0.3, 0.3], [0.0, 1.0], 1.0, 13)
+    assert 'xla_cpu_small_call="true"' in _run_hlo(batch)
+
+
+@pytest.mark.parametrize("sequential", [True, False])
+def test_event_loop_does_not_copy_buffers(sequential):
+    """Performance guard: the per-server arrays are updated in place (a copy of one inside the loop costs O(N)
+    per event)."""
+    hlo = _run_hlo(jsq_tables.batch_jsq_tables(0.3, [0.5, 0.5], [0.0, 1.0], 1.0, 13), sequential=sequential)
+    big = [line for line in hlo.splitlines() if re.search(rf"\[((3,)?({97 * 13}|97)|{3 * 97 * 13}|{3 * 97})\]\S* copy\(",
+                                                          line)]
+    bodies = re.split(r"\n(?=%\S+ )|\nENTRY", hlo)
+    in_loops = [b for b in bodies if ("while" in b.split("\n", 1)[0] or "region" in b.split("\n", 1)[0])]
+    loop_copies = [line for b in in_loops for line in b.splitlines() if line in big]
+    assert not loop_copies, loop_copies
+
+
+_SHARDED_SCRIPT = """
+import json
+import jax
+import jax.random as jr
+import jsmkt
+assert jsmkt.use_cpu_cores(2)
+from jsmkt._simulate import jsq_tables
+res = jsmkt.simulate(jsq_tables.BatchJSQ(0.5, [0.5, 0.5], d=2), 30, 200.0, key=jr.PRNGKey(7), n_replications=4)
+print(json.dumps({"devices": len(jax.devices()), "events": res.events, "real": res.real_events,
+                  "tails": res.tails.tolist(), "soj": res.mean_sojourn_time}))
+"""
+
+
+@cpu_only
+def test_replications_sharded_over_devices_give_the_same_run():
+    proc = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 2
+    res = jsmkt.simulate(jsq_tables.BatchJSQ(0.5, [0.5, 0.5], d=2), 30, 200.0, key=jr.PRNGKey(7), n_replications=4)
+    assert (out["events"], out["real"]) == (res.events, res.real_events)
+    np.testing.assert_allclose(out["tails"], res.tails, rtol=1e-12, atol=1e-15)
+    assert out["soj"] == pytest.approx(res.mean_sojourn_time, rel=1e-12)
+
+
+def test_result_fields_and_to_dict(getkey):
+    res = jsmkt.simulate(jsq_tables.BatchJSQ(0.4, [0.5, 0.5], d=2), 30, 200.0, key=getkey(), max_queue=40)
+    assert res.tails.shape == (41,) and res.cell_fractions.shape == res.cell_fractions_ci.shape == (41,)
+    assert res.tails[0] == 1.0 and np.all(np.diff(res.tails) <= 1e-15)
+    np.testing.assert_allclose(res.tails[1:], np.cumsum(res.cell_fractions[::-1])[::-1][1:], rtol=1e-10, atol=1e-14)
+    assert res.mean_queue_length == pytest.approx(float(np.arange(41) @ res.cell_fractions), rel=1e-10)
+    assert res.events > res.real_events > res.n_jobs > 0 and res.phase_tails is None
+    d = res.to_dict()
+    json.dumps(d)
+    assert d["engine"] == "generic" and d["real_events"] == res.real_events and set(d["sojourn_time_percentiles"]) == {
+        "p50", "p90", "p99"}
+
+
+# --- long statistical checks ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("service", ["exponential", "h2"])
+def test_generic_agrees_with_fast_n1000(getkey, service):
+    """JSQ(2), N = 1000, lam = 0.9, exponential and H2 (SCV 4) service: the generic engine (on the model's own
+    tables where it has them, and on those of `jsq_tables`) and the fast engine agree on E[T], E[Q], the
+    throughput and the tails within their confidence intervals (independent keys)."""
+    lam, N = 0.9, 1000
+    model = (jsmkt.JSQd(lam, d=2) if service == "exponential" else
+             jsmkt.JSQdPH(lam, jsmkt.hyperexponential2(1.0, 4.0), d=2))
+    svc = jsmkt.exponential(1.0) if service == "exponential" else jsmkt.hyperexponential2(1.0, 4.0)
+    kw = dict(n_replications=6)
+    fast = jsmkt.simulate(model, N, 1500.0, key=getkey(), engine="fast", **kw)
+    for gen in (jsmkt.simulate(model, N, 1500.0, key=getkey(), engine="generic", **kw),
+                jsmkt.simulate(model, N, 1500.0, key=getkey(), engine="generic", service=svc, **kw)):
+        _assert_agree(fast, gen, fast.mean_sojourn_time, gen.mean_sojourn_time, fast.mean_sojourn_time_ci,
+                      gen.mean_sojourn_time_ci, "E[T]")
+        _assert_agree(fast, gen, fast.mean_queue_length, gen.mean_queue_length, fast.mean_queue_length_ci,
+                      gen.mean_queue_length_ci, "E[Q]")
+        _assert_agree(fast, gen, fast.throughput, gen.throughput, fast.throughput_ci, gen.throughput_ci, "X")
+        for k in range(1, 8):
+            _assert_agree(fast, gen, fast.tails[k], gen.tails[k], fast.tails_ci[k], gen.tails_ci[k], f"s_{k}")
+
+
+@pytest.mark.slow
+def test_batch_jsq_mean_field_n1000(getkey):
+    """Batch arrivals (sizes 1, 2 with probability 1/2 at rate 0.6 per server), d = 2, mu = 1, N = 1000: the
+    tails and E[Q] against the mean-field fixed point, within 4 SE plus an O(1/N) allowance (3/N on s_k, 5/N
+    relative on E[Q]). At the fixed point the flow across the cut between levels k and k + 1 balances: batches
+    that find the best of two sampled servers at j <= k jobs (probability s_j^2 - s_{j+1}^2) and hold more than
+    k - j jobs cross it upwards, departures from servers with k + 1 jobs downwards:
+    mu (s_{k+1} - s_{k+2}) = lam_b sum_{j<=k} (s_j^2 - s_{j+1}^2) P(B > k - j) = F_k. Summed over the cuts above,
+    mu s_{k+1} = sum_{i>=k} F_i, which is iterated to its fixed point (from s_1 = lam_b E[B] / mu = 0.9)."""
+    lam_b, N, K = 0.6, 1000, 40
+    tail_b = np.array([1.0, 0.5, 0.0])  # P(B > i), i = 0, 1, 2
+    s = np.concatenate([[1.0], 0.9 ** np.arange(1, K + 1)])
+    for _ in range(10_000):
+        flow = np.array([lam_b * np.sum((s[: k + 1] ** 2 - s[1 : k + 2] ** 2) * tail_b[np.minimum(k - np.arange(k + 1),
+                                                                                                  2)])
+                         for k in range(K)])
+        new = np.concatenate([[1.0], np.cumsum(flow[::-1])[::-1]])
+        done = np.max(np.abs(new - s)) < 1e-15
+        s = new
+        if done:
+            break
+    assert done and s[1] == pytest.approx(0.9, rel=1e-12)  # the busy fraction is the load
+    EQ = s[1:].sum()
+    res = jsmkt.simulate(jsq_tables.BatchJSQ(lam_b, [0.5, 0.5], d=2), N, 1500.0, key=getkey(), n_replications=6)
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, EQ, allowance=5 / N * EQ, what="E[Q]")
+    for k in range(1, 7):
+        _assert_close(res, res.tails[k], res.tails_ci[k], s[k], allowance=3 / N, what=f"s_{k}")
