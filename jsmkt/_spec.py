@@ -268,7 +268,7 @@ FAMILIES: dict[str, Family] = {
         "jsq", JSQd, frozenset({"lam", "d", "K", "mu"}), _jsq,
         parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean), "mu": float(m.mu)},
         describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
-        examples=lambda: {"jsq2": JSQd(0.7, d=2, K=14), "jsq-mixed": JSQd(0.8, d=jnp.array([0.2, 0.3, 0.5]), K=14),
+        examples=lambda: {"jsq2": JSQd(0.7, d=2, K=14), "jsq-mixed": JSQd(0.8, d=jnp.array([0.2, 0.3, 0.5]), K=24),
                           "jsq-real-d": JSQd(0.8, d=2.5, K=14)},
         perturbations={"lam": lambda m, h: JSQd(m.lam + h, d=m.choice, mu=m.mu, K=m.K),
                        "mu": lambda m, h: JSQd(m.lam, d=m.choice, mu=m.mu + h, K=m.K)},
@@ -296,9 +296,9 @@ FAMILIES: dict[str, Family] = {
         perturbations={"batch_rate": lambda m, h: JSQdBatch(m.batch_rate + h, m.batch_sizes, d=m.choice, mu=m.mu,
                                                              K=m.K),
                        "mu": lambda m, h: JSQdBatch(m.batch_rate, m.batch_sizes, d=m.choice, mu=m.mu + h, K=m.K),
-                       "batch_sizes": lambda m, h: JSQdBatch(
-                           m.batch_rate, m.batch_sizes + h * (jnp.arange(m.batch_sizes.shape[0]) == 0)
-                           - h * (jnp.arange(m.batch_sizes.shape[0]) == 1), d=m.choice, mu=m.mu, K=m.K)},
+                       "batch_sizes": lambda m, h: JSQdBatch(  # move probability from size 2 to size 1
+                           m.batch_rate, m.batch_sizes + h * jnp.zeros_like(m.batch_sizes).at[0].set(1.0).at[1].set(-1.0),
+                           d=m.choice, mu=m.mu, K=m.K)},
     ),
 }
 MODELS = tuple(FAMILIES)

@@ -1,0 +1,245 @@
+"""Contract tests, parametrised over the registry of model families (`jsmkt._spec.FAMILIES`): a family is tested
+here as soon as it is registered.
+
+- its hand-written fast paths (reduced coordinates, vector field, initial guess) equal the forms derived from its
+  description, and so do the fixed points and gradients solved with either;
+- its declared Jacobian structure covers the sparsity of `jax.jacfwd`, and equals the detected one;
+- gradients through the fixed point agree with central differences;
+- its simulator tables pass the engine's checks, and (slow) simulation agrees with the mean field.
+"""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import lineax as lx
+import numpy as np
+import pytest
+
+import jsmkt
+from jsmkt._models import description as D
+from jsmkt._models import structure as S
+from jsmkt._models.base import AbstractDescribedModel
+from jsmkt._spec import FAMILIES
+
+
+CASES = [(fam, name) for fam in FAMILIES for name in FAMILIES[fam].examples()]
+_EXAMPLES = {fam: FAMILIES[fam].examples() for fam in FAMILIES}
+
+
+def _example(fam, name):
+    return _EXAMPLES[fam][name]
+
+
+def derived_only(model):
+    """`model` with its fast paths replaced by the forms derived from its description (flat tails as the reduced
+    state)."""
+    cls = type(model)
+    methods = {n: getattr(AbstractDescribedModel, n) for n in ("occupancy", "reduce", "vector_field",
+                                                               "initial_state", "tails")}
+    methods["initial_guess"] = lambda self: jnp.ravel(cls.initial_guess(self))
+    if hasattr(cls, "phase_tails"):
+        methods["phase_tails"] = lambda self, y: cls.phase_tails(self, jnp.reshape(y, (self.K, -1)))
+    derived = type("Derived" + cls.__name__, (cls,), methods)
+    out = object.__new__(derived)
+    for f in dataclasses.fields(cls):  # the same fields, unchanged
+        object.__setattr__(out, f.name, getattr(model, f.name))
+    return out
+
+
+@pytest.mark.parametrize("fam, name", CASES)
+def test_fast_paths_equal_the_derived_forms(fam, name, getkey):
+    model = _example(fam, name)
+    desc = model.description()
+    n = desc.cells.size
+    for _ in range(2):
+        x = jr.dirichlet(getkey(), jnp.ones(n))
+        y = model.reduce(x)
+        yd = D.derived_reduce(desc, x)
+        np.testing.assert_allclose(np.ravel(y), yd, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(model.occupancy(y), x, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(D.derived_occupancy(desc, yd), x, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(np.ravel(model.vector_field(0.0, y)), D.derived_vector_field(desc, yd),
+                                   rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(model.tails(y), D.derived_tails(desc, yd), rtol=1e-13, atol=1e-15)
+        dx = model.drift(x)
+        assert abs(float(jnp.sum(dx))) < 1e-13  # mass is conserved
+        for tc in model.transitions(x):
+            assert np.all(np.asarray(tc.rate) >= 0), tc.name
+    assert np.array_equal(np.ravel(model.initial_state()), D.derived_reduce(desc, jnp.eye(n)[0]))
+
+
+@pytest.mark.parametrize("fam, name", CASES)
+def test_fixed_points_and_gradients_of_fast_and_derived_forms_agree(fam, name):
+    model = _example(fam, name)
+    derived = derived_only(model)
+    fp, fpd = jsmkt.solve_fixed_point(model), jsmkt.solve_fixed_point(derived)
+    np.testing.assert_allclose(np.ravel(fp.value), fpd.value, rtol=1e-12, atol=1e-15)
+    ET = lambda m: jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m))  # noqa: E731
+    assert float(ET(model)) == pytest.approx(float(ET(derived)), rel=1e-12)
+    for what, perturb in FAMILIES[fam].perturbations.items():
+        g = jax.grad(lambda h: ET(perturb(model, h)))(0.0)
+        gd = jax.grad(lambda h: ET(perturb(derived, h)))(0.0)
+        assert float(g) == pytest.approx(float(gd), rel=1e-10, abs=1e-12), what
+
+
+@pytest.mark.parametrize("fam, name", CASES)
+def test_gradients_agree_with_central_differences(fam, name):
+    model = _example(fam, name)
+
+    def ET(m):
+        return jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m))
+
+    for what, perturb in FAMILIES[fam].perturbations.items():
+        g = float(jax.grad(lambda h: ET(perturb(model, h)))(0.0))
+        h = 1e-5
+        fd = (float(ET(perturb(model, h))) - float(ET(perturb(model, -h)))) / (2 * h)
+        assert g == pytest.approx(fd, rel=1e-6, abs=1e-9), what
+
+
+@pytest.mark.parametrize("fam, name", CASES)
+def test_declared_structure_covers_jacfwd_and_equals_the_detected_one(fam, name):
+    model = _example(fam, name)
+    declared = S.check_declared(model)  # raises if some Jacobian entry lies outside
+    pattern = S.sparsity(model)
+    levels = np.asarray(declared.levels)
+    bandwidth, border = jsmkt._linalg.classify_sparsity(pattern, levels)
+    assert (bandwidth, tuple(border)) == (declared.bandwidth, declared.border)
+    # The band is used: some entry sits at the declared distance.
+    i, j = np.nonzero(pattern)
+    assert np.max(np.abs(levels[i] - levels[j])) == declared.bandwidth
+
+
+@pytest.mark.parametrize("fam, name", CASES)
+def test_simulation_tables_pass_the_engine_checks(fam, name):
+    from jsmkt._simulate.tables import check_tables
+
+    model = _example(fam, name)
+    t = check_tables(model.simulation_tables(8))
+    assert t.level.max() == 8 and t.empty_cell == 0
+    # Every eligible cell's effect is a probability law.
+    for s in range(t.eff_prob.shape[0]):
+        eligible = t.key[s] != jsmkt._simulate.tables.INELIGIBLE
+        np.testing.assert_allclose(t.eff_prob[s].sum(axis=1)[eligible], 1.0, rtol=1e-12)
+
+
+def test_a_wrongly_declared_structure_is_refused():
+    """A batch model that declares a tridiagonal Jacobian while its batches jump by up to 4 levels: Newton would
+    converge slowly and `jax.grad` would be wrong (a block-tridiagonal solve of a banded Jacobian)."""
+
+    class Tridiagonal(jsmkt.JSQdBatch):
+        def declared_structure(self):
+            return 1, ()
+
+    model = Tridiagonal(0.3, jnp.full(4, 0.25), d=2, K=30)
+    with pytest.raises(ValueError, match=r"declares a Jacobian of bandwidth 1 in levels.*outside"):
+        jsmkt.solve_fixed_point(model)
+    with pytest.raises(ValueError, match=r"outside that structure: d\(vector_field\)\[\d+\]/d\(y\)\[\d+\] is nonzero"):
+        S.check_declared(model)
+    # Inside jit, with throw=False, the result says so.
+    fp = eqx.filter_jit(lambda m: jsmkt.solve_fixed_point(m, throw=False))(model)
+    assert fp.result == jsmkt.RESULTS.wrong_structure
+
+
+def test_undeclared_structure_is_detected():
+    class Undeclared(jsmkt.JSQdBatch):
+        def declared_structure(self):
+            return None
+
+    model = Undeclared(0.3, jnp.full(3, 1 / 3), d=2, K=30)
+    assert model.structure().bandwidth == 3 and model.structure().border == ()
+    fp = jsmkt.solve_fixed_point(model)
+    ref = jsmkt.solve_fixed_point(jsmkt.JSQdBatch(0.3, jnp.full(3, 1 / 3), d=2, K=30))
+    np.testing.assert_allclose(fp.value, ref.value, rtol=1e-13, atol=1e-300)
+
+
+# --- JSQdBatch ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate, sizes", [(0.6, [0.5, 0.5]), (0.3, [0.25, 0.25, 0.25, 0.25]), (0.2, [0.1, 0.0, 0.9])])
+def test_batch_d1_is_the_mx_m1_queue(rate, sizes):
+    """With d = 1 every server is an M^X/M/1 queue: E[N] = rho (E[X^2] + E[X]) / (2 E[X] (1 - rho)), rho = lam E[X]
+    / mu (e.g. Gross & Harris, bulk-arrival queue; from the pgf P(z) = mu (1 - rho)(1 - z) / (mu (1 - z) - lam z
+    (1 - X(z))))."""
+    p = np.asarray(sizes)
+    x = np.arange(1, p.size + 1)
+    mu = 1.3
+    EX, EX2 = p @ x, p @ x**2
+    rho = rate * EX / mu
+    EN = rho * (EX2 + EX) / (2 * EX * (1 - rho))
+    model = jsmkt.JSQdBatch(rate, p, d=1, mu=mu)
+    fp = jsmkt.solve_fixed_point(model)
+    assert float(jsmkt.mean_queue_length(model, fp)) == pytest.approx(EN, rel=1e-10)
+    assert float(jsmkt.utilisation(model, fp)) == pytest.approx(rho, rel=1e-10)
+    assert float(jsmkt.mean_sojourn_time(model, fp)) == pytest.approx(EN / (rate * EX), rel=1e-10)
+
+
+def test_batch_of_ones_is_jsqd():
+    a = jsmkt.JSQdBatch(0.9, jnp.ones(1), d=3, K=20)
+    b = jsmkt.JSQd(0.9, d=3, K=20)
+    np.testing.assert_allclose(jsmkt.solve_fixed_point(a).value, jsmkt.solve_fixed_point(b).value, rtol=1e-12,
+                               atol=1e-300)
+
+
+def test_batch_metrics_count_jobs_not_batches():
+    """Throughput in jobs (batch rate times the mean batch size), P(wait) per job: the first job of a batch waits
+    if its server is busy, the others always do."""
+    model = jsmkt.JSQdBatch(0.6, jnp.array([0.5, 0.5]), d=2, K=40)
+    fp = jsmkt.solve_fixed_point(model)
+    s = np.asarray(jsmkt.tails(model, fp))
+    assert float(jsmkt.throughput(model, fp)) == pytest.approx(0.9, rel=1e-10)
+    g1 = s[1] ** 2  # the chosen server is busy
+    assert float(jsmkt.prob_wait(model, fp)) == pytest.approx((g1 * 1.5 + (1 - g1) * 0.5) / 1.5, rel=1e-12)
+    ET, EW = float(jsmkt.mean_sojourn_time(model, fp)), float(jsmkt.mean_waiting_time(model, fp))
+    assert ET == pytest.approx(float(np.sum(s[1:])) / 0.9, rel=1e-12) and ET - EW == pytest.approx(1.0, rel=1e-9)
+
+
+def test_banded_solve_of_the_batch_jacobian_equals_dense():
+    model = jsmkt.JSQdBatch(0.3, jnp.full(4, 0.25), d=2, K=200)
+    fp = jsmkt.solve_fixed_point(model)
+    op = lx.JacobianLinearOperator(lambda y, m: m.vector_field(0.0, y), fp.value, args=model)
+    b = jnp.asarray(np.random.default_rng(0).normal(size=model.K))
+    banded = lx.linear_solve(op, b, jsmkt._fixed_point.linear_solver(model)).value
+    dense = lx.linear_solve(op, b, lx.LU()).value
+    np.testing.assert_allclose(banded, dense, rtol=1e-12, atol=1e-12 * float(jnp.max(jnp.abs(dense))))
+
+
+def test_batch_refined_mean_field_at_d1_matches_the_jump_covariance():
+    """Refined mean field from the description: with d = 1 the servers are independent, so N Var(s_1) is the
+    variance of the indicator of a busy server, rho (1 - rho)."""
+    model = jsmkt.JSQdBatch(0.2, jnp.full(4, 0.25), d=1, K=80)
+    rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model))
+    rho = 0.5
+    assert float(rmf.covariance[0, 0]) == pytest.approx(rho * (1 - rho), rel=1e-9)
+    np.testing.assert_allclose(rmf.correction, 0.0, atol=1e-9)  # independent servers: no 1/N bias
+
+
+def test_simulate_refuses_models_it_cannot_run():
+    pub = jsmkt.published.JSQdPHAsPublished(0.8, jsmkt.erlang(2), d=2, K=20)
+    with pytest.raises(ValueError, match="JSQdPHAsPublished"):
+        jsmkt.simulate(pub, 10, 10.0, key=jr.PRNGKey(0))
+
+
+# --- simulation (slow) --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rate, sizes", [(0.6, [0.5, 0.5]), (0.3, [0.25, 0.25, 0.25, 0.25])])
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_batch_mean_field_agrees_with_simulation_n1000(rate, sizes, d):
+    model = jsmkt.JSQdBatch(rate, jnp.asarray(sizes), d=d)
+    ET = float(jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model)))
+    sim = jsmkt.simulate(model, 1000, 2000.0, key=jr.PRNGKey(d), n_replications=4)
+    assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fam, name", CASES)
+def test_registered_families_agree_with_simulation_n1000(fam, name):
+    model = _example(fam, name)
+    fp = jsmkt.solve_fixed_point(model)
+    ET = float(jsmkt.mean_sojourn_time(model, fp))
+    sim = jsmkt.simulate(model, 1000, 1500.0, key=jr.PRNGKey(7), n_replications=4)
+    assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
