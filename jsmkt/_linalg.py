@@ -1,9 +1,16 @@
-"""Linear algebra helpers: small dense M-matrix solves and a block-tridiagonal Lineax solver."""
+"""Linear algebra helpers: small dense solves, and Lineax solvers for the structured Jacobians of the queueing
+models (block tridiagonal, block banded, bordered by a few dense rows and columns) with the choice of a structure
+from a Jacobian's sparsity pattern."""
+
+import functools
+from operator import index as _index
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
+import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
@@ -74,6 +81,63 @@ def _small_matmul(A, B):
     return jnp.sum(A[:, :, None] * B[None, :, :], axis=1)
 
 
+def _block_thomas(L: Float[Array, "K m m"], D: Float[Array, "K m m"], U: Float[Array, "K m m"],
+                  rhs: Float[Array, "K m q"]) -> Float[Array, "K m q"]:
+    r"""Solve the block-tridiagonal system with sub-, main and super-diagonal blocks `L[r]`, `D[r]`, `U[r]`
+    (`L[0]` and `U[K - 1]` are ignored) for `q` right-hand sides at once: block Gaussian elimination (the block
+    Thomas algorithm) in a `lax.scan`,
+
+    $$S_r = D_r - L_r C_{r-1}, \quad C_r = S_r^{-1} U_r, \quad d_r = S_r^{-1}(b_r - L_r d_{r-1}), \qquad
+    x_r = d_r - C_r x_{r+1},$$
+
+    with partial pivoting inside each $S_r$ and none across blocks. Cost $O(K m^2 (m + q))$. A singular $S_r$
+    gives non-finite entries."""
+    m = D.shape[1]
+
+    def forward(carry, blocks):
+        C_prev, d_prev = carry
+        L_r, D_r, U_r, b_r = blocks
+        S = D_r - _small_matmul(L_r, C_prev)
+        rhs_r = b_r - _small_matmul(L_r, d_prev)
+        sol = small_solve(S, jnp.concatenate([U_r, rhs_r], axis=1))
+        C_r, d_r = sol[:, :m], sol[:, m:]
+        return (C_r, d_r), (C_r, d_r)
+
+    zero = (jnp.zeros((m, m), D.dtype), jnp.zeros(rhs.shape[1:], D.dtype))
+    _, (C, d) = jax.lax.scan(forward, zero, (L, D, U, rhs))
+
+    def backward(x_next, blocks):
+        C_r, d_r = blocks
+        x_r = d_r - _small_matmul(C_r, x_next)
+        return x_r, x_r
+
+    _, x = jax.lax.scan(backward, jnp.zeros(rhs.shape[1:], D.dtype), (C, d), reverse=True)
+    return x
+
+
+def _transpose_blocks(L, D, U):
+    """The blocks of the transposed block-tridiagonal matrix: $L^T_r = U_{r-1}^T$, $D^T_r$, $U^T_r = L_{r+1}^T$."""
+    zero = jnp.zeros_like(D[:1])
+    Lt = jnp.concatenate([zero, jnp.swapaxes(U[:-1], 1, 2)])
+    Ut = jnp.concatenate([jnp.swapaxes(L[1:], 1, 2), zero])
+    return Lt, jnp.swapaxes(D, 1, 2), Ut
+
+
+def _unravel(structure):
+    """The `unravel` of `jax.flatten_util.ravel_pytree` for a PyTree of `jax.ShapeDtypeStruct`s, and the dtype of
+    the flattened vector."""
+    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), structure)
+    flat, unravel = ravel_pytree(zeros)
+    return unravel, flat.dtype
+
+
+def _solution(x, in_structure):
+    """`x` (flat) as a PyTree of `in_structure`, with `RESULTS.singular` where it is not finite."""
+    unravel, _ = _unravel(in_structure)
+    result = lx.RESULTS.where(jnp.all(jnp.isfinite(x)), lx.RESULTS.successful, lx.RESULTS.singular)
+    return unravel(x), result, {}
+
+
 class BlockTridiagonal(lx.AbstractLinearSolver):
     r"""Lineax solver for block-tridiagonal systems: block `r` of the (flattened) unknown couples only to blocks
     `r - 1`, `r`, `r + 1`, each of `block_size` entries, as the Jacobians of the queueing models do (level `k`
@@ -121,38 +185,12 @@ class BlockTridiagonal(lx.AbstractLinearSolver):
         (L, D, U), (in_structure, _) = state
         b, _ = ravel_pytree(vector)
         K, m, _ = D.shape
-        b = b.reshape(K, m)
-
-        def forward(carry, blocks):
-            C_prev, d_prev = carry
-            L_r, D_r, U_r, b_r = blocks
-            S = D_r - _small_matmul(L_r, C_prev)
-            rhs = b_r[:, None] - _small_matmul(L_r, d_prev[:, None])
-            sol = small_solve(S, jnp.concatenate([U_r, rhs], axis=1))
-            C_r, d_r = sol[:, :m], sol[:, m]
-            return (C_r, d_r), (C_r, d_r)
-
-        zero = (jnp.zeros((m, m), D.dtype), jnp.zeros(m, D.dtype))
-        _, (C, d) = jax.lax.scan(forward, zero, (L, D, U, b))
-
-        def backward(x_next, blocks):
-            C_r, d_r = blocks
-            x_r = d_r - _small_matmul(C_r, x_next[:, None])[:, 0]
-            return x_r, x_r
-
-        _, x = jax.lax.scan(backward, jnp.zeros(m, D.dtype), (C, d), reverse=True)
-        x = x.reshape(-1)
-        zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), in_structure)
-        _, unravel = ravel_pytree(zeros)
-        result = lx.RESULTS.where(jnp.all(jnp.isfinite(x)), lx.RESULTS.successful, lx.RESULTS.singular)
-        return unravel(x), result, {}
+        x = _block_thomas(L, D, U, b.reshape(K, m, 1))
+        return _solution(x.reshape(-1), in_structure)
 
     def transpose(self, state, options):
-        (L, D, U), (in_structure, out_structure) = state
-        zero = jnp.zeros_like(D[:1])
-        Lt = jnp.concatenate([zero, jnp.swapaxes(U[:-1], 1, 2)])
-        Ut = jnp.concatenate([jnp.swapaxes(L[1:], 1, 2), zero])
-        return ((Lt, jnp.swapaxes(D, 1, 2), Ut), (out_structure, in_structure)), options
+        blocks, (in_structure, out_structure) = state
+        return (_transpose_blocks(*blocks), (out_structure, in_structure)), options
 
     def conj(self, state, options):
         (L, D, U), structures = state
@@ -160,6 +198,424 @@ class BlockTridiagonal(lx.AbstractLinearSolver):
 
     def assume_full_rank(self):
         return True
+
+
+# --- block-banded and bordered Jacobians ---------------------------------------------------------------------------
+#
+# The flattened unknown (`jax.flatten_util.ravel_pytree`) has a level per entry, `levels[i]`, nondecreasing in `i`
+# and consecutive (a queue length: the entries of one level are adjacent). Levels may hold different numbers of
+# entries. The solvers place the entries (border unknowns excepted) on a grid of K' levels of m slots, m the largest
+# number of such entries on a level (slot `(k, j)` for the `j`-th entry of level `k`); free slots are dummy unknowns
+# with identity rows and columns.
+
+
+def _as_indices(values) -> tuple[int, ...]:
+    """A sequence of integers (NumPy integers too) as a tuple of `int`, or a `TypeError`."""
+    return tuple(_index(v) for v in np.asarray(values).reshape(-1).tolist())
+
+
+def _as_border(values) -> tuple[int, ...]:
+    return tuple(sorted(_as_indices(values)))
+
+
+def _check_structure(levels: tuple[int, ...], bandwidth: int, border: tuple[int, ...] = ()) -> None:
+    """`ValueError` unless `levels` are nondecreasing consecutive integers, `bandwidth >= 0` and `border` holds
+    distinct indices of unknowns."""
+    n = len(levels)
+    if n == 0:
+        raise ValueError("levels must name the level of at least one unknown")
+    steps = np.diff(np.asarray(levels))
+    bad = np.nonzero((steps != 0) & (steps != 1))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"levels must be nondecreasing consecutive integers (the flattened unknowns ordered by "
+                         f"level), but levels[{i}] = {levels[i]} and levels[{i + 1}] = {levels[i + 1]}")
+    if isinstance(bandwidth, bool) or not isinstance(bandwidth, int) or bandwidth < 0:
+        raise ValueError(f"bandwidth={bandwidth!r} must be an integer >= 0")
+    if border and (border[0] < 0 or border[-1] >= n):
+        raise ValueError(f"border indices must lie in [0, {n}), got {border}")
+    if len(set(border)) != len(border):
+        raise ValueError(f"border indices must be distinct, got {border}")
+
+
+class _Grid(NamedTuple):
+    """Index maps between the flattened unknowns (`n`) and the grid of `N` super-blocks of `b` levels of `m`
+    slots (`N * B` slots, `B = b * m`), built once per structure (NumPy, read-only)."""
+
+    n: int
+    K: int  # levels
+    m: int  # slots per level
+    b: int  # levels per super-block: max(bandwidth, 1)
+    N: int  # super-blocks
+    B: int  # super-block size b * m
+    src: np.ndarray  # (N*B,) the unknown in each slot; n for a dummy slot
+    out_src: np.ndarray  # (n,) where unknown i is in [grid solution, border solution]
+    dummy: np.ndarray  # (N*B,) bool
+    probes: np.ndarray  # ((2b+1) m, n) bool: probe c*m + j is column j of every interior level of colour c
+    colour: np.ndarray  # (N, b, 3b) the colour of column level (r - 1) b + t, for row level r b + p
+    row_level: np.ndarray  # (N, b, 3b) r b + p
+    mask: np.ndarray  # (N, b, 3b, 1, 1) bool: column level (r - 1) b + t is on the grid and within b of r b + p
+    border: np.ndarray  # (p,)
+
+
+def _interior_sizes(levels, border) -> tuple[int, np.ndarray]:
+    """The first level and the number of interior (non-border) unknowns on each level from there to the last level
+    that holds one (levels with none in between count 0); (0, [1]) without interior unknowns."""
+    lv = np.asarray(levels, dtype=np.int64)
+    interior = np.ones(lv.size, dtype=bool)
+    interior[list(border)] = False
+    if not interior.any():
+        return 0, np.ones(1, dtype=np.int64)
+    base = int(lv[interior].min())
+    return base, np.bincount(lv[interior] - base)
+
+
+@functools.lru_cache(maxsize=32)
+def _grid(levels: tuple[int, ...], bandwidth: int, border: tuple[int, ...]) -> _Grid:
+    """The grid of the interior unknowns: border unknowns take no slot (their levels do not count), so a border
+    unknown on a level of its own or beside the unknowns of a level does not enlarge the grid."""
+    lv = np.asarray(levels, dtype=np.int64)
+    n = lv.size
+    border_arr = np.asarray(border, dtype=np.int64)
+    interior = np.ones(n, dtype=bool)
+    interior[border_arr] = False
+    base, sizes = _interior_sizes(levels, border)
+    K, m = sizes.size, int(sizes.max())
+    b = max(bandwidth, 1)
+    N = -(-K // b)
+    B, Kp = b * m, N * b
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    lv_in = lv[interior] - base
+    offset = np.arange(lv_in.size) - first[lv_in]  # position of each interior unknown within its level
+    slot = lv_in * m + offset
+    src = np.full(Kp * m, n, dtype=np.int64)
+    src[slot] = np.nonzero(interior)[0]
+    out_src = np.empty(n, dtype=np.int64)
+    out_src[interior] = slot
+    out_src[border_arr] = Kp * m + np.arange(border_arr.size)
+    colours = 2 * b + 1  # columns of levels 2b + 1 apart never meet in a row
+    probes = np.zeros((colours * m, n), dtype=bool)
+    probes[(lv_in % colours) * m + offset, np.nonzero(interior)[0]] = True
+    r, p, t = np.ogrid[:N, :b, :3 * b]
+    col_level = (r - 1) * b + t
+    shape = (N, b, 3 * b)
+    colour = np.broadcast_to(col_level % colours, shape)
+    row_level = np.broadcast_to(r * b + p, shape)
+    mask = np.broadcast_to((np.abs(t - b - p) <= b) & (col_level >= 0) & (col_level < Kp), shape)[..., None, None]
+    arrays = [src, out_src, src == n, probes, colour, row_level, mask, border_arr]
+    arrays = [np.array(a) for a in arrays]
+    for a in arrays:
+        a.flags.writeable = False
+    return _Grid(n, K, m, b, N, B, *arrays)
+
+
+def _to_grid(grid: _Grid, v: Array) -> Array:
+    """`v` (n, q) on the grid (N*B, q): zero in the dummy slots, the border unknowns' entries left out."""
+    return jnp.concatenate([v, jnp.zeros((1,) + v.shape[1:], v.dtype)])[grid.src]
+
+
+def _check_operator(operator: lx.AbstractLinearOperator, grid: _Grid, name: str) -> None:
+    if operator.in_size() != operator.out_size():
+        raise ValueError(f"{name} needs a square operator, got {operator.out_size()} x {operator.in_size()}")
+    if operator.in_size() != grid.n:
+        raise ValueError(f"{name} was given levels for {grid.n} unknowns, but the operator has {operator.in_size()}")
+
+
+def _band_blocks(operator: lx.AbstractLinearOperator, grid: _Grid):
+    r"""The block-tridiagonal super-blocks `(L, D, U)`, each `(N, B, B)`, of the operator's interior on the grid,
+    read off $(2b + 1) m$ products `operator.mv`: probe $(c, j)$ is the sum of the unit vectors of column `j` of
+    every interior level $l \equiv c \pmod{2b + 1}$. Row level `k` meets only column levels `k - b .. k + b`, which
+    have distinct colours, so entry $(k, i; l, j)$ with $|k - l| \le b$ is entry $(k, i)$ of the product of probe
+    $(l \bmod (2b + 1), j)$. Rows and columns of dummy slots become those of the identity."""
+    unravel, dtype = _unravel(operator.in_structure())
+    probes = jnp.asarray(grid.probes, dtype=dtype)
+    Y = jax.vmap(lambda v: ravel_pytree(operator.mv(unravel(v)))[0])(probes)  # (probe, n)
+    Kp, m, b, N, B = grid.N * grid.b, grid.m, grid.b, grid.N, grid.B
+    Y = _to_grid(grid, Y.T).reshape(Kp, m, 2 * b + 1, m)  # (row level, row i, colour, column j)
+    Y = jnp.transpose(Y, (2, 0, 1, 3))
+    G = Y[grid.colour, grid.row_level]  # (super-block r, row level p, column level t, i, j)
+    G = jnp.where(grid.mask, G, jnp.zeros((), dtype))
+    G = jnp.transpose(G, (0, 1, 3, 2, 4)).reshape(N, B, 3 * B)
+    eye = np.zeros((N * B, B))
+    eye[np.arange(N * B), np.arange(N * B) % B] = grid.dummy
+    D = G[:, :, B:2 * B] + jnp.asarray(eye.reshape(N, B, B), dtype=dtype)
+    return G[:, :, :B], D, G[:, :, 2 * B:]
+
+
+def _band_solve(blocks, grid: _Grid, v: Array) -> Array:
+    """Solve with the grid matrix of `blocks` for `v` (N*B, q) given on the grid."""
+    x = _block_thomas(*blocks, v.reshape(grid.N, grid.B, v.shape[1]))
+    return x.reshape(grid.N * grid.B, v.shape[1])
+
+
+class BlockBanded(lx.AbstractLinearSolver):
+    r"""Lineax solver for block-banded systems: $J_{ij} = 0$ whenever $|\ell_i - \ell_j| > b$, for the levels
+    $\ell_i$ = `levels[i]` of the flattened unknowns and the bandwidth $b$ = `bandwidth`. This is the Jacobian of a
+    model whose transitions change a queue length by at most $b$ (batch arrivals of up to $b$ jobs);
+    `bandwidth=1` is block tridiagonal, `bandwidth=0` (a block-diagonal matrix) is treated as 1.
+
+    Each level is padded to $m$ = the largest level size with dummy unknowns (identity rows and columns), and $b$
+    consecutive levels form one super-block of $bm$ unknowns (the level count padded to a multiple of $b$): a
+    level meets only levels within $b$, hence only the neighbouring super-blocks, so the padded matrix is block
+    tridiagonal with blocks of $bm$. `init` reads its three block diagonals off $(2b + 1) m$ products with the
+    operator (levels coloured modulo $2b + 1$, each product probes one column of every level of a colour) and
+    never materialises the dense matrix; `compute` is the block elimination of `BlockTridiagonal` on the
+    super-blocks. Cost $O(K b^2 m^3)$ for $K$ levels and $O(K b m^2)$ memory, against $O((Km)^3)$ and
+    $O((Km)^2)$ for dense LU. No pivoting across super-blocks: meant for well-conditioned Jacobians; a singular
+    elimination block gives `RESULTS.singular`.
+
+    The operator must be square, with its outputs flattened like its inputs (row `i` has level `levels[i]`, as
+    for the Jacobian of a vector field $X \to X$), and have this structure: entries outside the band are not read,
+    so they would be silently wrong (`structure_violations` checks a pattern against it).
+
+    **Arguments:**
+
+    - `levels`: the level of each flattened unknown, nondecreasing consecutive integers (any first value).
+    - `bandwidth`: the largest level distance of a nonzero entry.
+    """
+
+    levels: tuple[int, ...] = eqx.field(static=True, converter=_as_indices)
+    bandwidth: int = eqx.field(static=True, converter=_index)
+
+    def __check_init__(self):
+        _check_structure(self.levels, self.bandwidth)
+
+    def _grid(self) -> _Grid:
+        return _grid(self.levels, self.bandwidth, ())
+
+    def init(self, operator, options):
+        del options
+        grid = self._grid()
+        _check_operator(operator, grid, "BlockBanded")
+        return _band_blocks(operator, grid), (operator.in_structure(), operator.out_structure())
+
+    def compute(self, state, vector, options):
+        del options
+        blocks, (in_structure, _) = state
+        grid = self._grid()
+        b, _ = ravel_pytree(vector)
+        x = _band_solve(blocks, grid, _to_grid(grid, b[:, None]))
+        return _solution(x[grid.out_src, 0], in_structure)
+
+    def transpose(self, state, options):
+        blocks, (in_structure, out_structure) = state
+        return (_transpose_blocks(*blocks), (out_structure, in_structure)), options
+
+    def conj(self, state, options):
+        blocks, structures = state
+        return (tuple(a.conj() for a in blocks), structures), options
+
+    def assume_full_rank(self):
+        return True
+
+
+class Bordered(lx.AbstractLinearSolver):
+    r"""Lineax solver for block-banded systems with a few dense rows and columns: $J_{ij} = 0$ whenever neither
+    $i$ nor $j$ is in `border` and $|\ell_i - \ell_j| > b$ (as `BlockBanded`, but the border unknowns, such as a
+    total that couples to every level, may couple to anything).
+
+    With $I$ the interior (the other unknowns) and $B$ the $p$ border unknowns, the Schur complement
+    $S = J_{BB} - J_{BI} J_{II}^{-1} J_{IB}$ gives
+
+    $$x_B = S^{-1}\left(b_B - J_{BI} J_{II}^{-1} b_I\right), \qquad x_I = J_{II}^{-1} b_I - W x_B, \quad
+    W = J_{II}^{-1} J_{IB}.$$
+
+    $J_{II}$ is factored as in `BlockBanded`, on the grid of the interior unknowns (a border unknown takes no slot,
+    and a level it leaves short is padded with a dummy unknown like any other, so the levels stay uniform), from
+    $(2b + 1) m$ products whose probes leave out the border columns;
+    the border columns $J_{\cdot B}$ are $p$ products `operator.mv` with unit vectors, and the border rows
+    $J_{B \cdot}$ are $p$ products with the transpose (`operator.transpose().mv`: a vector-Jacobian product for
+    `lx.JacobianLinearOperator`, `jax.linear_transpose` for `lx.FunctionLinearOperator`). `init` forms $W$ ($p$
+    right-hand sides in one elimination) and $S$; `compute` does one banded solve and a $p \times p$ dense one.
+    Cost $O(K b m^2 (b m + p) + p^3)$. A singular $J_{II}$ or $S$ gives `RESULTS.singular`.
+
+    The operator must be square with outputs flattened like its inputs, as for `BlockBanded`.
+
+    **Arguments:**
+
+    - `levels`: the level of each flattened unknown, nondecreasing consecutive integers (any first value); border
+        unknowns have levels too (their position in the flattened unknown).
+    - `bandwidth`: the largest level distance of a nonzero entry between interior unknowns.
+    - `border`: the indices of the border unknowns in the flattened unknown.
+    """
+
+    levels: tuple[int, ...] = eqx.field(static=True, converter=_as_indices)
+    bandwidth: int = eqx.field(static=True, converter=_index)
+    border: tuple[int, ...] = eqx.field(static=True, converter=_as_border)
+
+    def __check_init__(self):
+        _check_structure(self.levels, self.bandwidth, self.border)
+        if not self.border:
+            raise ValueError("Bordered needs at least one border unknown; without a border use BlockBanded")
+
+    def _grid(self) -> _Grid:
+        return _grid(self.levels, self.bandwidth, self.border)
+
+    def init(self, operator, options):
+        del options
+        grid = self._grid()
+        _check_operator(operator, grid, "Bordered")
+        blocks = _band_blocks(operator, grid)
+        unravel_in, dtype = _unravel(operator.in_structure())
+        unravel_out, _ = _unravel(operator.out_structure())
+        units = jnp.asarray(np.arange(grid.n)[None, :] == grid.border[:, None], dtype=dtype)  # (p, n)
+        cols = jax.vmap(lambda v: ravel_pytree(operator.mv(unravel_in(v)))[0])(units)  # cols[c] = J[:, border[c]]
+        transposed = operator.transpose()
+        rows = jax.vmap(lambda v: ravel_pytree(transposed.mv(unravel_out(v)))[0])(units)  # rows[a] = J[border[a]]
+        J_IB = _to_grid(grid, cols.T)  # (N*B, p)
+        J_BI = _to_grid(grid, rows.T).T  # (p, N*B)
+        J_BB = cols[:, grid.border].T
+        W = _band_solve(blocks, grid, J_IB)
+        S = J_BB - J_BI @ W
+        return (blocks, J_IB, J_BI, W, S), (operator.in_structure(), operator.out_structure())
+
+    def compute(self, state, vector, options):
+        del options
+        (blocks, _, J_BI, W, S), (in_structure, _) = state
+        grid = self._grid()
+        b, _ = ravel_pytree(vector)
+        y = _band_solve(blocks, grid, _to_grid(grid, b[:, None]))
+        x_B = jnp.linalg.solve(S, b[grid.border][:, None] - J_BI @ y)
+        x_I = y - W @ x_B
+        return _solution(jnp.concatenate([x_I[:, 0], x_B[:, 0]])[grid.out_src], in_structure)
+
+    def transpose(self, state, options):
+        """$J^T$ has interior $J_{II}^T$, border columns $J_{BI}^T$, border rows $J_{IB}^T$ and Schur complement
+        $S^T$; only the counterpart of $W$, $J_{II}^{-T} J_{BI}^T$, needs a solve (banded, $p$ right-hand
+        sides)."""
+        (blocks, J_IB, J_BI, _, S), (in_structure, out_structure) = state
+        blocks_t = _transpose_blocks(*blocks)
+        J_IB_t, J_BI_t = J_BI.T, J_IB.T
+        W_t = _band_solve(blocks_t, self._grid(), J_IB_t)
+        return ((blocks_t, J_IB_t, J_BI_t, W_t, S.T), (out_structure, in_structure)), options
+
+    def conj(self, state, options):
+        (blocks, J_IB, J_BI, W, S), structures = state
+        blocks = tuple(a.conj() for a in blocks)
+        return ((blocks, J_IB.conj(), J_BI.conj(), W.conj(), S.conj()), structures), options
+
+    def assume_full_rank(self):
+        return True
+
+
+# --- choosing a structure --------------------------------------------------------------------------------------
+
+
+def structure_solver(levels, bandwidth: int, border=()) -> lx.AbstractLinearSolver:
+    r"""The Lineax solver for a Jacobian with the structure `(levels, bandwidth, border)` (see `BlockBanded` and
+    `Bordered`; `classify_sparsity` finds one from a sparsity pattern).
+
+    The rule, for $n$ unknowns, $p$ of them in the border, the others on $K$ levels of at most $m$ unknowns,
+    $b$ = max(`bandwidth`, 1) and $N = \lceil K/b \rceil$ super-blocks of $B = bm$:
+
+    - `BlockTridiagonal(m)` when every level holds $m$ unknowns, `bandwidth <= 1` and there is no border
+        (the models' nearest-neighbour Jacobians, whatever their size);
+    - `lx.LU()` when the structure cannot pay: the three block diagonals of super-blocks hold at least half as
+        many entries as the dense matrix, $(3N - 2) B^2 \ge n^2 / 2$ (few super-blocks, or levels so uneven that
+        the padding dominates), or the border holds at least an eighth of the unknowns, $8p \ge n$;
+    - `BlockBanded(levels, bandwidth)` when there is no border;
+    - `Bordered(levels, bandwidth, border)` otherwise.
+    """
+    levels, bandwidth, border = _as_indices(levels), _index(bandwidth), _as_border(border)
+    _check_structure(levels, bandwidth, border)
+    _, sizes = _interior_sizes(levels, border)
+    n, m, p = len(levels), int(sizes.max()), len(border)
+    if not border and bandwidth <= 1 and np.all(sizes == m):
+        return BlockTridiagonal(m)
+    b = max(bandwidth, 1)
+    N = -(-sizes.size // b)
+    if 2 * (3 * N - 2) * (b * m) ** 2 >= n * n or 8 * p >= n:
+        return lx.LU()
+    if not border:
+        return BlockBanded(levels, bandwidth)
+    return Bordered(levels, bandwidth, border)
+
+
+def _pattern_levels(pattern, levels) -> tuple[np.ndarray, np.ndarray]:
+    pattern = np.asarray(pattern, dtype=bool)
+    levels = _as_indices(levels)
+    _check_structure(levels, 0)
+    n = len(levels)
+    if pattern.shape != (n, n):
+        raise ValueError(f"the pattern must be ({n}, {n}) for {n} levels, got shape {pattern.shape}")
+    return pattern, np.asarray(levels, dtype=np.int64)
+
+
+def _structure_cost(levels, n: int, bandwidth: int, border) -> int:
+    """The arithmetic of `Bordered` (of `BlockBanded` without a border), up to constants: the elimination of N
+    super-blocks of B = bm (K levels of at most m interior unknowns) with p extra right-hand sides, the p x p Schur
+    system and the 2p border products."""
+    _, sizes = _interior_sizes(levels, border)
+    b, p = max(bandwidth, 1), len(border)
+    N, B = -(-sizes.size // b), b * int(sizes.max())
+    return N * B**3 + N * B**2 * p + p**3 + 2 * p * n
+
+
+def classify_sparsity(pattern, levels) -> tuple[int, tuple[int, ...]]:
+    r"""A structure `(bandwidth, border)` (for `structure_solver`, `BlockBanded`, `Bordered`) that covers every
+    nonzero of the sparsity pattern `pattern` (`(n, n)` bool, e.g. `jax.jacfwd(f)(x) != 0` at a generic point
+    `x`) of a Jacobian whose flattened unknowns have levels `levels`: every nonzero $(i, j)$ has $i$ or $j$ in
+    `border` or $|\ell_i - \ell_j| \le$ `bandwidth`.
+
+    The border is the set of unknowns whose rows or columns reach much farther in level than the rest (a column
+    that couples to every level, an arrowhead), the bandwidth the largest level distance of the other nonzeros.
+    The choice minimises the cost model of `Bordered`, about $(K/b)(bm)^3 + (K/b)(bm)^2 p + p^3 + 2pn$ for $K$
+    levels of at most $m$ interior unknowns and $p$ border unknowns: for each candidate bandwidth $w$ (the level
+    distances present, largest first) the nonzeros farther than $w$ are covered greedily, adding to the border the
+    unknown whose row and column hold most of the uncovered ones (ties: the one with most nonzeros), then
+    dropping the border unknowns that the others make redundant; the border carries over to the next, smaller
+    $w$, and the search stops once the border's own cost, $p^3 + 2pn$, exceeds that of the best structure found.
+    A diagonal pattern gives `(0, ())` (which the solvers treat as bandwidth 1), a tridiagonal one `(1, ())`.
+    """
+    pattern, lv = _pattern_levels(pattern, levels)
+    levels = tuple(lv.tolist())
+    n = lv.size
+    rows, cols = np.nonzero(pattern)
+    dist = np.abs(lv[rows] - lv[cols])
+    if dist.size == 0:
+        return 0, ()
+    in_border = np.zeros(n, dtype=bool)
+    # ties between equally useful unknowns go to the one with more nonzeros in its row and column
+    degree = np.bincount(rows, minlength=n) + np.bincount(cols, minlength=n)
+    best = (_structure_cost(levels, n, int(dist.max()), ()), int(dist.max()), ())  # (cost, bandwidth, border)
+    for w in np.unique(np.concatenate([dist, [0]]))[::-1][1:]:
+        far = (dist > w) & ~in_border[rows] & ~in_border[cols]
+        while far.any():
+            p = int(in_border.sum()) + 1
+            if p**3 + 2 * p * n >= best[0]:
+                break  # a lower bound for every bandwidth with this border
+            counts = np.bincount(rows[far], minlength=n) + np.bincount(cols[far], minlength=n)
+            u = int(np.argmax(counts * (2 * n + 1) + degree))
+            in_border[u] = True
+            far &= (rows != u) & (cols != u)
+        if far.any():
+            break  # covering this w (and every smaller one) costs more than the best structure
+        for u in np.nonzero(in_border)[0]:  # drop border unknowns that the others make redundant
+            mine = (dist > w) & ((rows == u) | (cols == u))
+            if not np.any(mine & ~in_border[np.where(rows == u, cols, rows)]):
+                in_border[u] = False
+        left = ~in_border[rows] & ~in_border[cols]
+        actual = int(dist[left].max()) if left.any() else 0
+        border = tuple(np.nonzero(in_border)[0].tolist())
+        cost = _structure_cost(levels, n, actual, border)
+        if cost < best[0]:
+            best = (cost, actual, border)
+    return best[1], best[2]
+
+
+def structure_violations(pattern, levels, bandwidth: int, border=()) -> np.ndarray:
+    """The `(k, 2)` index pairs `(i, j)` (in row-major order) of the nonzeros of `pattern` that the structure
+    `(levels, bandwidth, border)` does not cover: neither `i` nor `j` in `border` and `|levels[i] - levels[j]| >
+    bandwidth`. Empty (shape `(0, 2)`) when the structure fits, so a caller can refuse a wrongly declared
+    structure by naming the first offending entry. `bandwidth` is taken as given (0: diagonal blocks only)."""
+    pattern, lv = _pattern_levels(pattern, levels)
+    bandwidth, border = _index(bandwidth), _as_border(border)
+    _check_structure(tuple(lv.tolist()), bandwidth, border)
+    in_border = np.zeros(lv.size, dtype=bool)
+    in_border[list(border)] = True
+    rows, cols = np.nonzero(pattern)
+    bad = (np.abs(lv[rows] - lv[cols]) > bandwidth) & ~in_border[rows] & ~in_border[cols]
+    return np.stack([rows[bad], cols[bad]], axis=1)
 
 
 class NeverFails(lx.AbstractLinearSolver):
