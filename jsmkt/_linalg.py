@@ -250,11 +250,8 @@ class _Grid(NamedTuple):
     B: int  # super-block size b * m
     src: np.ndarray  # (N*B,) the unknown in each slot; n for a dummy slot
     out_src: np.ndarray  # (n,) where unknown i is in [grid solution, border solution]
-    dummy: np.ndarray  # (N*B,) bool
     probes: np.ndarray  # ((2b+1) m, n) bool: probe c*m + j is column j of every interior level of colour c
-    colour: np.ndarray  # (N, b, 3b) the colour of column level (r - 1) b + t, for row level r b + p
-    row_level: np.ndarray  # (N, b, 3b) r b + p
-    mask: np.ndarray  # (N, b, 3b, 1, 1) bool: column level (r - 1) b + t is on the grid and within b of r b + p
+    band: np.ndarray  # (N, B, 3B) where [L_r, D_r, U_r] is in [products (flat), 0, 1] (see `_band_blocks`)
     border: np.ndarray  # (p,)
 
 
@@ -296,13 +293,20 @@ def _grid(levels: tuple[int, ...], bandwidth: int, border: tuple[int, ...]) -> _
     colours = 2 * b + 1  # columns of levels 2b + 1 apart never meet in a row
     probes = np.zeros((colours * m, n), dtype=bool)
     probes[(lv_in % colours) * m + offset, np.nonzero(interior)[0]] = True
-    r, p, t = np.ogrid[:N, :b, :3 * b]
-    col_level = (r - 1) * b + t
-    shape = (N, b, 3 * b)
-    colour = np.broadcast_to(col_level % colours, shape)
-    row_level = np.broadcast_to(r * b + p, shape)
-    mask = np.broadcast_to((np.abs(t - b - p) <= b) & (col_level >= 0) & (col_level < Kp), shape)[..., None, None]
-    arrays = [src, out_src, src == n, probes, colour, row_level, mask, border_arr]
+    # Entry (row i of level r b + p, column j of level (r - 1) b + t) of super-block row r: entry (unknown of the
+    # row slot) of the product of probe (colour of the column level, j) when the levels are within b and both slots
+    # hold interior unknowns; 1 on the diagonal of a dummy slot; 0 otherwise.
+    r, p, i, t, j = np.ix_(np.arange(N), np.arange(b), np.arange(m), np.arange(3 * b), np.arange(m))
+    row_level, col_level = r * b + p, (r - 1) * b + t
+    row_unknown = src[row_level * m + i]
+    on_grid = (col_level >= 0) & (col_level < Kp)
+    col_real = src[np.where(on_grid, col_level, 0) * m + j] < n
+    inside = (np.abs(col_level - row_level) <= b) & on_grid & col_real & (row_unknown < n)
+    P = colours * m
+    band = np.where(inside, ((col_level % colours) * m + j) * n + row_unknown, P * n)
+    band = np.where((row_unknown == n) & (col_level == row_level) & (j == i), P * n + 1, band)
+    band = band.reshape(N, B, 3 * B)
+    arrays = [src, out_src, probes, band, border_arr]
     arrays = [np.array(a) for a in arrays]
     for a in arrays:
         a.flags.writeable = False
@@ -330,16 +334,9 @@ def _band_blocks(operator: lx.AbstractLinearOperator, grid: _Grid):
     unravel, dtype = _unravel(operator.in_structure())
     probes = jnp.asarray(grid.probes, dtype=dtype)
     Y = jax.vmap(lambda v: ravel_pytree(operator.mv(unravel(v)))[0])(probes)  # (probe, n)
-    Kp, m, b, N, B = grid.N * grid.b, grid.m, grid.b, grid.N, grid.B
-    Y = _to_grid(grid, Y.T).reshape(Kp, m, 2 * b + 1, m)  # (row level, row i, colour, column j)
-    Y = jnp.transpose(Y, (2, 0, 1, 3))
-    G = Y[grid.colour, grid.row_level]  # (super-block r, row level p, column level t, i, j)
-    G = jnp.where(grid.mask, G, jnp.zeros((), dtype))
-    G = jnp.transpose(G, (0, 1, 3, 2, 4)).reshape(N, B, 3 * B)
-    eye = np.zeros((N * B, B))
-    eye[np.arange(N * B), np.arange(N * B) % B] = grid.dummy
-    D = G[:, :, B:2 * B] + jnp.asarray(eye.reshape(N, B, B), dtype=dtype)
-    return G[:, :, :B], D, G[:, :, 2 * B:]
+    G = jnp.concatenate([Y.reshape(-1), jnp.asarray([0.0, 1.0], dtype=dtype)])[grid.band]  # one gather
+    B = grid.B
+    return G[:, :, :B], G[:, :, B:2 * B], G[:, :, 2 * B:]
 
 
 def _band_solve(blocks, grid: _Grid, v: Array) -> Array:
