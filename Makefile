@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/simulate.py
 	$(BIN)/python benchmarks/replications.py
 	$(BIN)/python benchmarks/general_service.py
+	$(BIN)/python benchmarks/banded_solve.py
 
 experiments: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py
