@@ -430,3 +430,55 @@ def test_refined_prob_wait_follows_the_sampling(tmp_path, capsys):
         p = json.loads(out)["refined"]["prob_wait"]
         assert p == pytest.approx(((0.25 + W11 / n) * n - 0.5) / (n - 1), rel=1e-12)
         assert abs(p - exact) < 2e-3  # O(1/N^2) from the exact value; the mean field's 0.25 is 10x further at N=10
+
+
+def test_jsq_batch_solve_and_simulate(tmp_path, capsys):
+    """`model = "jsq-batch"`: d = 1 is the M^X/M/1 queue, E[Q] = rho (E[X^2] + E[X]) / (2 E[X] (1 - rho)); the
+    simulation runs the same batches."""
+    spec = tmp_path / "b.toml"
+    spec.write_text('model = "jsq-batch"\nbatch_rate = 0.3\nbatch_sizes = [0.5, 0.5]\nd = 1\nmu = 1.0\n')
+    code, out, err = run(["solve", str(spec), "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    rho, EX, EX2 = 0.45, 1.5, 2.5
+    assert res["mean_queue_length"] == pytest.approx(rho * (EX2 + EX) / (2 * EX * (1 - rho)), rel=1e-10)
+    assert res["batch_sizes"] == [0.5, 0.5] and res["lam"] == pytest.approx(0.45) and res["model"] == "JSQdBatch"
+    code, out, err = run(["simulate", str(spec), "--servers", "50", "--time", "400", "--replications", "2",
+                          "--format", "json"], capsys)
+    assert code == 0, err
+    sim = json.loads(out)
+    assert sim["model"] == "JSQdBatch" and abs(sim["mean_queue_length"] - res["mean_queue_length"]) < 0.1
+    code, out, err = run(["solve", str(spec)], capsys)
+    assert code == 0 and "batch_rate = 0.3   batch sizes 1..2 (mean 1.5)   d = 1" in out
+    code, _, err = run(["solve", str(spec), "--as-published"], capsys)
+    assert code == 2 and "has no published form" in err
+    spec.write_text('model = "jsq-batch"\nbatch_rate = 0.3\nbatch_sizes = [0.5, -0.5]\n')
+    code, _, err = run(["solve", str(spec)], capsys)
+    assert code == 2 and "batch_sizes[1]=-0.5" in err
+    spec.write_text('model = "jsq-batch"\nlam = 0.3\nbatch_sizes = [1.0]\n')
+    code, _, err = run(["solve", str(spec)], capsys)
+    assert code == 2 and "unknown key(s) 'lam'" in err
+
+
+def test_service_table_with_alpha_and_T_alone_is_a_ph(tmp_path, capsys):
+    spec = tmp_path / "p.toml"
+    spec.write_text('model = "jsq-ph"\nlam = 0.5\nd = 1\n[service]\nalpha = [1.0, 0.0]\nT = [[-2.0, 2.0], [0.0, -2.0]]\n')
+    code, out, err = run(["solve", str(spec), "--format", "json"], capsys)
+    assert code == 0, err
+    # Erlang-2 of mean 1 at load 0.5: Pollaczek-Khinchine E[Q] = rho + rho^2 (1 + scv) / (2 (1 - rho)), scv = 1/2.
+    assert json.loads(out)["mean_queue_length"] == pytest.approx(0.5 + 0.25 * 1.5 / 1.0, rel=1e-10)
+
+
+def test_refined_in_range_judges_the_levels_that_carry_mass(tmp_path, capsys):
+    """JSQ(2), lam = 0.9: with 10^6 servers the expansion holds wherever a level holds at least one server; the
+    deep levels (s_k far below 1/N) are not judged."""
+    spec = tmp_path / "j.toml"
+    spec.write_text('model = "jsq"\nlam = 0.9\nd = 2\n')
+    code, out, err = run(["solve", str(spec), "--format", "json", "--servers", "1000000"], capsys)
+    assert code == 0, err
+    r = json.loads(out)["refined"]
+    assert r["in_range"] is True and r["out_of_range_levels"] == []
+    assert not all(r["tail_in_range"])  # some deep level fails the 30 % test, without counting
+    code, out, err = run(["solve", str(spec), "--format", "json", "--servers", "3"], capsys)
+    r = json.loads(out)["refined"]
+    assert r["in_range"] is False and r["out_of_range_levels"]
