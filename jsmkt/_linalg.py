@@ -557,11 +557,12 @@ def classify_sparsity(pattern, levels) -> tuple[int, tuple[int, ...]]:
     The border is the set of unknowns whose rows or columns reach much farther in level than the rest (a column
     that couples to every level, an arrowhead), the bandwidth the largest level distance of the other nonzeros.
     The choice minimises the cost model of `Bordered`, about $(K/b)(bm)^3 + (K/b)(bm)^2 p + p^3 + 2pn$ for $K$
-    levels of at most $m$ interior unknowns and $p$ border unknowns: for each candidate bandwidth $w$ (the level
-    distances present, largest first) the nonzeros farther than $w$ are covered greedily, adding to the border the
-    unknown whose row and column hold most of the uncovered ones (ties: the one with most nonzeros), then
-    dropping the border unknowns that the others make redundant; the border carries over to the next, smaller
-    $w$, and the search stops once the border's own cost, $p^3 + 2pn$, exceeds that of the best structure found.
+    levels of at most $m$ interior unknowns and $p$ border unknowns: for each candidate bandwidth $w$ (one below
+    the largest level distance that the border so far leaves) the nonzeros farther than $w$ are covered greedily,
+    adding to the border the unknown whose row and column hold most of the uncovered ones (ties: the one with most
+    nonzeros), then dropping the border unknowns that the others make redundant; the border carries over to the
+    next, smaller $w$, and the search stops once the border's own cost, $p^3 + 2pn$, exceeds that of the best
+    structure found.
     A diagonal pattern gives `(0, ())` (which the solvers treat as bandwidth 1), a tridiagonal one `(1, ())`.
     """
     pattern, lv = _pattern_levels(pattern, levels)
@@ -575,7 +576,8 @@ def classify_sparsity(pattern, levels) -> tuple[int, tuple[int, ...]]:
     # ties between equally useful unknowns go to the one with more nonzeros in its row and column
     degree = np.bincount(rows, minlength=n) + np.bincount(cols, minlength=n)
     best = (_structure_cost(levels, n, int(dist.max()), ()), int(dist.max()), ())  # (cost, bandwidth, border)
-    for w in np.unique(np.concatenate([dist, [0]]))[::-1][1:]:
+    w = best[1] - 1
+    while w >= 0:  # w: the next bandwidth to try, one below the largest distance the border leaves
         far = (dist > w) & ~in_border[rows] & ~in_border[cols]
         while far.any():
             p = int(in_border.sum()) + 1
@@ -597,6 +599,7 @@ def classify_sparsity(pattern, levels) -> tuple[int, tuple[int, ...]]:
         cost = _structure_cost(levels, n, actual, border)
         if cost < best[0]:
             best = (cost, actual, border)
+        w = actual - 1
     return best[1], best[2]
 
 

@@ -155,12 +155,13 @@ def _structured(rng, levels, bandwidth, border=()):
 
 
 def _unknown(sizes, flat):
-    """The flattened unknown as a PyTree: a (K, m) array for uniform levels, else {"head": first level, "tail":
-    (K - 1, m)} (levels after the first all of m unknowns)."""
+    """The flattened unknown as a PyTree: a (K, m) array for uniform levels, {"head": first level, "tail":
+    (K - 1, m)} when the levels after the first all hold m unknowns, else the flat vector."""
     if len(set(sizes)) == 1:
         return flat.reshape(len(sizes), sizes[0])
-    assert len(set(sizes[1:])) == 1
-    return {"head": flat[:sizes[0]], "tail": flat[sizes[0]:].reshape(len(sizes) - 1, sizes[1])}
+    if len(set(sizes[1:])) == 1:
+        return {"head": flat[:sizes[0]], "tail": flat[sizes[0]:].reshape(len(sizes) - 1, sizes[1])}
+    return flat
 
 
 def _nonlinear(y, A, C):
@@ -227,6 +228,7 @@ BANDED_CASES = [  # (level sizes, first level, bandwidth)
     ([1] + [2] * 11, 1, 5),
     ([2] * 6, 0, 4),  # 6 levels padded to 8
     ([1] * 9, 0, 0),  # diagonal
+    ([2, 1, 3, 2, 1, 2, 2], 2, 2),  # uneven levels
 ]
 
 
@@ -243,7 +245,7 @@ BORDERED_CASES = [  # (level sizes, bandwidth, border)
     ([1] + [2] * 10, 1, (0, 10, 20)),  # start, middle and end
     ([3] * 6, 1, (17, 15, 16)),  # the last level (given in any order)
     ([2] * 8, 5, (3, 4)),  # two levels of 5 padded to 10
-    ([1] * 10, 4, (5,)),
+    ([1, 2, 1, 2, 2, 1, 1, 2], 4, (5,)),  # uneven levels
 ]
 
 
