@@ -23,6 +23,13 @@ Model: JSQ(2), N = 1000 servers, Poisson arrivals of rate N * 0.9, H2 service wi
   events: `jsmkt.simulate` with the same H2 distribution as a general sampler (`jsmkt.GeneralService`; the phase
   occupancies are then not tracked), and the same algorithm as a C loop (`reference/jsqd_h2.c ... fcfs`).
 
+- the generic engine (`jsmkt._simulate.generic`, which runs any model given by `SimTables`) beside the fast PH
+  engine, one replication each (one core): JSQ(2)-H2 on the tables of `jsmkt._simulate.jsq_tables`, and JSQ(2)
+  with batch arrivals (batches of 1 or 2 jobs with probability 1/2 at rate 0.6 per server, exponential service of
+  rate 1, `jsq_tables.BatchJSQ`): events/s, real events/s (events that changed a server or refused a job, no
+  self-loops), their ratio to the fast engine's events/s on JSQ(2)-H2, and the targets >= 0.5x and >= 2e6 real
+  events/s (`--sections generic` for this part alone, `--generic-time` for its run length).
+
 The speed-up compares simulated time per wall second (summed over replications or processes), since the loops
 count different events: uniformisation adds phase changes and self-loops (about 1.5 events per arrival or
 departure here). Medians of a few interleaved repeats. Run with `.venv/bin/python benchmarks/simulate.py`
@@ -82,7 +89,7 @@ import jax.random as jr
 
 import _common
 import jsmkt
-from jsmkt._simulate import driver
+from jsmkt._simulate import driver, jsq_tables
 from jsmkt._simulate.driver import _sequential_engine
 
 
@@ -90,6 +97,9 @@ N, LAM, D, SCV = 1000, 0.9, 2, 4.0
 NATIVE_SOURCE = pathlib.Path(__file__).parent / "reference" / "jsqd_h2.c"
 TARGET_EVENTS_PER_S = 1e6
 TARGET_SPEEDUP = 100.0
+BATCH_RATE, BATCH_SIZES = 0.6, (0.5, 0.5)  # the batch model of the generic section: job load 0.9
+TARGET_GENERIC_RATIO = 0.5  # generic engine's events/s against the fast PH engine's, one replication
+TARGET_GENERIC_REAL = 2e6  # generic engine's real events/s, one replication (one core)
 
 
 def python_jsqd_h2(n, lam, d, scv, t1, warmup, seed):
@@ -219,6 +229,71 @@ def run_native(exe, processes, t1, warmup, max_queue, seed, select="uniform"):
     return wall, sum(int(o[0]) for o in outs), float(outs[0][2]), float(outs[0][3])
 
 
+def generic_section(t_sim, repeats, verbose):
+    """The generic engine (`jsmkt._simulate.generic`, a model given by tables) beside the fast PH engine, one
+    replication each (one core), medians of `repeats` interleaved runs of `t_sim` time units: JSQ(2) with H2
+    service on the tables of `jsq_tables` (`simulate(..., engine="generic", service=h2)`) and JSQ(2) with batch
+    arrivals (`jsq_tables.BatchJSQ`), against the fast engine on the same H2 model."""
+    h2 = jsmkt.hyperexponential2(1.0, SCV)
+    model = jsmkt.JSQdPH(LAM, h2, d=D)
+    batch = jsq_tables.BatchJSQ(BATCH_RATE, BATCH_SIZES, d=D)
+    rows = {
+        "fast": ("fast PH engine, JSQ(2)-H2", lambda t, k: jsmkt.simulate(model, N, t, key=k, engine="fast")),
+        "generic": ("generic engine, JSQ(2)-H2 (tables of jsq_tables)",
+                    lambda t, k: jsmkt.simulate(model, N, t, key=k, engine="generic", service=h2)),
+        "batch": (f"generic engine, batch JSQ(2) (rate {BATCH_RATE}, sizes 1, 2)",
+                  lambda t, k: jsmkt.simulate(batch, N, t, key=k)),
+    }
+    print(f"\nGeneric engine: N = {N}, 1 replication (one core), {t_sim:g} time units (warm-up 10 %), medians of "
+          f"{repeats} interleaved repeats")
+    first = {}
+    for name, (_, run) in rows.items():
+        t0 = time.perf_counter()
+        run(1.0, jr.PRNGKey(0))
+        first[name] = time.perf_counter() - t0
+    runs = {name: [] for name in rows}
+    results = {}
+    for i in range(repeats):
+        for name, (label, run) in rows.items():
+            t0 = time.perf_counter()
+            res = run(t_sim, jr.PRNGKey(200 + i))
+            wall = time.perf_counter() - t0
+            runs[name].append((wall, res.events, res.real_events))
+            results[name] = res
+            if verbose:
+                print(f"  repeat {i + 1}, {label}: {wall:.2f} s, {res.events / wall:.3e} events/s, "
+                      f"{res.real_events / wall:.3e} real events/s", flush=True)
+
+    def med(name):
+        wall = statistics.median(w for w, _, _ in runs[name])
+        return (wall, statistics.median(e for _, e, _ in runs[name]) / wall,
+                statistics.median(r for _, _, r in runs[name]) / wall)
+
+    W = 58
+    header = (f"{'':{W}} {'wall s':>7} {'events/s':>11} {'real ev./s':>11} {'real/all':>9} {'vs fast':>8}   "
+              "E[Q], E[T]")
+    print(header)
+    print("-" * len(header))
+    _, fast_eps, _ = med("fast")
+    for name, (label, _) in rows.items():
+        wall, eps, rps = med(name)
+        res = results[name]
+        print(f"{label:{W}} {wall:7.2f} {eps:11.3e} {rps:11.3e} {res.real_events / res.events:9.3f} "
+              f"{eps / fast_eps:7.2f}x   {res.mean_queue_length:.3f}, {res.mean_sojourn_time:.3f}")
+    print()
+    for name, (label, _) in rows.items():
+        print(f"first call (trace + compile + a 1-unit run), {label}: {first[name]:.2f} s")
+    print()
+    for name in ("generic", "batch"):
+        label = rows[name][0]
+        _, eps, rps = med(name)
+        ratio = eps / fast_eps
+        print(f"target: {label} >= {TARGET_GENERIC_RATIO:g}x the fast engine's events/s: {ratio:.2f}x  "
+              f"{'PASS' if ratio >= TARGET_GENERIC_RATIO else 'MISS'}")
+        print(f"target: {label} >= {TARGET_GENERIC_REAL:.0e} real events/s: {rps:.3e}  "
+              f"{'PASS' if rps >= TARGET_GENERIC_REAL else 'MISS'}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter simulated time and fewer repeats")
@@ -235,6 +310,11 @@ def main():
                         help="interleaved repeats whose medians are printed (default 3, --quick 2)")
     parser.add_argument("--services", nargs="+", choices=["ph", "general"], default=["ph", "general"],
                         help="jsmkt rows to time: the PH engine, and H2 as a general sampler (default: both)")
+    parser.add_argument("--sections", nargs="+", choices=["main", "generic"], default=["main", "generic"],
+                        help="what to time: the main table (jsmkt against plain Python and C) and the generic "
+                             "engine beside the fast one (default: both)")
+    parser.add_argument("--generic-time", type=_common.positive(float), default=None, metavar="T",
+                        help="simulated time of each run of the generic section (default 3000, --quick 600)")
     parser.add_argument("--verbose", action="store_true",
                         help="print each timed run as it ends (the table comes after all repeats)")
     parser.add_argument("--block", type=_common.positive(int), default=None, metavar="B",
@@ -247,6 +327,10 @@ def main():
     reps_list = args.replications
     t_sim = args.time if args.time is not None else 200.0 if args.quick else 600.0
     repeats = args.repeats if args.repeats is not None else 2 if args.quick else 3
+    generic_t = args.generic_time if args.generic_time is not None else 600.0 if args.quick else 3000.0
+    if "main" not in args.sections:
+        generic_section(generic_t, repeats, args.verbose)
+        return
     h2 = jsmkt.hyperexponential2(1.0, SCV)
     model = jsmkt.JSQdPH(LAM, h2, d=D)
     general = jsmkt.GeneralService(h2_sampler(h2), mean=1.0, scv=SCV)
@@ -353,6 +437,8 @@ def main():
         print(f"for scale, C loops (cc -O2 -march=native), {p} process(es): jsmkt's uniformised PH algorithm "
               f"{uniform:.2f}x plain Python{ph}; without self-loops (exact selection) "
               f"{native_speedups['exact', p]:.2f}x; with completion times fixed at arrival {fcfs:.2f}x{gen}")
+    if "generic" in args.sections:
+        generic_section(generic_t, repeats, args.verbose)
 
 if __name__ == "__main__":
     main()

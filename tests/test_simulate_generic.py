@@ -427,6 +427,20 @@ def test_result_fields_and_to_dict(getkey):
         "p50", "p90", "p99"}
 
 
+def test_fast_engine_cell_fractions_with_a_phase_no_job_visits(getkey):
+    """The fast PH engine leaves out a phase no job enters; its cells are still reported for every phase (zeros
+    for the one left out), so that they line up with the generic engine's cells `k * m + i`."""
+    model = jsmkt.JSQd(0.6, d=2)
+    S = jsmkt.PH(jnp.array([1.0, 0.0]), jnp.array([[-1.0, 0.0], [0.0, -1000.0]]))
+    key = getkey()
+    a = jsmkt.simulate(model, 10, 100.0, key=key, service=S, max_queue=20)
+    b = jsmkt.simulate(model, 10, 100.0, key=key, max_queue=20)
+    assert a.cell_fractions.shape == (42,) and a.status_names == ("idle", "phase 1", "phase 2")
+    np.testing.assert_array_equal(a.cell_fractions[0::2], b.cell_fractions)
+    assert not a.cell_fractions[1::2].any() and not a.cell_fractions_ci[1::2].any()
+    assert list(a.cell_status[:6]) == [0, 0, 1, 2, 1, 2] and list(a.cell_level[:6]) == [0, 0, 1, 1, 2, 2]
+
+
 # --- long statistical checks ------------------------------------------------------------------------------------
 
 

@@ -304,8 +304,8 @@ def _progress(frac: float, t: float, t1: float, events: int, start: float) -> No
 
 class _Plan(NamedTuple):
     """A configured run and how its statistics read: the engine's cells (`level`, `jobs`), and the cells and
-    statuses reported (`out_cell` maps each engine cell to its reported cell; the fast PH engine leaves out the
-    phases no job visits, which are reported as zeros)."""
+    statuses reported (those of the engine, except that the fast PH engine leaves out the phases no job visits,
+    which are reported as zeros: `reach`)."""
 
     engine: str  # "fast" or "generic"
     kind: str  # "ph", "general" (the fast engines' service) or "tables"
@@ -318,7 +318,6 @@ class _Plan(NamedTuple):
     group: int  # engine cells ordered by level, `group` per level (fast engines); 0: any order (generic)
     fcfs: bool  # per-job sojourn times (else Little's law)
     hist_lo: int
-    out_cell: np.ndarray  # (C,) reported cell of each engine cell
     out_level: np.ndarray  # (C_out,) level of each reported cell
     out_status: np.ndarray  # (C_out,) status of each reported cell
     status_names: tuple[str, ...]
@@ -338,10 +337,10 @@ def _is_jsq(model) -> bool:
 
 def _jsq_status(m: int, max_queue: int):
     """Reported statuses of the JSQ cells `k * m + i`: idle, then the phase of the job in service."""
-    k = np.repeat(np.arange(max_queue + 1), m)
-    ph = np.tile(np.arange(m), max_queue + 1)
+    status = np.tile(np.arange(1, m + 1, dtype=np.int32), max_queue + 1)
+    status[:m] = 0
     names = ("idle", "busy") if m == 1 else ("idle",) + tuple(f"phase {i + 1}" for i in range(m))
-    return np.where(k == 0, 0, 1 + ph), names
+    return status, names
 
 
 def _choice_weights(model) -> tuple[np.ndarray, int, int]:
@@ -433,14 +432,13 @@ def _fast_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, key
         hist_lo=jnp.asarray(hist_lo, jnp.int64),
     )
     m_out = 1 if reach is None else reach.size
-    cells = np.arange((max_queue + 1) * m)
-    phase_out = np.flatnonzero(reach) if reach is not None else np.zeros(1, int)
-    out_cell = (cells // m) * m_out + phase_out[cells % m]
+    level = np.repeat(np.arange(max_queue + 1, dtype=np.int32), m)
     status, names = _jsq_status(m_out, max_queue)
     return _Plan(
         engine="fast", kind=kind, cfg=cfg, params=params, max_queue=max_queue, default_note=note,
-        level=cells // m, jobs=cells // m, group=m, fcfs=True, hist_lo=hist_lo, out_cell=out_cell,
-        out_level=np.repeat(np.arange(max_queue + 1), m_out), out_status=status, status_names=names, m=m, reach=reach, service=service, arrival_rate=lam,
+        level=level, jobs=level, group=m, fcfs=True, hist_lo=hist_lo,
+        out_level=level if m_out == m else np.repeat(np.arange(max_queue + 1, dtype=np.int32), m_out),
+        out_status=status, status_names=names, m=m, reach=reach, service=service, arrival_rate=lam,
     )
 
 
@@ -495,10 +493,13 @@ def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t
             if not hasattr(model, "load"):
                 raise ValueError(f"model={model!r} has no load(): give max_queue")
             rho = float(_concrete("model.load()", model.load()))
-            if not (math.isfinite(rho) and rho >= 0):
-                raise ValueError(f"model={model!r} has load {rho!r}: give a finite load, or max_queue")
+            if not (math.isfinite(rho) and 0 <= rho < 1):
+                raise ValueError(
+                    f"model={model!r} has load {rho!r}: the default max_queue is chosen for a load in [0, 1); give "
+                    "max_queue (a system that blocks or loses jobs may be stable at higher loads)"
+                )
             first = tables_mod.check_tables(make(_FIRST_TOP))
-            max_queue = _default_top(min(rho, 1.0 - 1e-6), first, n)
+            max_queue = _default_top(rho, first, n)
             note = f" (the default for load {rho:.6g})"
     tables = tables_mod.check_tables(make(max_queue))
     if int(tables.level.max()) > max_queue:
@@ -523,7 +524,7 @@ def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t
     return _Plan(
         engine="generic", kind="tables", cfg=cfg, params=generic.params_of(structure, tables, hist_lo),
         max_queue=max_queue, default_note=note, level=tables.level, jobs=tables.jobs, group=0, fcfs=tables.fcfs,
-        hist_lo=hist_lo, out_cell=np.arange(C), out_level=tables.level, out_status=tables.status,
+        hist_lo=hist_lo, out_level=tables.level, out_status=tables.status,
         status_names=tables.status_names, m=1,
         reach=None, service=None, arrival_rate=arrival_rate,
     )
@@ -825,8 +826,11 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
         phase_r, phase_ci = _pad_levels(phase_r, above, 1), _pad_levels(phase_ci, above, 0)  # (R, K, m), (K, m)
     n_out = plan.out_status.size
     cell_fractions, cell_ci = np.zeros(n_out), np.zeros(n_out)
-    cell_fractions[plan.out_cell[:width]] = cells_r.mean(axis=0)
-    cell_ci[plan.out_cell[:width]] = cells_ci
+    out = np.arange(width)
+    if plan.reach is not None and not plan.reach.all():  # engine cell k * m + i: reported k * m_out + phase i
+        out = (out // plan.m) * plan.reach.size + np.flatnonzero(plan.reach)[out % plan.m]
+    cell_fractions[out] = cells_r.mean(axis=0)
+    cell_ci[out] = cells_ci
     if plan.fcfs:
         hist = sum(s.hist for s in per_batch).sum(axis=0)
         percentiles = {q: float(_percentile(hist, q, plan.hist_lo)) for q in (50, 90, 99)}

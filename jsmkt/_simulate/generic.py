@@ -100,7 +100,8 @@ class Config(NamedTuple):
 
 class Params(NamedTuple):
     """Arguments of a run: the float tables (traced: new values reuse the compilation), the histogram range, and
-    the structure's integer tables as arrays (see `Config`'s docstring on constants)."""
+    the structure's integer tables as arrays: as constants, XLA would count each in full towards the size of the
+    event loop it compiles into one kernel."""
 
     u: jax.Array  # per-server clock rate
     act_prob: jax.Array  # (C, A)

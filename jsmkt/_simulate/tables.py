@@ -14,30 +14,49 @@ import numpy as np
 
 
 INELIGIBLE = 2**30  # key of a cell a dispatch may not choose
-OVERFLOW = -1  # target of a move beyond the truncation: the job(s) are refused and counted; simulate raises after the run naming max_queue
+# target of a move beyond the truncation: the job(s) are refused and counted; simulate raises after the run naming
+# max_queue
+OVERFLOW = -1
 
 
 class SimTables(NamedTuple):
     """A model family at server level, truncated at `top` jobs per server, as the generic engine executes it."""
 
-    level: np.ndarray  # (C,) int: level of each cell (queue length, or orbit size); the reported tails are s_k = fraction of servers in cells with level >= k, k = 0..top
+    # (C,) int: level of each cell (queue length, or orbit size); the reported tails are s_k = fraction of servers in
+    # cells with level >= k, k = 0..top
+    level: np.ndarray
     status: np.ndarray  # (C,) int: status of each cell (phase, idle/busy, working/failed); status_names[i] names them
     status_names: tuple[str, ...]
     jobs: np.ndarray  # (C,) int: jobs held by a server in that cell
     empty_cell: int  # cell of every server at time 0
-    fcfs: bool  # servers hold FCFS queues: a move that raises `jobs` by j appends j jobs stamped with the current time at the tail; one that lowers it by j removes the j oldest from the head, each a departure whose sojourn time is recorded
+    # servers hold FCFS queues: a move that raises `jobs` by j appends j jobs stamped with the current time at the
+    # tail; one that lowers it by j removes the j oldest from the head, each a departure whose sojourn time is
+    # recorded
+    fcfs: bool
     # per-server events (local clocks, and streams that start at a server), uniformised at rate u per server
     u: float  # per-server uniformisation rate (>= the largest total rate of any cell)
-    act_prob: np.ndarray  # (C, A) float: probability of action a of a server in cell c at an event of its clock (row sums <= 1; the rest is a self-loop)
+    # (C, A) float: probability of action a of a server in cell c at an event of its clock (row sums <= 1; the rest is
+    # a self-loop)
+    act_prob: np.ndarray
     act_target: np.ndarray  # (C, A) int: the server's new cell (or OVERFLOW)
-    act_stream: np.ndarray  # (C, A) int: -1 for a local event; s >= 0: the server is the origin of dispatch stream s, which is executed right after the server's own move
+    # (C, A) int: -1 for a local event; s >= 0: the server is the origin of dispatch stream s, which is executed right
+    # after the server's own move
+    act_stream: np.ndarray
     # dispatch streams s = 0..S-1
-    stream_rate: np.ndarray  # (S,) float: rate per server of streams that start outside the servers (arrivals, a repairman); 0 for streams that only start at servers (act_stream)
+    # (S,) float: rate per server of streams that start outside the servers (arrivals, a repairman); 0 for streams
+    # that only start at servers (act_stream)
+    stream_rate: np.ndarray
     choice: np.ndarray  # (S, max_d) float: P(D = j), j = 1..max_d, for each stream
-    key: np.ndarray  # (S, C) int: priority of a cell for stream s; lower preferred; INELIGIBLE: never chosen (if no sampled server is eligible, nothing happens to the sampled servers)
-    eff_prob: np.ndarray  # (S, C, E) float: the chosen server, in cell c, moves to eff_target[s, c, e] with probability eff_prob[s, c, e] (sums to 1 over e for eligible cells; pad with probability 0)
+    # (S, C) int: priority of a cell for stream s; lower preferred; INELIGIBLE: never chosen (if no sampled server is
+    # eligible, nothing happens to the sampled servers)
+    key: np.ndarray
+    # (S, C, E) float: the chosen server, in cell c, moves to eff_target[s, c, e] with probability eff_prob[s, c, e]
+    # (sums to 1 over e for eligible cells; pad with probability 0)
+    eff_prob: np.ndarray
     eff_target: np.ndarray  # (S, C, E) int: target cell or OVERFLOW
-    arrivals: np.ndarray  # (S,) bool: the stream brings new jobs into the system (its job count enters throughput and `events`' arrival count)
+    # (S,) bool: the stream brings new jobs into the system (its job count enters throughput and `events`' arrival
+    # count)
+    arrivals: np.ndarray
 
 
 _TOL = 1e-9  # rounding allowed in probability sums
