@@ -5,6 +5,18 @@ uniformised at a rate `u` per server, and dispatch streams that sample servers, 
 move the chosen one. `SimTables` holds that description as arrays; `check_tables` validates it (a `ValueError`
 naming the field and the offending entry), and `Structure` is its hashable integer part, which the compiled
 engine is specialised to (the float tables are traced arguments: new parameter values reuse the compilation).
+
+What a model's `simulation_tables(top)` returns, as `simulate` uses it:
+
+- a `SimTables` with concrete NumPy values: integer dtypes for the integer tables, levels at most `top`, `key`
+  in `0..INELIGIBLE`, targets in `0..C-1` or `OVERFLOW`, `act_prob` rows summing to at most 1 (`u` at least
+  every cell's total rate), `choice` rows and the `eff_prob` rows of eligible cells summing to 1 (to 1e-9);
+- integer tables that do not depend on parameter values (else each value compiles anew); entries of
+  probability 0 in every cell cost nothing (the structure leaves them out, and records which they are);
+- `fcfs=True` only with `jobs[empty_cell] == 0` and no `act_stream >= 0`;
+- with `act_stream[c, a] = s`, the server's own move comes first and is unconditional; stream `s` then samples
+  the servers (the origin included, in its new cell), and does nothing when none is eligible;
+- a `load()` method (in `[0, 1)`) when `simulate` is to choose `max_queue` itself.
 """
 
 import hashlib
