@@ -132,9 +132,9 @@ def _state_size(model: AbstractSupermarketModel) -> int:
 def check_size(model: AbstractSupermarketModel, x0=None) -> None:
     """Refuse, before tracing anything large, a model whose Newton linear system would not fit in memory (its
     probes and factors, by the Jacobian's structure; `2 n^2` floats for a dense one)."""
-    need = linear_system_bytes(model)
+    n = _state_size(model)
+    need = linear_system_bytes(model, n)
     if need > _MAX_LINEAR_SYSTEM_BYTES:
-        n = _state_size(model)
         raise ValueError(
             f"{n} unknowns (K={model.K}): Newton's linear system needs about {need / 2**30:.3g} GiB (limit "
             f"{_MAX_LINEAR_SYSTEM_BYTES / 2**30:.3g} GiB); lower K or use a service distribution with fewer phases"

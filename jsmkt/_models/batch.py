@@ -117,6 +117,9 @@ class JSQdBatch(AbstractDescribedModel):
         arrival = Dispatch("batch arrival", self.choice, key=k, effect=effect, rate=self.batch_rate)
         return Description(cells, (departure,), (arrival,))
 
+    def initial_state(self):
+        return jnp.zeros(self.K)
+
     def initial_guess(self):
         r"""Forward recursion through the levels, exact for the untruncated system. Summing the balance of the
         flows across the cuts at levels $\ge k$ gives

@@ -201,37 +201,18 @@ def linear_solver(model) -> lx.AbstractLinearSolver:
     return _linalg.structure_solver(s.levels, s.bandwidth, s.border)
 
 
-def linear_system_bytes(model) -> int:
-    """About how many bytes Newton's linear system takes (the probes and the factors of the structure)."""
-    s = structure(model)
-    counts = np.bincount(np.asarray(s.levels) - min(s.levels))
-    m = int(counts.max())
-    b = max(s.bandwidth, 1)
-    n, p = s.n, len(s.border)
+def linear_system_bytes(model, n: int) -> int:
+    """About how many bytes Newton's linear system takes for `n` unknowns (the probes and factors of the structure,
+    `2 n^2` floats when dense). A declared structure is read without building anything of size `n` (so that an
+    absurd `K` is refused before it is allocated)."""
+    declared = model.declared_structure()
+    if declared is not None:
+        bandwidth, border = declared
+        m = -(-n // model.K)  # unknowns per level
+    else:
+        s = structure(model)
+        bandwidth, border = s.bandwidth, s.border
+        m = int(np.bincount(np.asarray(s.levels) - min(s.levels)).max())
+    b, p = max(int(bandwidth), 1), len(border)
     banded = 8 * (5 * n * b * m + 2 * n * p + p * p)
     return min(banded, 8 * 2 * n * n)
-
-
-# TEMPORARY until _linalg has them
-def _fb_classify(pattern, levels):
-    i, j = np.nonzero(pattern)
-    return int(np.max(np.abs(levels[i] - levels[j]), initial=0)), ()
-
-
-def _fb_violations(pattern, levels, bandwidth, border):
-    i, j = np.nonzero(pattern)
-    bad = (np.abs(levels[i] - levels[j]) > bandwidth) & ~np.isin(i, border) & ~np.isin(j, border)
-    return np.stack([i[bad], j[bad]], axis=1)
-
-
-def _fb_solver(levels, bandwidth, border=()):
-    counts = np.bincount(np.asarray(levels) - min(levels))
-    if not border and bandwidth <= 1 and np.all(counts == counts[0]):
-        return _linalg.BlockTridiagonal(int(counts[0]))
-    return lx.LU()
-
-
-for _n, _f in (("classify_sparsity", _fb_classify), ("structure_violations", _fb_violations),
-               ("structure_solver", _fb_solver)):
-    if not hasattr(_linalg, _n):
-        setattr(_linalg, _n, _f)
