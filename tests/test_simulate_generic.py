@@ -104,6 +104,22 @@ def test_same_path_as_the_fast_engine_for_exponential_jsq(getkey, n, d, sampling
     assert gen.phase_tails is None and fast.phase_tails is not None
 
 
+def test_mm1_generic(getkey):
+    """d = 1 through the generic engine (the tables of `jsq_tables`): N = 10 M/M/1 queues, E[Q] = rho / (1 - rho),
+    s_k = rho^k, and the FCFS sojourn time Exp(mu - lam), whose percentiles come from the engine's histogram."""
+    lam = 0.7
+    res = jsmkt.simulate(jsmkt.JSQd(lam, d=1), 10, 4000.0, key=getkey(), n_replications=16, engine="generic",
+                         service=jsmkt.exponential(1.0))
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam / (1 - lam), what="E[Q]")
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, 1 / (1 - lam), what="E[T]")
+    for k in range(1, 6):
+        _assert_close(res, res.tails[k], res.tails_ci[k], lam**k, what=f"s_{k}")
+    # A queue's sojourn times are strongly correlated: percentiles are off by a few % (more at 99).
+    for p, v in res.sojourn_time_percentiles.items():
+        exact = math.log(1.0 / (1.0 - p / 100.0)) / (1.0 - lam)
+        assert v == pytest.approx(exact, rel=0.12 if p == 99 else 0.06), (p, v, exact)
+
+
 def test_m_erlang2_1_both_engines(getkey):
     """N = 3, d = 1: three M/E2/1 queues (Pollaczek-Khinchine, E[S^2] = 1.5), through both engines with the same
     key (different paths: the phases are drawn differently); the phase occupancy is lam E[time in phase i]."""
@@ -111,7 +127,7 @@ def test_m_erlang2_1_both_engines(getkey):
     model = jsmkt.JSQdPH(lam, jsmkt.erlang(2, 1.0), d=1)
     ET = 1.0 + lam * 1.5 / (2.0 * (1.0 - lam))
     for engine in ("fast", "generic"):
-        res = jsmkt.simulate(model, 3, 20000.0, key=key, n_replications=4, engine=engine,
+        res = jsmkt.simulate(model, 3, 5000.0, key=key, n_replications=16, engine=engine,
                              service=jsmkt.erlang(2, 1.0) if engine == "generic" else None)
         _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, ET, what=f"{engine} E[T]")
         _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam * ET, what=f"{engine} E[Q]")
@@ -133,7 +149,7 @@ def test_batch_arrivals_mx_m_1(getkey):
     lam_b, EX, EX2 = 0.4, 1.5, 2.5
     rho = lam_b * EX
     L = rho * (EX2 + EX) / (2 * EX * (1 - rho))
-    res = jsmkt.simulate(jsq_tables.BatchJSQ(lam_b, [0.5, 0.5], d=1), 3, 20000.0, key=getkey(), n_replications=4)
+    res = jsmkt.simulate(jsq_tables.BatchJSQ(lam_b, [0.5, 0.5], d=1), 3, 5000.0, key=getkey(), n_replications=16)
     assert res.engine == "generic" and res.max_queue >= 2 * 64  # the default allows for batches
     _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, L, what="L")
     _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, L / (lam_b * EX), what="E[T]")
@@ -151,7 +167,7 @@ def test_ineligible_servers_are_never_chosen_erlang_loss(getkey):
     lam, N = 0.8, 3
     B = _erlang_b(N, N * lam)
     model = _model(lambda top: _erlang_loss_tables(lam), lam, "ErlangLoss")
-    res = jsmkt.simulate(model, N, 20000.0, key=getkey(), n_replications=4, warmup=0.0,
+    res = jsmkt.simulate(model, N, 5000.0, key=getkey(), n_replications=16, warmup=0.0,
                          sampling="without_replacement", max_queue=1)
     _assert_close(res, res.throughput, res.throughput_ci, lam * (1 - B), what="throughput")
     _assert_close(res, res.tails[1], res.tails_ci[1], lam * (1 - B), what="busy fraction")
@@ -175,7 +191,7 @@ def test_ties_are_broken_uniformly(getkey):
     tables = _tables(3, u=1.0, act_prob=[[0.0, 0.0], [0.0, 0.0], [q, 1 - q]], act_target=[[0, 0], [1, 1], [0, 1]],
                      level=[0, 0, 1], key=[[0, 0, INELIGIBLE]], eff_prob=[[[1.0], [1.0], [0.0]]],
                      eff_target=[[[2], [2], [2]]], rate=[0.6], choice=[[0.0, 1.0]], names=("idle", "busy"))
-    res = jsmkt.simulate(_model(lambda top: tables, 0.6, "Ties"), 10, 4000.0, key=getkey(), n_replications=6,
+    res = jsmkt.simulate(_model(lambda top: tables, 0.6, "Ties"), 10, 1500.0, key=getkey(), n_replications=16,
                          max_queue=1)
     a, b = res.cell_fractions[:2]
     se_a, se_idle = _se(res, res.cell_fractions_ci[0]), _se(res, res.tails_ci[1])
@@ -198,7 +214,7 @@ def test_streams_started_by_servers_little(getkey):
     tables = _tables(K + 1, u=u, act_prob=act_prob, act_target=act_target, act_stream=act_stream, key=[k],
                      eff_prob=np.ones((1, K + 1, 1)), eff_target=np.where(k < K, k + 1, OVERFLOW)[None, :, None],
                      rate=[0.0], choice=[[1.0]], fcfs=False)
-    res = jsmkt.simulate(_model(lambda top: tables, lam, "Origins"), 10, 5000.0, key=getkey(), n_replications=4,
+    res = jsmkt.simulate(_model(lambda top: tables, lam, "Origins"), 10, 1250.0, key=getkey(), n_replications=16,
                          max_queue=K)
     _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam / (1 - lam), what="L")
     _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, 1 / (1 - lam), what="E[T] (Little)")
