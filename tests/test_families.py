@@ -245,3 +245,97 @@ def test_registered_families_agree_with_simulation_n1000(fam, name):
     ET = float(jsmkt.mean_sojourn_time(model, fp))
     sim = jsmkt.simulate(model, 1000, 1500.0, key=jr.PRNGKey(7), n_replications=4)
     assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
+
+
+# --- a family with a stream that starts at the servers: two servers move at once ---------------------------------
+
+
+class PushJSQ(AbstractDescribedModel):
+    """JSQ(d) with job pushing: besides arrivals, a server holding k >= 2 jobs pushes one waiting job at rate theta
+    to the shortest of d sampled servers (ties uniform), which receives it whatever its length. Each push moves two
+    servers (origin k -> k - 1, target j -> j + 1), and its stream's rate theta s_2 couples every level: the
+    Jacobian gets a border column."""
+
+    lam: jax.Array
+    theta: jax.Array
+    choice: jsmkt.AbstractChoice
+    K: int = eqx.field(static=True)
+
+    def __init__(self, lam, theta, d=2, K=20):
+        self.lam, self.theta = jnp.asarray(lam, float), jnp.asarray(theta, float)
+        self.choice, self.K = jsmkt.FixedChoice(d), K
+
+    @property
+    def arrival_rate(self):
+        return self.lam
+
+    def load(self):
+        return self.lam
+
+    def description(self):
+        K = self.K
+        k = np.arange(K + 1)
+        zeros = np.zeros(K + 1, int)
+        cells = jsmkt.make_cells(k, zeros, ("queue",))
+        dep = jsmkt.LocalEvent("departure", jsmkt.Moves(k[1:], k[1:] - 1, zeros[1:], jnp.ones(K)))
+        join = jsmkt.Moves(k, k + 1, zeros, jnp.ones(K + 1))
+        arrival = jsmkt.Dispatch("arrival", self.choice, key=k, effect=join, rate=self.lam)
+        origin = jsmkt.Moves(k[2:], k[2:] - 1, zeros[2:], jnp.broadcast_to(self.theta, (K - 1,)))
+        push = jsmkt.Dispatch("push", self.choice, key=k, effect=join, origin=origin, arrivals=False)
+        return jsmkt.Description(cells, (dep,), (arrival, push))
+
+
+def test_two_server_moves_have_the_pair_covariance(getkey):
+    """The jump second moment of a stream with an origin, accumulated from its two sides and their cross term,
+    equals the sum over every (origin, target) pair of flow * l l^T with l = e_o' - e_o + e_t' - e_t."""
+    model = PushJSQ(0.8, 0.5, d=2, K=8)
+    x = jr.dirichlet(getkey(), jnp.ones(model.K + 1))
+    classes = model.transitions(x)
+    G = np.asarray(D.jump_second_moment(classes, x))
+    n = x.shape[0]
+    want = np.zeros((n, n))
+    e = np.eye(n)
+    for tc in classes:
+        a = np.asarray(tc.rate * x[tc.source])
+        if tc.partner is None:
+            for s, t, w in zip(tc.source, tc.target, a):
+                ell = e[t] - e[s]
+                want += w * np.outer(ell, ell)
+            continue
+        p = tc.partner
+        for s, t, w in zip(tc.source, tc.target, a):
+            for ps, pt, b in zip(p.source, p.target, np.asarray(p.prob)):
+                ell = e[t] - e[s] + e[pt] - e[ps]
+                want += w * b * np.outer(ell, ell)
+    np.testing.assert_allclose(G, want, rtol=1e-12, atol=1e-15)
+    assert abs(float(jnp.sum(model.drift(x)))) < 1e-14
+
+
+def test_a_border_column_is_detected_and_solved():
+    model = PushJSQ(0.8, 0.5, d=2, K=20)
+    s = model.structure()
+    assert s.bandwidth == 1 and s.border == (1,)  # s_2, the pushing servers, couples every level
+    assert isinstance(jsmkt._fixed_point.linear_solver(model), jsmkt._linalg.Bordered)
+    fp = jsmkt.solve_fixed_point(model)
+    assert float(fp.residual) < 1e-14
+    # Pushing moves jobs, it creates none: the throughput is the arrival rate and the utilisation the load.
+    assert float(jsmkt.throughput(model, fp)) == pytest.approx(0.8, rel=1e-12)
+    assert float(jsmkt.utilisation(model, fp)) == pytest.approx(0.8, rel=1e-12)
+    plain = jsmkt.JSQd(0.8, d=2, K=20)
+    assert float(jsmkt.mean_queue_length(model, fp)) < float(jsmkt.mean_queue_length(plain, jsmkt.solve_fixed_point(plain)))
+    g = jax.grad(lambda th: jsmkt.mean_queue_length(m := PushJSQ(0.8, th, K=20), jsmkt.solve_fixed_point(m)))(0.5)
+    h = 1e-5
+    fd = (float(jsmkt.mean_queue_length(m1 := PushJSQ(0.8, 0.5 + h, K=20), jsmkt.solve_fixed_point(m1)))
+          - float(jsmkt.mean_queue_length(m2 := PushJSQ(0.8, 0.5 - h, K=20), jsmkt.solve_fixed_point(m2)))) / (2 * h)
+    assert float(g) == pytest.approx(fd, rel=1e-6)
+    rmf = jsmkt.refined_mean_field(fp)
+    assert np.all(np.isfinite(np.asarray(rmf.covariance)))
+
+
+@pytest.mark.slow
+def test_two_server_moves_agree_with_simulation_n1000():
+    model = PushJSQ(0.9, 0.5, d=2, K=24)
+    fp = jsmkt.solve_fixed_point(model)
+    EQ = float(jsmkt.mean_queue_length(model, fp))
+    sim = jsmkt.simulate(model, 1000, 2000.0, key=jr.PRNGKey(3), n_replications=4)
+    assert abs(sim.mean_queue_length - EQ) < 0.01 * EQ + sim.mean_queue_length_ci, (sim.mean_queue_length, EQ)
