@@ -1,6 +1,7 @@
 r"""Event engines of the finite-N simulator (JAX, `lax.while_loop`, batched over replications).
 
-Two exact engines share one state layout and one set of statistics:
+Two exact engines share one state layout and one set of statistics (the generic engine, which runs any model
+given by tables, is `jsmkt._simulate.generic`; it shares the random words, histogram bins and chunk semantics):
 
 - **PH service (Markov engine).** The system is a continuous-time Markov chain, simulated by uniformisation:
   events form a Poisson process of rate $N(\lambda + \bar q)$, $\bar q = \max_i(-T_{ii})$. An event is an arrival
@@ -262,8 +263,8 @@ def _hist_bin(cfg: Config, params: Params, x):
 def _finish_block(cfg: Config, params: Params, state: State, tau, done, cf, ct, soj, dep, ovf, arr,
                   hist_base=0) -> State:
     """Accumulate the statistics of the events marked `done` (departures `dep`, refused arrivals `ovf`, accepted
-    arrivals `arr`); event
-    arrays have shape `lead + (B,)` for state fields with leading shape `lead`. `hist_base` offsets the bins into
+    arrivals `arr`; real events are those that moved a server between cells or refused an arrival); event arrays
+    have shape `lead + (B,)` for state fields with leading shape `lead`. `hist_base` offsets the bins into
     `state.hist` (the sequential engine passes the batch's flat histogram)."""
     lead = tau.shape[:-1]
     w = jnp.where(done & (cf != ct), tau - state.a[..., None], 0.0)
