@@ -64,7 +64,7 @@ def _nan_derivatives_jvp(primals, tangents):
 
 
 @eqx.filter_jit
-def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
+def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None):
     y0, result = check_values(model, y0, throw)
     structure = model.structure()
     if model.declared_structure() is not None:
@@ -76,9 +76,10 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint):
     if adjoint is None:
         # With throw=False a failed entry must not raise inside jvp/grad (Lineax's default), which would sink a
         # whole vmap batch: its adjoint solve never fails, and its derivatives are made NaN below.
-        solver = linear_solver(model) if throw else NeverFails(linear_solver(model))
+        lin_adj = linear_solver(model) if lin is None else lin
+        solver = lin_adj if throw else NeverFails(lin_adj)
         adjoint = optx.ImplicitAdjoint(linear_solver=solver)
-    solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=linear_solver(model))
+    solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=linear_solver(model) if lin is None else lin)
     sol = optx.root_find(_scaled_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint, throw=False)
     y = sol.value
     residual = _max_abs(_residual_fn(y, model))
@@ -172,6 +173,7 @@ def solve_fixed_point(
     auto_K: bool = False,
     max_K: int = 4096,
     adjoint: optx.AbstractAdjoint | None = None,
+    linear_solver: lx.AbstractLinearSolver | None = None,
 ) -> FixedPoint:
     r"""Fixed point of the mean-field ODE of `model`.
 
@@ -195,6 +197,9 @@ def solve_fixed_point(
       the other entries of a batch are unaffected.
     - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol`.
     - `max_K`: the largest `K` that `auto_K` tries.
+    - `linear_solver`: Newton's linear solver (and the default adjoint's); by default chosen from the structure of
+      the model's Jacobian (block tridiagonal, block banded, bordered or dense: `jsmkt._models.structure`), e.g.
+      `lineax.LU()` for the dense oracle.
     - `adjoint`: how to differentiate; by default `optx.ImplicitAdjoint` (one linear solve, with the same
       block-tridiagonal or dense solver as Newton).
 
@@ -217,7 +222,7 @@ def solve_fixed_point(
         # Inside jit/grad/vmap: value checks and failures surface through `eqx.error_if` / `result`.
         y0 = model.initial_guess() if x0 is None else x0
         y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, y0)
-        return _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint)
+        return _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, linear_solver)
 
     # Concrete inputs: plain Python errors with the offending values.
     check_size(model, x0)
@@ -225,7 +230,8 @@ def solve_fixed_point(
         model.check_values()
     _maps.before_compiling("jsmkt.solve_fixed_point", ("fixed_point", _maps.signature((model, x0))))
     while True:
-        fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint)
+        fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint,
+                    linear_solver)
         newton_failed = fp.result not in (RESULTS.successful, RESULTS.unstable, RESULTS.invalid_parameters,
                                           RESULTS.wrong_structure,
                                           RESULTS.truncation_too_small)
@@ -233,7 +239,7 @@ def solve_fixed_point(
             # Newton did not converge from the model's initial guess (it diverged, stalled, met a singular or
             # non-finite linear system): start it from the ODE's steady state instead.
             y_ode, _ = steady_state(model, rtol=1e-8, atol=1e-10, throw=False)
-            fp = _solve(model, y_ode, rtol, atol, max_steps, tail_tol, False, adjoint)
+            fp = _solve(model, y_ode, rtol, atol, max_steps, tail_tol, False, adjoint, linear_solver)
         if not (auto_K and fp.result == RESULTS.truncation_too_small and model.K < max_K):
             break
         model, x0 = model.with_K(min(2 * model.K, max_K)), None

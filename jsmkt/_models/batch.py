@@ -120,6 +120,25 @@ class JSQdBatch(AbstractDescribedModel):
     def initial_state(self):
         return jnp.zeros(self.K)
 
+    def vector_field(self, t, y, args=None):
+        r"""The drift of the tails, written out (tested equal to the one derived from the description): with
+        $a_j = \lambda_B\,h(s_j, s_{j+1})(s_j - s_{j+1})$ the rate of batches joining level $j$,
+        $\dot s_k = \sum_{i=1}^{B} a_{k-i} P(B \ge i) - \mu (s_k - s_{k+1})$; a batch that would pass level $K$
+        leaves the server at $K$ (the jobs above are lost)."""
+        del t, args
+        K, B = self.K, self.batch_sizes.shape[0]
+        s = jnp.concatenate([jnp.ones(1), y, jnp.zeros(1)])  # s_0..s_{K+1}
+        x = s[:-1] - s[1:]  # x_0..x_K
+        a = self.batch_rate * self.choice.join_factor(s[:-2], s[1:-1]) * x[:-1]  # a_0..a_{K-1}
+        at_least = jnp.cumsum(self.batch_sizes[::-1])[::-1]  # P(B >= i), i = 1..B
+        if B <= 16:
+            up = jnp.zeros(K, y.dtype)
+            for i in range(1, min(B, K) + 1):  # up_k = sum_i a_{k-i} P(B >= i), k = 1..K
+                up = up.at[i - 1:].add(a[: K - i + 1] * at_least[i - 1])
+        else:
+            up = jnp.convolve(a, at_least, mode="full")[:K]
+        return up - self.mu * x[1:]
+
     def initial_guess(self):
         r"""Forward recursion through the levels, exact for the untruncated system. Summing the balance of the
         flows across the cuts at levels $\ge k$ gives
