@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import lineax as lx
 import numpy as np
 import optimistix as optx
-from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, PyTree
 
 from . import _maps
@@ -22,7 +21,7 @@ from ._integrate import steady_state
 from ._linalg import NeverFails
 from ._models.base import AbstractSupermarketModel
 from ._models.structure import linear_solver as structure_solver
-from ._models.structure import linear_system_bytes, probe_violation, violation_message
+from ._models.structure import linear_system_bytes
 from ._solution import RESULTS, FixedPoint, check_values
 
 
@@ -66,13 +65,6 @@ def _nan_derivatives_jvp(primals, tangents):
 @eqx.filter_jit
 def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None):
     y0, result = check_values(model, y0, throw)
-    structure = model.structure()
-    if model.declared_structure() is not None:
-        flat, unravel = ravel_pytree(y0)
-        wrong = probe_violation(structure, lambda z: ravel_pytree(_residual_fn(unravel(z), model))[0], flat)
-        result = RESULTS.where(wrong & (result == RESULTS.successful), RESULTS.wrong_structure, result)
-        if throw:
-            y0 = eqx.error_if(y0, wrong, violation_message(model, structure))
     if adjoint is None:
         # With throw=False a failed entry must not raise inside jvp/grad (Lineax's default), which would sink a
         # whole vmap batch: its adjoint solve never fails, and its derivatives are made NaN below.
@@ -233,7 +225,6 @@ def solve_fixed_point(
         fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint,
                     linear_solver)
         newton_failed = fp.result not in (RESULTS.successful, RESULTS.unstable, RESULTS.invalid_parameters,
-                                          RESULTS.wrong_structure,
                                           RESULTS.truncation_too_small)
         if newton_failed and x0 is None:
             # Newton did not converge from the model's initial guess (it diverged, stalled, met a singular or
@@ -253,8 +244,6 @@ def _raise_for(fp: FixedPoint, tail_tol: float, max_steps: int, auto_K: bool = F
         raise TruncationError(fp.model.K, float(fp.tail_mass), tail_tol, auto_K, max_K)
     if fp.result in (RESULTS.unstable, RESULTS.invalid_parameters):
         raise ValueError(_message(fp.result))
-    if fp.result == RESULTS.wrong_structure:
-        raise ValueError(violation_message(fp.model, fp.model.structure()))
     raise RuntimeError(
         f"the fixed-point solve did not converge ({_message(fp.result)}); residual {float(fp.residual):.3g} after "
         f"{int(fp.stats['num_steps'])} Newton steps (max_steps={max_steps}). Try a larger max_steps, a starting "

@@ -23,10 +23,6 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "(e.g. model.with_K(2 * model.K)) or call solve_fixed_point(..., auto_K=True)."
     )
     nonfinite_solution = "the solver produced non-finite values; check the parameters or raise K"
-    wrong_structure = (
-        "the model's Jacobian has entries outside its declared structure (declared_structure()); fix the "
-        "declaration, or return None from it to use the structure detected from jax.jacfwd"
-    )
     integration_failed = (
         "the ODE integration did not reach t1 (step size or max_steps); raise `max_steps`, or integrate to a "
         "smaller `t1`"

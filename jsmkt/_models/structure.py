@@ -10,11 +10,12 @@ and shapes), never on parameter values, and is the same inside and outside `jit`
 structure.
 
 A family may declare its structure (`declared_structure`), which spares the detection (a compilation of
-`jax.jacfwd` per model structure). It is never trusted silently: every fixed-point solve first checks the
-Jacobian at its starting point against the structure (`probe_violation`: the entries inside the structure are read
-by coloured products, and one more product with a random vector must agree with them), and refuses the model when
-some entry lies outside; `check_declared` compares a declaration with the detected sparsity, as the contract
-tests do for every registered family.
+`jax.jacfwd` of all `n` columns per model structure). It is never trusted silently: the first time a model
+structure is met, its Jacobian at the generic point is checked against the declaration (`probe_violation`: the
+entries inside the structure are read by `(2b + 1) m` coloured products, and one more product with a random vector
+must agree with them, so an entry outside shows up), and the model is refused when some entry lies outside;
+`check_declared` compares a declaration with the full detected sparsity, as the contract tests do for every
+registered family.
 """
 
 from typing import Any, NamedTuple
@@ -114,6 +115,8 @@ def structure(model) -> Structure:
     else:
         bandwidth, border = declared
     found = Structure(levels, int(bandwidth), tuple(int(b) for b in border))
+    if declared is not None and _violates(model, found):
+        raise ValueError(violation_message(model, found))
     if len(_CACHE) >= 1024:
         _CACHE.clear()
     _CACHE[key] = found
@@ -135,6 +138,21 @@ def check_declared(model) -> Structure:
     if len(bad):
         raise ValueError(violation_message(model, Structure(tuple(levels), bandwidth, tuple(border)), *bad[0]))
     return structure(model)
+
+
+@eqx.filter_jit
+def _probe_at(s: Structure, probe, z):
+    _, unravel = ravel_pytree(probe.initial_state())
+    return probe_violation(s, lambda u: ravel_pytree(probe.vector_field(0.0, unravel(u), None))[0], z)
+
+
+def _violates(model, s: Structure) -> bool:
+    """Whether the Jacobian of `model` has entries outside `s` at a generic point (`probe_violation` on the probe
+    model of `sparsity`): one compiled call of a few products, once per model structure."""
+    with jax.ensure_compile_time_eval():
+        probe = _probe_model(model)
+        z = jnp.asarray(np.random.default_rng(_PROBE_SEED + 1).uniform(0.7, 0.99, s.n), dtype=jnp.float64)
+        return bool(_probe_at(s, probe, z))
 
 
 def violation_message(model, s: Structure, i=None, j=None) -> str:
