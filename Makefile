@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/replications.py
 	$(BIN)/python benchmarks/general_service.py
 	$(BIN)/python benchmarks/banded_solve.py
+	$(BIN)/python benchmarks/batch_solve.py
 
 experiments: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py

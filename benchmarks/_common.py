@@ -35,3 +35,23 @@ def median_runs(repeats: int, run) -> tuple[float, int]:
         events = run(i).events
         walls.append(time.perf_counter() - t0)
     return statistics.median(walls), events
+
+
+def interleaved_medians(fns, rounds, burst=10):
+    """Median wall time of each zero-argument callable in `fns` (JAX results waited for), timed in interleaved rounds,
+    so that load from other processes on the machine hits every measurement alike. Each round calls each function
+    `burst` times back to back (the usual way to time a call, as `timeit` does). With `burst=1` every call follows
+    the other functions' calls: a jitted solve then runs with cold caches, which on a 2-core VM added about 0.3 ms
+    to a 0.15-0.25 ms solve, whatever the other work (NumPy, or even `time.sleep`)."""
+    import jax
+
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(burst):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn())
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}

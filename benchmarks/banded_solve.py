@@ -24,7 +24,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy/SciPy/JAX loa
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
@@ -32,6 +31,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import lineax as lx  # noqa: E402
 import numpy as np  # noqa: E402
+
+from _common import interleaved_medians  # noqa: E402
 
 import jsmkt  # noqa: E402, F401  (enables float64)
 from jsmkt._linalg import BlockBanded, classify_sparsity  # noqa: E402
@@ -86,18 +87,8 @@ def solve(X, rhs, alpha, T, solver):
 
 
 def _interleaved_medians(fns, rounds, burst=BURST):
-    """Median wall time of each zero-argument callable in `fns` (after one warm-up call each), timed in
-    interleaved rounds of `burst` back-to-back calls of each."""
-    for fn in fns.values():
-        jax.block_until_ready(fn())
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            for _ in range(burst):
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn())
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    """`_common.interleaved_medians`, in bursts of `BURST` calls by default."""
+    return interleaved_medians(fns, rounds, burst)
 
 
 def _first_call(fn):

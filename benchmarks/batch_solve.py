@@ -18,12 +18,12 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy/SciPy/JAX load OpenBLAS
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import lineax as lx  # noqa: E402
+from _common import interleaved_medians  # noqa: E402
 
 import jsmkt  # noqa: E402
 
@@ -46,17 +46,6 @@ def _functions(K, linear_solver):
         return jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m, linear_solver=linear_solver))
 
     return jax.jit(solve), jax.jit(jax.grad(ET))
-
-
-def _medians(fns, rounds):
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(BURST):
-                jax.block_until_ready(fn())
-            times[name].append((time.perf_counter() - start) / BURST)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main():
@@ -83,7 +72,7 @@ def main():
         (ys, gs), (yd, gd) = out["structured"], out["dense"]
         assert float(jnp.max(jnp.abs(ys - yd))) <= 1e-12 * float(ys[0]), "solutions differ"
         assert abs(float(gs - gd)) <= 1e-9 * abs(float(gd)), "gradients differ"
-        t = _medians(fns, rounds)
+        t = interleaved_medians(fns, rounds, BURST)
         r_solve = t["dense solve"] / t["structured solve"]
         r_grad = t["dense grad"] / t["structured grad"]
         worst = min(worst, r_solve, r_grad)

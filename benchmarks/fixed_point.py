@@ -40,6 +40,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.optimize  # noqa: E402
 
+from _common import interleaved_medians  # noqa: E402
+
 import jsmkt  # noqa: E402
 
 
@@ -81,21 +83,8 @@ BURST = 10  # back-to-back calls of one function per round
 
 
 def _interleaved_medians(fns, rounds, burst=BURST):
-    """Median wall time of each zero-argument callable in `fns`, timed in interleaved rounds, so that load from
-    other processes on the machine hits every measurement alike. Each round calls each function `burst` times
-    back to back (the usual way to time a call, as `timeit` does). With `burst=1` every call follows the other
-    functions' calls: a jitted solve then runs with cold caches, which on a 2-core VM added about 0.3 ms to a
-    0.15-0.25 ms solve, whatever the other work (NumPy, or even `time.sleep`)."""
-    for fn in fns.values():
-        jax.block_until_ready(fn())
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            for _ in range(burst):
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn())
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    """`_common.interleaved_medians`, in bursts of `BURST` calls by default."""
+    return interleaved_medians(fns, rounds, burst)
 
 
 def _first_call(fn, *args):

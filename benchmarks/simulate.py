@@ -24,9 +24,9 @@ Model: JSQ(2), N = 1000 servers, Poisson arrivals of rate N * 0.9, H2 service wi
   occupancies are then not tracked), and the same algorithm as a C loop (`reference/jsqd_h2.c ... fcfs`).
 
 - the generic engine (`jsmkt._simulate.generic`, which runs any model given by `SimTables`) beside the fast PH
-  engine, one replication each (one core): JSQ(2)-H2 on the tables of `jsmkt._simulate.jsq_tables`, and JSQ(2)
-  with batch arrivals (batches of 1 or 2 jobs with probability 1/2 at rate 0.6 per server, exponential service of
-  rate 1, `jsq_tables.BatchJSQ`): events/s, real events/s (events that changed a server or refused a job, no
+  engine, one replication each (one core): JSQ(2)-H2 on the tables derived from `jsmkt.JSQdPH`'s description,
+  and `jsmkt.JSQdBatch` (batches of 1 or 2 jobs with probability 1/2 at rate 0.6 per server, exponential service
+  of rate 1), the tables of its description: events/s, real events/s (events that changed a server or refused a job, no
   self-loops), their ratio to the fast engine's events/s on JSQ(2)-H2, and the targets >= 0.5x and >= 2e6 real
   events/s (`--sections generic` for this part alone, `--generic-time` for its run length).
 
@@ -89,7 +89,7 @@ import jax.random as jr
 
 import _common
 import jsmkt
-from jsmkt._simulate import driver, jsq_tables
+from jsmkt._simulate import driver
 from jsmkt._simulate.driver import _sequential_engine
 
 
@@ -232,16 +232,16 @@ def run_native(exe, processes, t1, warmup, max_queue, seed, select="uniform"):
 def generic_section(t_sim, repeats, verbose):
     """The generic engine (`jsmkt._simulate.generic`, a model given by tables) beside the fast PH engine, one
     replication each (one core), medians of `repeats` interleaved runs of `t_sim` time units: JSQ(2) with H2
-    service on the tables of `jsq_tables` (`simulate(..., engine="generic", service=h2)`) and JSQ(2) with batch
-    arrivals (`jsq_tables.BatchJSQ`), against the fast engine on the same H2 model."""
+    service on the tables of its description (`simulate(..., engine="generic")`) and `jsmkt.JSQdBatch`, against
+    the fast engine on the same H2 model."""
     h2 = jsmkt.hyperexponential2(1.0, SCV)
     model = jsmkt.JSQdPH(LAM, h2, d=D)
-    batch = jsq_tables.BatchJSQ(BATCH_RATE, BATCH_SIZES, d=D)
+    batch = jsmkt.JSQdBatch(BATCH_RATE, jnp.asarray(BATCH_SIZES), d=D)
     rows = {
         "fast": ("fast PH engine, JSQ(2)-H2", lambda t, k: jsmkt.simulate(model, N, t, key=k, engine="fast")),
-        "generic": ("generic engine, JSQ(2)-H2 (tables of jsq_tables)",
-                    lambda t, k: jsmkt.simulate(model, N, t, key=k, engine="generic", service=h2)),
-        "batch": (f"generic engine, batch JSQ(2) (rate {BATCH_RATE}, sizes 1, 2)",
+        "generic": ("generic engine, JSQ(2)-H2 (JSQdPH's description)",
+                    lambda t, k: jsmkt.simulate(model, N, t, key=k, engine="generic")),
+        "batch": (f"generic engine, JSQdBatch (rate {BATCH_RATE}, sizes 1, 2)",
                   lambda t, k: jsmkt.simulate(batch, N, t, key=k)),
     }
     print(f"\nGeneric engine: N = {N}, 1 replication (one core), {t_sim:g} time units (warm-up 10 %), medians of "

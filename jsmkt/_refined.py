@@ -32,7 +32,13 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from . import _maps
-from ._choice import _UNROLL_MAX_D, AbstractChoice, _divided_differences, _weighted_divided_differences, _weighted_pgf
+from ._choice import (
+    _UNROLL_MAX_D,
+    AbstractChoice,
+    _divided_differences,
+    _weighted_divided_differences,
+    _weighted_pgf,
+)
 from ._errors import error_if, is_concrete
 from ._models.base import AbstractSupermarketModel
 from ._models.description import jump_second_moment

@@ -19,6 +19,7 @@ import pytest
 import scipy.stats
 
 import jsmkt
+from _stats import assert_close, standard_error
 from jsmkt._simulate import core, driver
 from jsmkt._simulate.driver import _SEQUENTIAL_MAX_D, _compiled, t_quantile_975
 
@@ -30,19 +31,7 @@ cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA
 # --- helpers ----------------------------------------------------------------------------------------------------
 
 
-def _se(res, half_width):
-    """Standard error behind a reported 95 % half-width."""
-    dof = res.n_replications - 1 if res.ci_method == "replications" else res.n_batches - 1
-    return half_width / scipy.stats.t.ppf(0.975, dof)
-
-
-def _assert_close(res, estimate, half_width, exact, *, n_se=4.0, allowance=0.0, what=""):
-    se = _se(res, half_width)
-    assert np.isfinite(se) and se > 0, f"{what}: no standard error ({half_width!r})"
-    assert abs(estimate - exact) <= n_se * se + allowance, (
-        f"{what}: simulated {estimate:.6g} ± {half_width:.2g} (95 %), exact {exact:.6g}, "
-        f"|diff| = {abs(estimate - exact):.3g} > {n_se} SE ({n_se * se:.3g}) + allowance {allowance:.3g}"
-    )
+_se, _assert_close = standard_error, assert_close
 
 
 def _h2(mean, scv):

@@ -33,7 +33,8 @@ from jaxtyping import Array, Float, PyTree
 
 from .._distributions.ph import reachable_phases
 from .._errors import check_count, concrete_array, is_concrete
-from .description import Description, TransitionClass as TransitionClass
+from .description import Description
+from .description import TransitionClass as TransitionClass
 
 
 class AbstractSupermarketModel(eqx.Module):

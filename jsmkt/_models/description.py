@@ -42,9 +42,9 @@ $r$ from every level $\ge k$ sums to $r$ times a tail), so their Jacobians are b
 
 from typing import NamedTuple
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .._choice import AbstractChoice

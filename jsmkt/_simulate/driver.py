@@ -2,7 +2,6 @@
 
 import functools
 import math
-import numbers
 import operator
 import sys
 import time
