@@ -58,6 +58,8 @@ def main():
           f"sizes uniform 1..4, d={D}); medians of {rounds} interleaved rounds of {BURST} calls")
     print()
     print(f"{'K':>5}  {'solver':<14} {'solve':>10} {'dense/str.':>11} {'grad':>10} {'dense/str.':>11}   first calls (s)")
+    floor_solve, _ = _functions(8, None)
+    floor_rate = jnp.asarray(RATE * (8 / 200) ** 3)
     worst = float("inf")
     for K in (200, 400, 800):
         structured = jsmkt._fixed_point.linear_solver(jsmkt.JSQdBatch(RATE, SIZES, d=D, K=K))
@@ -72,6 +74,7 @@ def main():
         (ys, gs), (yd, gd) = out["structured"], out["dense"]
         assert float(jnp.max(jnp.abs(ys - yd))) <= 1e-12 * float(ys[0]), "solutions differ"
         assert abs(float(gs - gd)) <= 1e-9 * abs(float(gd)), "gradients differ"
+        fns["floor"] = lambda: floor_solve(floor_rate)
         t = interleaved_medians(fns, rounds, BURST)
         r_solve = t["dense solve"] / t["structured solve"]
         r_grad = t["dense grad"] / t["structured grad"]
@@ -81,6 +84,8 @@ def main():
               f"{'':>11}   {first['structured']:.2f}")
         print(f"{'':>5}  {'LU (dense)':<14} {t['dense solve'] * 1e3:>8.3f}ms {r_solve:>10.1f}x "
               f"{t['dense grad'] * 1e3:>8.3f}ms {r_grad:>10.1f}x   {first['dense']:.2f}")
+        print(f"{'':>5}  {'bound':<14} {'':>10} {t['dense solve'] / t['floor']:>10.1f}x   (dense solve / the floor, "
+              f"a solve at K = 8: {t['floor'] * 1e3:.3f} ms)")
     print()
     verdict = "PASS" if worst >= TARGET else "MISS"
     print(f"structured solve and gradient >= {TARGET:g}x faster than dense at K >= 200: worst {worst:.1f}x  {verdict}")

@@ -113,6 +113,26 @@ def test_declared_structure_covers_jacfwd_and_equals_the_detected_one(fam, name)
 
 
 @pytest.mark.parametrize("fam, name", CASES)
+def test_moves_stay_within_the_declared_bandwidth(fam, name):
+    """A transition moves a server by at most the structure's bandwidth in levels (the band comes from the jumps)."""
+    model = _example(fam, name)
+    level = model.description().cells.level
+    b = model.structure().bandwidth
+    x = jnp.ones(level.size) / level.size
+    for tc in model.transitions(x):
+        assert np.all(np.abs(level[tc.target] - level[tc.source]) <= b), tc.name
+
+
+def test_batch_initial_guess_is_the_fixed_point():
+    """The forward recursion of `JSQdBatch.initial_guess` is exact for the untruncated system: at a K where the
+    truncation is negligible it is the fixed point to rounding."""
+    for d in (1, 2, 3):
+        model = jsmkt.JSQdBatch(0.3, jnp.array([0.4, 0.3, 0.2, 0.1]), d=d)
+        fp = jsmkt.solve_fixed_point(model)
+        np.testing.assert_allclose(model.initial_guess(), fp.value, rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("fam, name", CASES)
 def test_simulation_tables_pass_the_engine_checks(fam, name):
     from jsmkt._simulate.tables import check_tables
 
