@@ -10,11 +10,12 @@ $E[T]$ and $E[W]$ follow by Little's law, $P(\text{wait})$ is the fraction of ar
 service at once. The papers' ODEs as published (`jsmkt.published`) keep their JSQ formulas.
 """
 
+import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
-from ._models.description import job_flows
+from ._models.description import JobFlows, job_flows
 from ._solution import FixedPoint, Trajectory
 
 
@@ -29,10 +30,21 @@ def _state(model: AbstractSupermarketModel, state):
     return y
 
 
-def _cells(model: AbstractDescribedModel, y):
+class _Totals(eqx.Module):
+    jobs: Array  # sum_c x_c jobs_c
+    busy: Array  # sum_c x_c in_service_c
+    waiting: Array  # sum_c x_c (jobs_c - in_service_c)
+    flows: JobFlows
+
+
+@eqx.filter_jit
+def _totals(model: AbstractDescribedModel, y, stream: str | None = None) -> _Totals:
+    """The sums over the cells and the job flows behind every metric of a described model, compiled once per model
+    structure (run op by op, their few dozen operations would compile one by one for every new shape)."""
     desc = model.description()
     x = model.occupancy(y)
-    return desc, x, jnp.asarray(desc.cells.jobs, x.dtype), jnp.asarray(desc.cells.in_service, x.dtype)
+    jobs, busy = jnp.asarray(desc.cells.jobs, x.dtype), jnp.asarray(desc.cells.in_service, x.dtype)
+    return _Totals(jnp.sum(x * jobs), jnp.sum(x * busy), jnp.sum(x * (jobs - busy)), job_flows(desc, x, stream))
 
 
 def tails(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
@@ -59,8 +71,7 @@ def mean_queue_length(model: AbstractSupermarketModel, state) -> Float[Array, ""
     $\sum_{k\ge1} s_k$."""
     y = _state(model, state)
     if isinstance(model, AbstractDescribedModel):
-        _, x, jobs, _ = _cells(model, y)
-        return jnp.sum(x * jobs)
+        return _totals(model, y).jobs
     return jnp.sum(model.tails(y)[1:])
 
 
@@ -70,8 +81,7 @@ def throughput(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     $\lambda\,(1 - g(s_K))$."""
     y = _state(model, state)
     if isinstance(model, AbstractDescribedModel):
-        desc, x, _, _ = _cells(model, y)
-        return job_flows(desc, x).accepted
+        return _totals(model, y).flows.accepted
     s = model.tails(y)
     return model.arrival_rate * (1.0 - model.choice.pgf(s[-1]))
 
@@ -88,8 +98,8 @@ def mean_waiting_time(model: AbstractSupermarketModel, state) -> Float[Array, ""
     at light load."""
     y = _state(model, state)
     if isinstance(model, AbstractDescribedModel):
-        _, x, jobs, busy = _cells(model, y)
-        return jnp.sum(x * (jobs - busy)) / throughput(model, y)
+        t = _totals(model, y)
+        return t.waiting / t.flows.accepted
     return jnp.sum(model.tails(y)[2:]) / throughput(model, y)
 
 
@@ -99,8 +109,12 @@ def prob_wait(model: AbstractSupermarketModel, state, stream: str | None = None)
     servers busy; for batches, every job but the first of a batch that finds its server empty waits."""
     y = _state(model, state)
     if isinstance(model, AbstractDescribedModel):
-        desc, x, _, _ = _cells(model, y)
-        f = job_flows(desc, x, stream)
+        if stream is not None:
+            names = [d.name for d in model.description().dispatches if d.arrivals]
+            if stream not in names:
+                raise ValueError(f"stream={stream!r} is not an arrival stream of this model; its arrival streams "
+                                 f"are {names}")
+        f = _totals(model, y, stream).flows
         return f.waiting / f.offered
     if stream is not None:
         raise ValueError(f"stream={stream!r}: {type(model).__name__} has one arrival stream")
@@ -112,8 +126,7 @@ def utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     point)."""
     y = _state(model, state)
     if isinstance(model, AbstractDescribedModel):
-        _, x, _, busy = _cells(model, y)
-        return jnp.sum(x * busy)
+        return _totals(model, y).busy
     return model.tails(y)[1]
 
 

@@ -26,6 +26,7 @@ from jsmkt._spec import FAMILIES
 
 
 CASES = [(fam, name) for fam in FAMILIES for name in FAMILIES[fam].examples()]
+FIRST = [(fam, next(iter(FAMILIES[fam].examples()))) for fam in FAMILIES]  # one case per family: compiles the most
 _EXAMPLES = {fam: FAMILIES[fam].examples() for fam in FAMILIES}
 
 
@@ -71,7 +72,7 @@ def test_fast_paths_equal_the_derived_forms(fam, name, getkey):
     assert np.array_equal(np.ravel(model.initial_state()), D.derived_reduce(desc, jnp.eye(n)[0]))
 
 
-@pytest.mark.parametrize("fam, name", CASES)
+@pytest.mark.parametrize("fam, name", FIRST)
 def test_fixed_points_and_gradients_of_fast_and_derived_forms_agree(fam, name):
     model = _example(fam, name)
     derived = derived_only(model)

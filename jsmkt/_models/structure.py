@@ -115,8 +115,8 @@ def structure(model) -> Structure:
     else:
         bandwidth, border = declared
     found = Structure(levels, int(bandwidth), tuple(int(b) for b in border))
-    if declared is not None and _violates(model, found):
-        raise ValueError(violation_message(model, found))
+    if declared is not None:
+        _verify(model, found)
     if len(_CACHE) >= 1024:
         _CACHE.clear()
     _CACHE[key] = found
@@ -144,6 +144,33 @@ def check_declared(model) -> Structure:
 def _probe_at(s: Structure, probe, z):
     _, unravel = ravel_pytree(probe.initial_state())
     return probe_violation(s, lambda u: ravel_pytree(probe.vector_field(0.0, unravel(u), None))[0], z)
+
+
+_VERIFIED: set = set()
+
+
+def _verify(model, s: Structure) -> None:
+    """Refuse a declared structure that `probe_violation` finds wrong. The probe runs on a copy of the model
+    truncated at a few levels more than three bandwidths, when the family declares the same structure there (a
+    banded structure does not depend on `K`), so one compilation serves every `K`; else on the model itself."""
+    probe_K = max(8, 3 * s.bandwidth + 3)
+    target = model
+    if model.K > probe_K:
+        small = model.with_K(probe_K)
+        bandwidth, border = small.declared_structure()
+        if (int(bandwidth), tuple(int(b) for b in border)) == (s.bandwidth, s.border):
+            target = small
+    key = _signature(target)
+    if key in _VERIFIED:
+        return
+    checked = s if target is model else Structure(tuple(int(v) for v in target.unknown_levels()), s.bandwidth,
+                                                  s.border)
+    if _violates(target, checked):
+        raise ValueError(violation_message(model, s))
+    _VERIFIED.add(key)
+
+
+_maps.on_clear(_VERIFIED.clear)
 
 
 def _violates(model, s: Structure) -> bool:
