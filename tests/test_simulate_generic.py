@@ -407,6 +407,7 @@ print(json.dumps({"devices": len(jax.devices()), "events": res.events, "real": r
 """
 
 
+@pytest.mark.slow
 @cpu_only
 def test_replications_sharded_over_devices_give_the_same_run():
     proc = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], capture_output=True, text=True, timeout=600)
