@@ -151,7 +151,8 @@ class BlockTridiagonal(lx.AbstractLinearSolver):
     points; a singular elimination block gives `RESULTS.singular`.
 
     The operator must be block tridiagonal in this sense: entries outside the band are not read, so they would be
-    silently wrong (models declare it through `jacobian_block_size`, tested against their dense Jacobians).
+    silently wrong. Models declare or detect their structure (`jsmkt._models.structure`), and a declared one is
+    probed against the Jacobian before it is used.
     """
 
     block_size: int = eqx.field(static=True)
