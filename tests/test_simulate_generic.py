@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jsmkt
-from _stats import assert_close, standard_error
+from _stats import assert_close, assert_mm1, standard_error
 from jsmkt._simulate import driver, generic, jsq_tables
 from jsmkt._simulate import tables as tm
 from jsmkt._simulate.tables import INELIGIBLE, OVERFLOW, SimTables
@@ -99,14 +99,8 @@ def test_mm1_generic(getkey):
     lam = 0.7
     res = jsmkt.simulate(jsmkt.JSQd(lam, d=1), 10, 4000.0, key=getkey(), n_replications=16, engine="generic",
                          service=jsmkt.exponential(1.0))
-    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, lam / (1 - lam), what="E[Q]")
-    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, 1 / (1 - lam), what="E[T]")
-    for k in range(1, 6):
-        _assert_close(res, res.tails[k], res.tails_ci[k], lam**k, what=f"s_{k}")
     # A queue's sojourn times are strongly correlated: percentiles are off by a few % (more at 99).
-    for p, v in res.sojourn_time_percentiles.items():
-        exact = math.log(1.0 / (1.0 - p / 100.0)) / (1.0 - lam)
-        assert v == pytest.approx(exact, rel=0.12 if p == 99 else 0.06), (p, v, exact)
+    assert_mm1(res, lam, 5, 0.06, 0.12, mean_queue=True)
 
 
 def test_m_erlang2_1_both_engines(getkey):
