@@ -68,6 +68,8 @@ def as_float_array(name: str, x: Any, ndim: int | None = None, scale: bool = Fal
     `scale` (rates, means: quantities that carry the time unit), nonzero values below the smallest normal float64
     are refused too: XLA reads them as 0. Elsewhere (probabilities, entries of a sub-generator) they are read as 0,
     which is harmless."""
+    if isinstance(x, (str, bytes)) or _dtype_kind(x) in ("U", "S", "O"):
+        raise ValueError(f"{name}={x!r} is not a number; give a real number or an array of real numbers")
     if _dtype_kind(x) == "b":
         raise ValueError(f"{name}={x!r} is boolean; give a real number or an array of real numbers")
     if isinstance(x, jax.core.Tracer):

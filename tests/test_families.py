@@ -360,3 +360,14 @@ def test_two_server_moves_agree_with_simulation_n1000():
     EQ = float(jsmkt.mean_queue_length(model, fp))
     sim = jsmkt.simulate(model, 1000, 2000.0, key=jr.PRNGKey(3), n_replications=4)
     assert abs(sim.mean_queue_length - EQ) < 0.01 * EQ + sim.mean_queue_length_ci, (sim.mean_queue_length, EQ)
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda v: jsmkt.JSQdBatch(v, [1.0]), "batch_rate"),
+    (lambda v: jsmkt.JSQdBatch(0.3, [v]), "batch_sizes"),
+    (lambda v: jsmkt.JSQdBatch(0.3, [1.0], mu=v), "mu"),
+    (lambda v: jsmkt.JSQd(v), "lam"),
+])
+def test_strings_are_not_numbers(make, name):
+    with pytest.raises(ValueError, match=rf"{name}=.*'0.3'.* is not a number"):
+        make("0.3")
