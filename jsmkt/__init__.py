@@ -22,7 +22,13 @@ from ._integrate import steady_state as steady_state
 from ._metrics import mean_queue_length as mean_queue_length
 from ._metrics import mean_sojourn_time as mean_sojourn_time
 from ._metrics import mean_waiting_time as mean_waiting_time
+from ._metrics import mean_number_waiting as mean_number_waiting
+from ._metrics import mean_orbit_size as mean_orbit_size
+from ._metrics import mean_sojourn_time_tagged as mean_sojourn_time_tagged
+from ._metrics import orbit_size_distribution as orbit_size_distribution
 from ._metrics import phase_tails as phase_tails
+from ._metrics import prob_blocked as prob_blocked
+from ._metrics import prob_retrial_success as prob_retrial_success
 from ._metrics import prob_wait as prob_wait
 from ._metrics import queue_length_distribution as queue_length_distribution
 from ._metrics import tail_mass_at_K as tail_mass_at_K
@@ -42,6 +48,7 @@ from ._models.description import TransitionClass as TransitionClass
 from ._models.description import make_cells as make_cells
 from ._models.jsqd import JSQd as JSQd
 from ._models.jsqd_ph import JSQdPH as JSQdPH
+from ._models.retrial import RetrialJSQ as RetrialJSQ
 from ._refined import RefinedMeanField as RefinedMeanField
 from ._refined import refined_mean_field as refined_mean_field
 from ._simulate import GeneralService as GeneralService
@@ -82,19 +89,26 @@ __all__ = [
     "lognormal",
     "make_cells",
     "mean_queue_length",
+    "mean_number_waiting",
+    "mean_orbit_size",
     "mean_sojourn_time",
+    "mean_sojourn_time_tagged",
     "mean_waiting_time",
     "MixedChoice",
+    "orbit_size_distribution",
     "Moves",
     "Partner",
     "PH",
     "phase_tails",
+    "prob_blocked",
     "prob_wait",
+    "prob_retrial_success",
     "published",
     "queue_length_distribution",
     "refined_mean_field",
     "RefinedMeanField",
     "RESULTS",
+    "RetrialJSQ",
     "simulate",
     "SimulationResult",
     "solve_fixed_point",

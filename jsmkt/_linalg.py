@@ -563,7 +563,7 @@ def classify_sparsity(pattern, levels) -> tuple[int, tuple[int, ...]]:
     adding to the border the unknown whose row and column hold most of the uncovered ones (ties: the one with most
     nonzeros), then dropping the border unknowns that the others make redundant; the border carries over to the
     next, smaller $w$, and the search stops once the border's own cost, $p^3 + 2pn$, exceeds that of the best
-    structure found.
+    structure found, or the border holds an eighth of the unknowns (where `structure_solver` takes dense LU).
     A diagonal pattern gives `(0, ())` (which the solvers treat as bandwidth 1), a tridiagonal one `(1, ())`.
     """
     pattern, lv = _pattern_levels(pattern, levels)
@@ -582,8 +582,8 @@ def classify_sparsity(pattern, levels) -> tuple[int, tuple[int, ...]]:
         far = (dist > w) & ~in_border[rows] & ~in_border[cols]
         while far.any():
             p = int(in_border.sum()) + 1
-            if p**3 + 2 * p * n >= best[0]:
-                break  # a lower bound for every bandwidth with this border
+            if p**3 + 2 * p * n >= best[0] or 8 * p >= n:
+                break  # a lower bound for every bandwidth with this border; `structure_solver` takes LU anyway
             counts = np.bincount(rows[far], minlength=n) + np.bincount(cols[far], minlength=n)
             u = int(np.argmax(counts * (2 * n + 1) + degree))
             in_border[u] = True

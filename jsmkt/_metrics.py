@@ -134,3 +134,54 @@ def queue_length_distribution(model: AbstractSupermarketModel, state) -> Float[A
     r"""Fraction of servers at level exactly $k$, $s_k - s_{k+1}$, $k = 0..K$."""
     s = model.tails(_state(model, state))
     return s - jnp.concatenate([s[1:], jnp.zeros(1)])
+
+
+def mean_number_waiting(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
+    r"""Mean number of jobs per server not in service, $\sum_c x_c(\text{jobs}_c - \text{in service}_c)$: the
+    queue behind the server ($\sum_{k\ge2} s_k$ for queues), the orbit for retrial models."""
+    y = _state(model, state)
+    if isinstance(model, AbstractDescribedModel):
+        return _totals(model, y).waiting
+    return jnp.sum(model.tails(y)[2:])
+
+
+# --- retrial models ---------------------------------------------------------------------------------------------
+
+
+def _retrial(model, what: str):
+    from ._models.retrial import RetrialJSQ
+
+    if not isinstance(model, RetrialJSQ):
+        raise ValueError(f"{what} is defined for retrial models (jsmkt.RetrialJSQ), not {type(model).__name__}")
+
+
+def mean_orbit_size(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
+    """Mean number of customers per orbit (retrial models): `mean_number_waiting`."""
+    _retrial(model, "mean_orbit_size")
+    return mean_number_waiting(model, state)
+
+
+def prob_blocked(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
+    r"""Probability that a primary customer finds every sampled server busy and joins an orbit (retrial models):
+    `prob_wait` of the primary stream, $g_1(\rho)$ at the fixed point."""
+    _retrial(model, "prob_blocked")
+    return prob_wait(model, state, stream="primary")
+
+
+def prob_retrial_success(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
+    """Probability that a retrial is served (retrial models, `RetrialJSQ.prob_retrial_success`)."""
+    _retrial(model, "prob_retrial_success")
+    return model.prob_retrial_success(_state(model, state))
+
+
+def mean_sojourn_time_tagged(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
+    """$E[T]$ from a tagged customer's path (linear re-probing retrial models, `RetrialJSQ.sojourn_time_tagged`);
+    at the fixed point it equals `mean_sojourn_time` (Little's law)."""
+    _retrial(model, "mean_sojourn_time_tagged")
+    return model.sojourn_time_tagged(_state(model, state))
+
+
+def orbit_size_distribution(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
+    """Fraction of servers whose orbit holds exactly `j` customers, `j = 0..K` (retrial models)."""
+    _retrial(model, "orbit_size_distribution")
+    return queue_length_distribution(model, state)

@@ -1,7 +1,8 @@
 """TOML model specifications (used by the CLI).
 
 ```toml
-model = "jsq-ph"      # "jsq" (exponential service), "jsq-ph" or "jsq-batch" (batch_rate, batch_sizes, d, mu, K)
+model = "jsq-ph"      # "jsq" (exponential service), "jsq-ph", "jsq-batch" (batch_rate, batch_sizes, d, mu, K) or
+                      # "retrial" (lam, theta, d1, d2, mu, retrial = "reprobe"|"own", policy = "linear"|"constant", K)
 lam = 0.9             # arrival rate per server
 d = 2                 # integer, real (randomised choice number) or list of probabilities over 1, 2, ... servers
 K = 48                # optional truncation level (integer)
@@ -37,6 +38,7 @@ from ._distributions.ph import PH, coxian, coxian2, erlang, exponential, hyperex
 from ._models.batch import JSQdBatch
 from ._models.jsqd import JSQd
 from ._models.jsqd_ph import JSQdPH
+from ._models.retrial import POLICIES, RETRIALS, RetrialJSQ
 from ._simulate.service import GeneralService, deterministic, lognormal
 
 
@@ -202,16 +204,23 @@ def service_from_spec(table: dict[str, Any], where: str = "[service]") -> PH:
     raise SpecError(f"{where}: kind={show(kind)} is not one of {', '.join(SERVICE_KINDS)}")
 
 
-def _choice_number(spec: dict[str, Any], where: str):
-    d = spec.get("d", 2)
+def _choice_number(spec: dict[str, Any], where: str, key: str = "d"):
+    d = spec.get(key, 2)
     if isinstance(d, list):
-        return jnp.asarray(_numbers(spec, "d", where), dtype=float)
+        return jnp.asarray(_numbers(spec, key, where), dtype=float)
     if not _is_number(d):
-        raise SpecError(f"{where}: d={show(d)} must be an integer, a real number >= 1 or a list of probabilities of "
-                        "sampling 1, 2, ... servers")
+        raise SpecError(f"{where}: {key}={show(d)} must be an integer, a real number >= 1 or a list of probabilities "
+                        "of sampling 1, 2, ... servers")
     if isinstance(d, float):
-        return _number(spec, "d", where)
+        return _number(spec, key, where)
     return d
+
+
+def _word(spec: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str) -> str:
+    v = spec.get(key, default)
+    if v not in choices:
+        raise SpecError(f"{where}: {key}={show(v)} is not one of {', '.join(map(show, choices))}")
+    return v
 
 
 def _jsq(spec: dict[str, Any], where: str):
@@ -230,9 +239,27 @@ def _jsq_batch(spec: dict[str, Any], where: str):
                      K=_integer(spec, "K", where, None))
 
 
-def _choice_text(model) -> str:
-    d = model.choice.number
+def _retrial(spec: dict[str, Any], where: str):
+    return RetrialJSQ(_number(spec, "lam", where), _number(spec, "theta", where),
+                      d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
+                      mu=_number(spec, "mu", where, 1.0), retrial=_word(spec, "retrial", where, RETRIALS, "reprobe"),
+                      policy=_word(spec, "policy", where, POLICIES, "linear"), K=_integer(spec, "K", where, None))
+
+
+def _choice_text(model, choice=None) -> str:
+    d = (model.choice if choice is None else choice).number
     return str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
+
+
+def _retrial_metrics(model, fp) -> dict[str, float]:
+    import jsmkt
+
+    out = {"mean_orbit_size": float(jsmkt.mean_orbit_size(model, fp)),
+           "prob_blocked": float(jsmkt.prob_blocked(model, fp)),
+           "prob_retrial_success": float(jsmkt.prob_retrial_success(model, fp))}
+    if model.retrial == "reprobe" and model.policy == "linear":
+        out["mean_sojourn_time_tagged"] = float(jsmkt.mean_sojourn_time_tagged(model, fp))
+    return out
 
 
 def _service_text(model) -> str:
@@ -256,6 +283,23 @@ class Family(NamedTuple):
     examples: Callable[[], dict[str, Any]]
     perturbations: dict[str, Callable[[Any, float], Any]]
     published: bool = False  # `jsmkt solve --as-published` applies
+    metrics: Callable[[Any, Any], dict[str, float]] | None = None  # the family's own metrics at a fixed point
+    level: str = "Q"  # what a level counts, for the tables: "Q" (jobs at a server) or "orbit"
+
+
+def _retrial_like(m, **changes):
+    kw = dict(lam=m.lam, theta=m.theta, d1=m.choice1, d2=m.choice2, mu=m.mu, retrial=m.retrial, policy=m.policy, K=m.K)
+    return RetrialJSQ(**(kw | changes))
+
+
+def _shift_choice(choice, h):
+    """A real choice number moved by `h`; an integer one moved by `h` as the real `d + h` (`InterpolatedChoice`,
+    whose derivative at an integer is one-sided: the perturbations then move up from it)."""
+    from ._choice import InterpolatedChoice
+
+    if isinstance(choice, InterpolatedChoice):
+        return InterpolatedChoice(choice.d + h, d_max=choice.d_max)
+    return choice
 
 
 def _scale_service(model, h):
@@ -299,6 +343,24 @@ FAMILIES: dict[str, Family] = {
                        "batch_sizes": lambda m, h: JSQdBatch(  # move probability from size 2 to size 1
                            m.batch_rate, m.batch_sizes + h * jnp.zeros_like(m.batch_sizes).at[0].set(1.0).at[1].set(-1.0),
                            d=m.choice, mu=m.mu, K=m.K)},
+    ),
+    "retrial": Family(
+        "retrial", RetrialJSQ, frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,
+        parameters=lambda m: {"lam": float(m.lam), "theta": float(m.theta), "d1": float(m.choice1.mean),
+                              "d2": float(m.choice2.mean), "mu": float(m.mu), "retrial": m.retrial,
+                              "policy": m.policy},
+        describe=lambda m: (f"lam = {float(m.lam):.6g}   theta = {float(m.theta):.6g}   d1 = {_choice_text(m)}   "
+                            + (f"d2 = {_choice_text(m, m.choice2)}   " if m.retrial == "reprobe" else "")
+                            + f"retrial = {m.retrial}   policy = {m.policy}"),
+        examples=lambda: {"retrial-reprobe": RetrialJSQ(0.7, 1.0, d1=2, d2=2, K=16),
+                          "retrial-own-constant": RetrialJSQ(0.6, 2.0, d1=2, retrial="own", policy="constant", K=16),
+                          "retrial-real-d": RetrialJSQ(0.7, 1.0, d1=1.5, d2=2.5, K=16)},
+        perturbations={"lam": lambda m, h: _retrial_like(m, lam=m.lam + h),
+                       "theta": lambda m, h: _retrial_like(m, theta=m.theta + h),
+                       "mu": lambda m, h: _retrial_like(m, mu=m.mu + h),
+                       "d1": lambda m, h: _retrial_like(m, d1=_shift_choice(m.choice1, h)),
+                       "d2": lambda m, h: _retrial_like(m, d2=_shift_choice(m.choice2, h))},
+        metrics=_retrial_metrics, level="orbit",
     ),
 }
 MODELS = tuple(FAMILIES)

@@ -134,7 +134,6 @@ def _solve_exact(
         "variant": "exact",
         "model": type(model).__name__,
         "lam": float(model.arrival_rate),
-        "d": float(model.choice.mean),
         **family_of(model).parameters(model),
         "K": model.K,
         "load": float(model.load()),
@@ -143,6 +142,7 @@ def _solve_exact(
         "mean_waiting_time": float(jsmkt.mean_waiting_time(model, fp)),
         "prob_wait": float(jsmkt.prob_wait(model, fp)),
         "utilisation": float(jsmkt.utilisation(model, fp)),
+        **(family_of(model).metrics(model, fp) if family_of(model).metrics else {}),
         "tail": _trim(s),
         "tail_mass_at_K": float(fp.tail_mass),
         "newton_steps": int(fp.stats["num_steps"]),
@@ -276,13 +276,17 @@ def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
     }, model
 
 
-def _print_table(out: dict[str, Any], header: str) -> None:
+def _print_table(out: dict[str, Any], header: str, level: str = "Q") -> None:
     print(header)
     rows = [
         ("mean queue length E[Q]", "mean_queue_length"),
         ("mean sojourn time E[T]", "mean_sojourn_time"),
         ("  95% CI half-width", "mean_sojourn_time_ci"),
         ("mean waiting time E[W]", "mean_waiting_time"),
+        ("mean orbit size", "mean_orbit_size"),
+        ("P(primary blocked)", "prob_blocked"),
+        ("P(retrial succeeds)", "prob_retrial_success"),
+        ("E[T], tagged customer", "mean_sojourn_time_tagged"),
         ("P(arrival waits)", "prob_wait"),
         ("utilisation s_1", "utilisation"),
         ("tail mass at K", "tail_mass_at_K"),
@@ -290,6 +294,8 @@ def _print_table(out: dict[str, Any], header: str) -> None:
         ("residual (exact eqs)", "residual_in_exact_equations"),
         ("events simulated", "events"),
     ]
+    if level != "Q":  # s_1 counts orbits, not busy servers
+        rows = [("utilisation (busy)", k) if k == "utilisation" else (label, k) for label, k in rows]
     for label, key in rows:
         if key in out:
             v = out[key]
@@ -302,7 +308,8 @@ def _print_table(out: dict[str, Any], header: str) -> None:
     tail = out["tail"]
     ci = out.get("tail_ci")
     print()
-    print("   k   s_k = P(Q >= k)       P(Q = k)" + ("             95% CI" if ci else ""))
+    q = level
+    print(f"   k   s_k = P({q} >= k){' ' * (8 - len(q))}P({q} = k)" + ("             95% CI" if ci else ""))
     for k, sk in enumerate(tail):
         if k > 0 and sk < 1e-16:
             print(f"  ... (s_k < 1e-16 from k = {k}; see --format json)")
@@ -422,12 +429,12 @@ def _cmd_solve(args) -> int:
     out, model = (_solve_published(model, args.auto_K) if args.as_published
                   else _solve_exact(model, args.auto_K, args.servers, sampling))
     if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
-        _plot(out, args.plot, f"{out['model']}, lam={out['lam']:g}, d={out['d']:g} ({out['variant']})")
+        _plot(out, args.plot, f"{_describe(model).splitlines()[0]} ({out['variant']})")
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
         title = "jsmkt solve: " + ("as published" if args.as_published else "exact mean field")
-        _print_table(out, title + "\n" + _describe(model))
+        _print_table(out, title + "\n" + _describe(model), family_of(model).level)
         if "refined" in out:
             _print_refined(out["refined"])
     if "refined" in out and (outside := _outside_unit_interval(out["refined"])):
@@ -491,7 +498,8 @@ def _cmd_simulate(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         _print_table(out, f"jsmkt simulate: N = {args.servers} servers, t = {args.time:g}, "
-                          f"{args.replications} replication(s)\n" + _describe(model, service))
+                          f"{args.replications} replication(s)\n" + _describe(model, service),
+                     family_of(model).level)
     return 0
 
 
