@@ -31,7 +31,9 @@ def test_every_example_solves(spec, capsys):
         assert key in res
     assert res["tail"][0] == 1.0
     assert abs(res["utilisation"] - res["load"]) < 1e-9
-    assert abs(res["mean_queue_length"] - sum(res["tail"][1:])) < 1e-9
+    # The tails count jobs at a server, or (retrial models) orbit customers, besides the one in service.
+    in_service = res["utilisation"] if "mean_orbit_size" in res else 0.0
+    assert abs(res["mean_queue_length"] - sum(res["tail"][1:]) - in_service) < 1e-9
     assert res["tail_mass_at_K"] < 1e-10
 
 
@@ -482,3 +484,36 @@ def test_refined_in_range_judges_the_levels_that_carry_mass(tmp_path, capsys):
     code, out, err = run(["solve", str(spec), "--format", "json", "--servers", "3"], capsys)
     r = json.loads(out)["refined"]
     assert r["in_range"] is False and r["out_of_range_levels"]
+
+
+def test_retrial_solve_and_simulate(tmp_path, capsys):
+    """`model = "retrial"`: re-probing, E[orbit] = lam g1(rho)/(theta (1 - g2(rho))); own retrials with d1 = 1 are
+    the M/M/1 retrial queue; the simulation runs the same system."""
+    spec = tmp_path / "r.toml"
+    spec.write_text('model = "retrial"\nlam = 0.6\ntheta = 2.0\nd1 = 2\nd2 = 2\nK = 40\n')
+    code, out, err = run(["solve", str(spec), "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["mean_orbit_size"] == pytest.approx(0.6 * 0.36 / (2.0 * 0.64), rel=1e-10)
+    assert res["prob_blocked"] == pytest.approx(0.36, rel=1e-10)
+    assert res["mean_sojourn_time_tagged"] == pytest.approx(res["mean_sojourn_time"], rel=1e-10)
+    assert (res["d1"], res["d2"], res["retrial"], res["policy"]) == (2.0, 2.0, "reprobe", "linear")
+    code, out, err = run(["solve", str(spec)], capsys)
+    assert code == 0 and "P(primary blocked)" in out and "P(orbit >= k)" in out and "d2 = 2" in out
+    code, out, err = run(["simulate", str(spec), "--servers", "50", "--time", "200", "--replications", "2",
+                          "--format", "json"], capsys)
+    assert code == 0, err
+    assert abs(json.loads(out)["mean_queue_length"] - res["mean_queue_length"]) < 0.1
+    spec.write_text('model = "retrial"\nlam = 0.5\ntheta = 1.0\nd1 = 1\nretrial = "own"\nK = 60\n')
+    code, out, err = run(["solve", str(spec), "--format", "json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["mean_orbit_size"] == pytest.approx(0.25 / 0.5 + 0.25 / 0.5, rel=1e-10)
+    for text, message in (('retrial = "orbit"', "retrial='orbit' is not one of 'reprobe', 'own'"),
+                          ("theta = 0.0", "theta=0.0 must be positive"), ("lam = 1.5", "lam=1.5 >= mu=1.0"),
+                          ("d2 = 0", "d2=0 must be >= 1"), ('policy = "x"', "policy='x' is not one of")):
+        key = text.split(" = ")[0]
+        lines = [ln for ln in spec.read_text().splitlines() if not ln.startswith(key + " ")]
+        spec.write_text("\n".join(lines + [text]) + "\n")
+        code, _, err = run(["solve", str(spec)], capsys)
+        assert code == 2 and message in err, (text, err)
+        spec.write_text('model = "retrial"\nlam = 0.5\ntheta = 1.0\nd1 = 1\nretrial = "own"\nK = 60\n')
