@@ -15,7 +15,9 @@ $$A W + W A^\top + Q = 0 \qquad\text{and}\qquad A V = -\tfrac12\, D^2 f : W.$$
 
 `W` is the covariance of the central limit theorem (linear noise approximation); `V` is the bias of the mean.
 Sampling without replacement makes the finite-N rates $N\beta_c(x) + \beta_c^{(1)}(x) + O(1/N)$; their drift
-$f^{(1)}$ joins the bias: $A V = -\tfrac12 D^2 f : W - f^{(1)}$. The
+$f^{(1)}$ joins the bias: $A V = -\tfrac12 D^2 f : W - f^{(1)}$. So does the $1/N$ drift of a stream that starts
+at a server (a retrial, a push: `jsmkt._models.description.origin_drift_correction`), which samples after its
+origin has moved. The
 Lyapunov equation is solved by Smith's doubling iteration on its Cayley transform (pure JAX, so everything here
 is differentiable and vmappable); second derivatives enter only contracted with `W`, by nested forward-mode
 products (no Hessian tensor).
@@ -40,8 +42,8 @@ from ._choice import (
     _weighted_pgf,
 )
 from ._errors import error_if, is_concrete
-from ._models.base import AbstractSupermarketModel
-from ._models.description import jump_second_moment
+from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
+from ._models.description import jump_second_moment, origin_drift_correction
 from ._solution import RESULTS, FixedPoint
 
 
@@ -296,5 +298,10 @@ def _refine(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) ->
         f_eps = lambda eps: ravel_pytree(_with_sampling_eps(model, eps).vector_field(None, y))[0] / scale  # noqa: E731
         zero = jnp.zeros((), flat.dtype)
         bias = bias + jax.jvp(f_eps, (zero,), (jnp.ones_like(zero),))[1]
+    if isinstance(model, AbstractDescribedModel):
+        desc = model.description()
+        if any(d.origin is not None for d in desc.dispatches):  # streams that start at a server: see the docstring
+            f1 = origin_drift_correction(desc, model.occupancy(y))
+            bias = bias + ravel_pytree(model.reduce(f1))[0] / scale
     V = jnp.linalg.solve(A, -bias)
     return RefinedMeanField(value=y, correction=unravel(V), covariance=W, model=model)

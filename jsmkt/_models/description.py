@@ -31,7 +31,8 @@ $R\,h(F_{\ge\kappa}, F_{>\kappa})$ per unit of the stream's rate $R$ per server,
 $h(a, b) = (g(a) - g(b))/(a - b)$ (`AbstractChoice.join_factor`), which never divides by a vanishing difference.
 A stream with an origin moves two servers at once; its transitions carry the chosen server as a `Partner`, so the
 jump covariance of the refined mean field sees both moves. In the mean-field limit the origin is sampled with
-probability $O(1/N)$ and the choice sees the occupancy before the origin's move, which is $O(1/N)$ away.
+probability $O(1/N)$ and the choice sees the occupancy before the origin's move, which is $O(1/N)$ away; the
+refined mean field adds that $1/N$ drift (`origin_drift_correction`).
 
 **Reduced coordinates.** The occupancy vector $x$ (one fraction per cell) sums to 1. The derived reduced state
 is, per cell $c$, the tail $T_c$: the fraction of servers in cells of $c$'s status at level $\ge$ level($c$),
@@ -273,6 +274,33 @@ def jump_second_moment(classes: list[TransitionClass], x: Float[Array, " C"]) ->
         v = jnp.zeros(n, x.dtype).at[pt].add(b).at[ps].add(-b)  # sum_j b_j l'_j
         G = G + jnp.outer(u, v) + jnp.outer(v, u)
     return G
+
+
+def origin_drift_correction(desc: Description, x: Float[Array, " C"]) -> Float[Array, " C"]:
+    r"""$f^{(1)}$, the $1/N$ term of the drift of the $N$-server system that streams with an origin add: the origin
+    moves first and the stream then samples among all $N$ servers, so it sees the occupancy
+    $x + (e_{o'} - e_o)/N$. With $\Phi(x)$ the chosen server's displacement per unit of the stream's rate (the
+    tail rule) and $u = \sum_o r_o x_o (e_{o'} - e_o)$ the origins' own drift, the exact drift is
+    $R\,\Phi(x) + D\Phi(x)\,u/N + O(1/N^2)$, so $f^{(1)} = D\Phi(x)\,u$ (one `jax.jvp` per stream). Zero
+    without such streams."""
+    cells = desc.cells
+    out = jnp.zeros_like(x)
+    for disp in desc.dispatches:
+        if disp.origin is None:
+            continue
+        o = disp.origin
+        src, tgt = np.asarray(o.source), clipped_targets(cells, o)
+        flow = o.weight * x[src]
+        u = jnp.zeros_like(x).at[tgt].add(flow).at[src].add(-flow)
+        eff = disp.effect
+        es, et = np.asarray(eff.source), clipped_targets(cells, eff)
+
+        def displacement(z, disp=disp, eff=eff, es=es, et=et):
+            p = chosen_factor(disp, z)[es] * z[es] * eff.weight
+            return jnp.zeros_like(z).at[et].add(p).at[es].add(-p)
+
+        out = out + jax.jvp(displacement, (x,), (u,))[1]
+    return out
 
 
 # --- derived: reduced coordinates -----------------------------------------------------------------------------
