@@ -182,7 +182,7 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
         "mean_queue_length": EQ,
         "mean_sojourn_time": EQ / float(model.arrival_rate),
         "prob_wait": float(rmf.expectation(lambda y: jsmkt.prob_wait(wait_model, y), n)),
-        "utilisation": float(s[1]),
+        "utilisation": float(jsmkt.utilisation(model, y)),
         "tail": [float(x) for x in s[:n_tail]],
         "tail_correction": [float(x) for x in v],
         "tail_std": [0.0] + [float(x) for x in rmf.std(lambda y: jsmkt.tails(model, y)[1:n_tail], n)],
@@ -302,7 +302,7 @@ def _print_table(out: dict[str, Any], header: str, level: str = "Q") -> None:
             print(f"  {label:<26} {v:.10g}" if isinstance(v, float) else f"  {label:<26} {v}")
     if "note" in out:
         print(f"  note: {out['note']}")
-    if "sojourn_time_percentiles" in out:
+    if out.get("sojourn_time_percentiles"):
         p = out["sojourn_time_percentiles"]
         print("  sojourn time percentiles   " + "  ".join(f"{k}={v:.4g}" for k, v in p.items()))
     tail = out["tail"]

@@ -162,7 +162,27 @@ def test_mitzenmacher_quick(tmp_path):
             assert 0 < r[f"sim_{n}_ci"] < 0.1 * r[f"sim_{n}"]
 
 
+def test_retrial_quick(tmp_path):
+    """The retrial study's smoke run: its vmapped sweeps obey the orbit balance, E[T] falls with theta and with the
+    choice numbers, and the short N = 200 simulation lands near the mean field."""
+    _load("retrial", "compute").main(["--quick", "--out", str(tmp_path)])
+    _load("retrial", "plot").main(["--quick", "--out", str(tmp_path)])
+    for name in ("retrial.csv", "simulation.csv", "retrial.json", "summary.md", "retrial.pdf", "retrial.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "retrial.json").read_text())
+    _check_metadata(data["metadata"])
+    for r in data["rows"]:
+        rho, g1, g2 = r["lam"], r["lam"] ** r["d1"], r["lam"] ** r["d2"]
+        assert r["orbit"] == pytest.approx(r["lam"] * g1 / (r["theta"] * (1 - g2)), rel=1e-9), r
+        assert r["EQ"] == pytest.approx(r["orbit"] + rho, rel=1e-9)
+    by_theta = sorted((r["theta"], r["ET"]) for r in data["rows"] if r["sweep"] == "theta")
+    assert [e for _, e in by_theta] == sorted((e for _, e in by_theta), reverse=True)
+    for s in data["simulation"]:
+        assert abs(s["rel_diff"]) < 0.2 and s["ET_ci"] > 0
+
+
 @pytest.mark.parametrize("folder, script, producer", [
+    ("retrial", "plot", "retrial/compute.py"),
     ("verification", "refined", "verification/compute.py"),
     ("verification", "plot", "verification/compute.py"),
     ("mitzenmacher_table", "refined", "mitzenmacher_table/compute.py"),

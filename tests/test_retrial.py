@@ -188,9 +188,10 @@ def test_constant_policy_jacobian_is_banded_with_a_border():
 # --- simulation (slow) -------------------------------------------------------------------------------------------
 
 
-_SIM_CASES = [(lam, theta, d1, d2, "reprobe") for lam in (0.5, 0.8) for theta in (0.5, 2.0)
-              for d1, d2 in ((1, 1), (2, 1), (2, 2), (3, 3))]
-_SIM_CASES += [(lam, theta, d1, 1, "own") for lam in (0.5, 0.8) for theta in (0.5, 2.0) for d1 in (1, 2)]
+# The full grid of the acceptance check (24 cases, about an hour on two cores) is experiments/retrial/validate.py;
+# these are a few of its cases, one per kind of behaviour.
+_SIM_CASES = [(0.8, 0.5, 2, 2, "reprobe"), (0.5, 2.0, 1, 1, "reprobe"), (0.8, 2.0, 3, 3, "reprobe"),
+              (0.8, 0.5, 2, 1, "own")]
 
 
 @pytest.mark.slow
@@ -202,8 +203,7 @@ def test_mean_field_agrees_with_simulation_n1000(lam, theta, d1, d2, retrial):
     ET = float(jsmkt.mean_sojourn_time(model, fp))
     s = np.asarray(jsmkt.tails(model, fp))
     top = int(np.flatnonzero(s < 1e-9)[0]) + 6 if np.any(s < 1e-9) else model.K  # orbits N = 1000 servers reach
-    slow = retrial == "own" and d1 == 1  # independent M/M/1 retrial queues relax slowly
-    t1, warmup = (6000.0, 1000.0) if slow else (1000.0, 100.0)
+    t1, warmup = 1000.0, 100.0
     sim = jsmkt.simulate(model, 1000, t1, warmup=warmup, key=jr.PRNGKey(11), n_replications=4, max_queue=top)
     assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
 

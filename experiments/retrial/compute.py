@@ -45,7 +45,7 @@ FULL = dict(
     sim_reps=4,
     seed=20110522,
 )
-QUICK = dict(FULL, lams=[0.3, 0.6, 0.8], thetas=[0.5, 2.0], choices=[(1, 1), (2, 2)], d_range=[1, 2], K=60,
+QUICK = dict(FULL, lams=[0.3, 0.6, 0.8], thetas=[0.5, 2.0], choices=[(2, 2)], d_range=[1, 2], K=40,
              n_servers=200, sim_points=[(0.8, 1.0, 2, 2)], sim_time=200.0, sim_warmup=20.0, sim_reps=2)
 
 
