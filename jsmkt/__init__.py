@@ -22,7 +22,11 @@ from ._integrate import steady_state as steady_state
 from ._metrics import mean_queue_length as mean_queue_length
 from ._metrics import mean_sojourn_time as mean_sojourn_time
 from ._metrics import mean_waiting_time as mean_waiting_time
+from ._metrics import availability as availability
+from ._metrics import customers_at_failed_servers as customers_at_failed_servers
+from ._metrics import fraction_failed_waiting as fraction_failed_waiting
 from ._metrics import mean_number_waiting as mean_number_waiting
+from ._metrics import repairmen_utilisation as repairmen_utilisation
 from ._metrics import mean_orbit_size as mean_orbit_size
 from ._metrics import mean_sojourn_time_tagged as mean_sojourn_time_tagged
 from ._metrics import orbit_size_distribution as orbit_size_distribution
@@ -48,6 +52,7 @@ from ._models.description import TransitionClass as TransitionClass
 from ._models.description import make_cells as make_cells
 from ._models.jsqd import JSQd as JSQd
 from ._models.jsqd_ph import JSQdPH as JSQdPH
+from ._models.repairable import RepairableJSQ as RepairableJSQ
 from ._models.retrial import RetrialJSQ as RetrialJSQ
 from ._refined import RefinedMeanField as RefinedMeanField
 from ._refined import refined_mean_field as refined_mean_field
@@ -66,14 +71,17 @@ __all__ = [
     "AbstractChoice",
     "AbstractDescribedModel",
     "AbstractSupermarketModel",
+    "availability",
     "coxian",
     "coxian2",
+    "customers_at_failed_servers",
     "deterministic",
     "Description",
     "Dispatch",
     "erlang",
     "exponential",
     "fit_ph2_three_moments",
+    "fraction_failed_waiting",
     "FixedChoice",
     "FixedPoint",
     "GeneralService",
@@ -106,7 +114,9 @@ __all__ = [
     "published",
     "queue_length_distribution",
     "refined_mean_field",
+    "repairmen_utilisation",
     "RefinedMeanField",
+    "RepairableJSQ",
     "RESULTS",
     "RetrialJSQ",
     "simulate",

@@ -185,3 +185,38 @@ def orbit_size_distribution(model: AbstractSupermarketModel, state) -> Float[Arr
     """Fraction of servers whose orbit holds exactly `j` customers, `j = 0..K` (retrial models)."""
     _retrial(model, "orbit_size_distribution")
     return queue_length_distribution(model, state)
+
+
+# --- repairable servers -----------------------------------------------------------------------------------------
+
+
+def _repairable(model, what: str):
+    from ._models.repairable import RepairableJSQ
+
+    if not isinstance(model, RepairableJSQ):
+        raise ValueError(f"{what} is defined for repairable-server models (jsmkt.RepairableJSQ), not "
+                         f"{type(model).__name__}")
+
+
+def availability(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
+    """The fraction of working servers (repairable-server models)."""
+    _repairable(model, "availability")
+    return model.fraction_working(_state(model, state))
+
+
+def customers_at_failed_servers(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
+    """The fraction of the customers in the system held at failed servers (repairable-server models)."""
+    _repairable(model, "customers_at_failed_servers")
+    return model.customers_at_failed(_state(model, state))
+
+
+def repairmen_utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
+    """The fraction of the repair capacity in use (repairable-server models, `RepairableJSQ.repairmen_utilisation`)."""
+    _repairable(model, "repairmen_utilisation")
+    return model.repairmen_utilisation(_state(model, state))
+
+
+def fraction_failed_waiting(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
+    """The fraction of failed servers that wait for a repairman (repairable-server models with repair='R3')."""
+    _repairable(model, "fraction_failed_waiting")
+    return model.fraction_failed_waiting(_state(model, state))

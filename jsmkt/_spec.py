@@ -3,6 +3,8 @@
 ```toml
 model = "jsq-ph"      # "jsq" (exponential service), "jsq-ph", "jsq-batch" (batch_rate, batch_sizes, d, mu, K) or
                       # "retrial" (lam, theta, d1, d2, mu, retrial = "reprobe"|"own", policy = "linear"|"constant", K)
+                      # or "repairable" (lam, alpha, beta, d1, d2, mu, arrival = "A1"|"A2", repair = "R1"|"R2"|"R3",
+                      # j for R3, K)
 lam = 0.9             # arrival rate per server
 d = 2                 # integer, real (randomised choice number) or list of probabilities over 1, 2, ... servers
 K = 48                # optional truncation level (integer)
@@ -38,6 +40,7 @@ from ._distributions.ph import PH, coxian, coxian2, erlang, exponential, hyperex
 from ._models.batch import JSQdBatch
 from ._models.jsqd import JSQd
 from ._models.jsqd_ph import JSQdPH
+from ._models.repairable import ARRIVALS, REPAIRS, RepairableJSQ
 from ._models.retrial import POLICIES, RETRIALS, RetrialJSQ
 from ._simulate.service import GeneralService, deterministic, lognormal
 
@@ -246,6 +249,31 @@ def _retrial(spec: dict[str, Any], where: str):
                       policy=_word(spec, "policy", where, POLICIES, "linear"), K=_integer(spec, "K", where, None))
 
 
+def _repairable(spec: dict[str, Any], where: str):
+    return RepairableJSQ(_number(spec, "lam", where), _number(spec, "alpha", where), _number(spec, "beta", where),
+                         d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
+                         mu=_number(spec, "mu", where, 1.0), arrival=_word(spec, "arrival", where, ARRIVALS, "A1"),
+                         repair=_word(spec, "repair", where, REPAIRS, "R1"), j=_number(spec, "j", where, None),
+                         K=_integer(spec, "K", where, None))
+
+
+def _repairable_metrics(model, fp) -> dict[str, float]:
+    import jsmkt
+
+    out = {"availability": float(jsmkt.availability(model, fp)),
+           "customers_at_failed_servers": float(jsmkt.customers_at_failed_servers(model, fp)),
+           "repairmen_utilisation": float(jsmkt.repairmen_utilisation(model, fp))}
+    if model.repair == "R3":
+        out["fraction_failed_waiting"] = float(jsmkt.fraction_failed_waiting(model, fp))
+    return out
+
+
+def _repairable_like(m, **changes):
+    kw = dict(lam=m.lam, alpha=m.alpha, beta=m.beta, d1=m.choice1, d2=m.choice2, mu=m.mu, arrival=m.arrival,
+              repair=m.repair, j=m.j, K=m.K)
+    return RepairableJSQ(**(kw | changes))
+
+
 def _choice_text(model, choice=None) -> str:
     d = (model.choice if choice is None else choice).number
     return str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
@@ -285,6 +313,7 @@ class Family(NamedTuple):
     published: bool = False  # `jsmkt solve --as-published` applies
     metrics: Callable[[Any, Any], dict[str, float]] | None = None  # the family's own metrics at a fixed point
     level: str = "Q"  # what a level counts, for the tables: "Q" (jobs at a server) or "orbit"
+    utilisation: str = "utilisation s_1"  # the tables' label of the fraction of servers serving
 
 
 def _retrial_like(m, **changes):
@@ -360,7 +389,29 @@ FAMILIES: dict[str, Family] = {
                        "mu": lambda m, h: _retrial_like(m, mu=m.mu + h),
                        "d1": lambda m, h: _retrial_like(m, d1=_shift_choice(m.choice1, h)),
                        "d2": lambda m, h: _retrial_like(m, d2=_shift_choice(m.choice2, h))},
-        metrics=_retrial_metrics, level="orbit",
+        metrics=_retrial_metrics, level="orbit", utilisation="utilisation (busy)",
+    ),
+    "repairable": Family(
+        "repairable", RepairableJSQ,
+        frozenset({"lam", "mu", "alpha", "beta", "d1", "d2", "arrival", "repair", "j", "K"}), _repairable,
+        parameters=lambda m: {"lam": float(m.lam), "alpha": float(m.alpha), "beta": float(m.beta),
+                              "d1": float(m.choice1.mean), "d2": float(m.choice2.mean), "mu": float(m.mu),
+                              "arrival": m.arrival, "repair": m.repair,
+                              **({"j": float(m.j)} if m.j is not None else {})},
+        describe=lambda m: (f"lam = {float(m.lam):.6g}   alpha = {float(m.alpha):.6g}   beta = {float(m.beta):.6g}   "
+                            f"d1 = {_choice_text(m)}   "
+                            + (f"d2 = {_choice_text(m, m.choice2)}   " if m.repair != "R1" else "")
+                            + f"arrival = {m.arrival}   repair = {m.repair}"
+                            + (f"   j = {float(m.j):.6g}" if m.j is not None else "")),
+        examples=lambda: {"model-I": RepairableJSQ(0.7, 0.1, 1.0, K=24),
+                          "model-IV": RepairableJSQ(0.7, 0.2, 0.5, arrival="A2", repair="R2", K=24),
+                          "model-III-real-d": RepairableJSQ(0.6, 0.1, 1.0, d1=1.5, arrival="A2", K=24)},
+        perturbations={"lam": lambda m, h: _repairable_like(m, lam=m.lam + h),
+                       "alpha": lambda m, h: _repairable_like(m, alpha=m.alpha + h),
+                       "beta": lambda m, h: _repairable_like(m, beta=m.beta + h),
+                       "mu": lambda m, h: _repairable_like(m, mu=m.mu + h),
+                       "d1": lambda m, h: _repairable_like(m, d1=_shift_choice(m.choice1, h))},
+        metrics=_repairable_metrics, utilisation="utilisation (serving)",
     ),
 }
 MODELS = tuple(FAMILIES)

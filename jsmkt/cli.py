@@ -276,7 +276,7 @@ def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
     }, model
 
 
-def _print_table(out: dict[str, Any], header: str, level: str = "Q") -> None:
+def _print_table(out: dict[str, Any], header: str, level: str = "Q", utilisation: str = "utilisation s_1") -> None:
     print(header)
     rows = [
         ("mean queue length E[Q]", "mean_queue_length"),
@@ -287,6 +287,10 @@ def _print_table(out: dict[str, Any], header: str, level: str = "Q") -> None:
         ("P(primary blocked)", "prob_blocked"),
         ("P(retrial succeeds)", "prob_retrial_success"),
         ("E[T], tagged customer", "mean_sojourn_time_tagged"),
+        ("availability", "availability"),
+        ("jobs at failed servers", "customers_at_failed_servers"),
+        ("repairmen utilisation", "repairmen_utilisation"),
+        ("failed servers waiting", "fraction_failed_waiting"),
         ("P(arrival waits)", "prob_wait"),
         ("utilisation s_1", "utilisation"),
         ("tail mass at K", "tail_mass_at_K"),
@@ -294,8 +298,7 @@ def _print_table(out: dict[str, Any], header: str, level: str = "Q") -> None:
         ("residual (exact eqs)", "residual_in_exact_equations"),
         ("events simulated", "events"),
     ]
-    if level != "Q":  # s_1 counts orbits, not busy servers
-        rows = [("utilisation (busy)", k) if k == "utilisation" else (label, k) for label, k in rows]
+    rows = [(utilisation, k) if k == "utilisation" else (label, k) for label, k in rows]
     for label, key in rows:
         if key in out:
             v = out[key]
@@ -434,7 +437,7 @@ def _cmd_solve(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         title = "jsmkt solve: " + ("as published" if args.as_published else "exact mean field")
-        _print_table(out, title + "\n" + _describe(model), family_of(model).level)
+        _print_table(out, title + "\n" + _describe(model), family_of(model).level, family_of(model).utilisation)
         if "refined" in out:
             _print_refined(out["refined"])
     if "refined" in out and (outside := _outside_unit_interval(out["refined"])):
@@ -499,7 +502,7 @@ def _cmd_simulate(args) -> int:
     else:
         _print_table(out, f"jsmkt simulate: N = {args.servers} servers, t = {args.time:g}, "
                           f"{args.replications} replication(s)\n" + _describe(model, service),
-                     family_of(model).level)
+                     family_of(model).level, family_of(model).utilisation)
     return 0
 
 

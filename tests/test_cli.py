@@ -30,7 +30,8 @@ def test_every_example_solves(spec, capsys):
     for key in ("mean_queue_length", "mean_sojourn_time", "tail", "tail_mass_at_K"):
         assert key in res
     assert res["tail"][0] == 1.0
-    assert abs(res["utilisation"] - res["load"]) < 1e-9
+    # The load is against the capacity of the servers that work (repairable servers: a fraction `availability`).
+    assert abs(res["utilisation"] - res["load"] * res.get("availability", 1.0)) < 1e-9
     # The tails count jobs at a server, or (retrial models) orbit customers, besides the one in service.
     in_service = res["utilisation"] if "mean_orbit_size" in res else 0.0
     assert abs(res["mean_queue_length"] - sum(res["tail"][1:]) - in_service) < 1e-9
@@ -517,3 +518,29 @@ def test_retrial_solve_and_simulate(tmp_path, capsys):
         code, _, err = run(["solve", str(spec)], capsys)
         assert code == 2 and message in err, (text, err)
         spec.write_text('model = "retrial"\nlam = 0.5\ntheta = 1.0\nd1 = 1\nretrial = "own"\nK = 60\n')
+
+
+def test_repairable_solve_and_simulate(tmp_path, capsys):
+    """`model = "repairable"`: R.1's availability beta/(alpha + beta), the JSON's repair metrics, a short simulation
+    of the same rules, and the spec's errors."""
+    spec = tmp_path / "r.toml"
+    spec.write_text('model = "repairable"\nlam = 0.5\nalpha = 0.2\nbeta = 0.5\narrival = "A2"\nrepair = "R1"\nK = 40\n')
+    code, out, err = run(["solve", str(spec), "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["availability"] == pytest.approx(0.5 / 0.7, rel=1e-10)
+    assert res["load"] == pytest.approx(0.5 / (0.5 / 0.7), rel=1e-10) and res["arrival"] == "A2"
+    code, out, err = run(["solve", str(spec)], capsys)
+    assert code == 0 and "repairmen utilisation" in out and "utilisation (serving)" in out
+    code, out, err = run(["simulate", str(spec), "--servers", "50", "--time", "300", "--replications", "2",
+                          "--format", "json"], capsys)
+    assert code == 0, err
+    assert abs(json.loads(out)["mean_queue_length"] - res["mean_queue_length"]) < 0.25
+    for text, message in (('repair = "R9"', "repair='R9' is not one of"), ("alpha = -1.0", "alpha=-1.0 must be positive"),
+                          ("lam = 0.9", "unstable: lam=0.9 >= mu*a=0.714286"), ('repair = "R3"', "repair='R3' needs j")):
+        key = text.split(" = ")[0]
+        lines = [ln for ln in spec.read_text().splitlines() if not ln.startswith(key + " ")]
+        spec.write_text("\n".join(lines + [text]) + "\n")
+        code, _, err = run(["solve", str(spec)], capsys)
+        assert code == 2 and message in err, (text, err)
+        spec.write_text('model = "repairable"\nlam = 0.5\nalpha = 0.2\nbeta = 0.5\narrival = "A2"\nK = 40\n')

@@ -253,6 +253,7 @@ class RetrialJSQ(AbstractDescribedModel):
 
 def _guess_occupancy(lam, theta, mu, choice1, choice2, retrial: str, policy: str, K: int) -> Float[Array, " C"]:
     """The occupancy of `RetrialJSQ.initial_guess`."""
+    lam, theta, mu = (jnp.asarray(v, float) for v in (lam, theta, mu))  # stop_gradient may hand back Python floats
     rho = lam / mu
     j = jnp.arange(K + 1, dtype=rho.dtype)
     if retrial == "own" and isinstance(choice1, FixedChoice) and choice1.d == 1:

@@ -1,0 +1,283 @@
+r"""Supermarket models with repairable servers: arrival policies A.1/A.2, repair schemes R.1/R.2/R.3."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from .._choice import AbstractChoice, as_choice
+from .._errors import as_float_array, concrete_array
+from .base import AbstractDescribedModel, check_K, default_K, fmt
+from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, make_cells
+
+
+ARRIVALS = ("A1", "A2")
+REPAIRS = ("R1", "R2", "R3")
+WORKING, FAILED = 0, 1  # R.1, R.2 (and R.3 below saturation: FAILED is "under small repair")
+UNDER_REPAIR, WAITING = 1, 2  # R.3 at saturation: failed servers under small repair, or waiting for a repairman
+
+
+def _named_choice(name: str, d, d_max: int | None) -> AbstractChoice:
+    try:
+        return as_choice(d, d_max)
+    except ValueError as e:
+        raise ValueError(str(e).replace("d=", f"{name}=").replace("d has", f"{name} has")) from None
+
+
+def availability_r2(alpha, beta, pgf, steps: int = 60):
+    r"""The R.2 availability $a$, the root in $(0, 1]$ of $\phi(a) = \alpha a - \beta(1 - g_2(a)) = 0$ ($g_2$ the pgf
+    of $d_2$): the failure flow of the working servers against the repair events that find a failed server among
+    the sampled. $\phi$ is convex and increasing with $\phi(0) = -\beta < 0 < \phi(1) = \alpha$, so Newton from
+    $a = 1$ decreases monotonically to the root. The loop carries no derivatives; one more Newton step from the
+    root gives them, $\partial a = -\partial\phi/\phi'(a)$ (the implicit function theorem)."""
+
+    def newton(a, alpha, beta):
+        g, dg = jax.jvp(pgf, (a,), (jnp.ones_like(a),))
+        return a - (alpha * a - beta * (1.0 - g)) / (alpha + beta * dg)
+
+    sa, sb = jax.lax.stop_gradient(alpha), jax.lax.stop_gradient(beta)
+    a = jax.lax.fori_loop(0, steps, lambda _, a: newton(a, sa, sb), jnp.ones_like(alpha))
+    return newton(jax.lax.stop_gradient(a), alpha, beta)
+
+
+class RepairableJSQ(AbstractDescribedModel):
+    r"""Supermarket models with repairable servers (N. Li, Q.-L. Li & Z. G. Zhang, *Groups of Repairmen and
+    Repair-based Load Balancing in Supermarket Models with Repairable Servers*).
+
+    **The system.**
+
+    - $N$ servers with FCFS queues and exponential service of rate μ. A working server (busy or idle) fails at rate
+      α; a failed server stops serving and, once repaired, resumes the interrupted service (service time is
+      cumulative, so with exponential service the remaining work is again exponential of rate μ).
+    - Poisson arrivals of total rate $N\lambda$ sample `d1` servers with replacement.
+      `arrival="A1"`: join the shortest queue among them (ties uniformly, status ignored).
+      `arrival="A2"`: join the shortest queue; among sampled servers tied at that length, working servers have
+      priority over failed ones (then ties uniformly).
+    - `repair="R1"`: every server has its own repairman, rate β.
+      `repair="R2"`: one super repairman of rate $N\beta$; at each of its events it samples `d2` servers with
+      replacement and repairs the failed one with the longest queue (ties uniformly), or idles if none is failed.
+      `repair="R3"`: $J = jN$ small repairmen of rate β, one failed server each (a failing server takes a free
+      one at once; one that finishes takes a uniformly chosen failed server not under repair), and one large
+      repairman of rate $(N - J)\beta$ acting like R.2 on the failed servers not under small repair.
+    - Models I = (A1, R1), II = (A1, R2), III = (A2, R1), IV = (A2, R2).
+
+    **Cells** are (queue length $k$, status), $k = 0..K$, statuses working and failed (for R.3 at saturation:
+    working, under small repair, waiting for a repairman). The repairman of R.2 (and R.3's large one) is a dispatch
+    of rate β per server whose key prefers the longest queue among failed servers (working ones are ineligible).
+
+    **Availability.** Failures and repairs do not depend on the queue lengths in number (R.2's choice among failed
+    servers does not change how many it repairs), so the fraction $a$ of working servers follows a closed
+    equation: $a = \beta/(\alpha + \beta)$ under R.1, $\alpha a = \beta(1 - g_2(a))$ under R.2 ($g_2$ the pgf of
+    `d2`).
+
+    **R.3 and its two regimes.** Below saturation ($j \ge \alpha/(\alpha + \beta)$) every failed server is under
+    small repair and the large repairman idles: the model is R.1, and nothing depends on $j$ (its derivatives are
+    0). At saturation ($j < \alpha/(\alpha + \beta)$) the small repairmen are all busy, $a$ solves
+    $\alpha a = \beta j + (1 - j)\beta(1 - g_2(1 - a - j))$ and failed servers wait. The switch is at
+    $j^* = \alpha/(\alpha+\beta)$; derivatives with respect to $j$ are one-sided there (left: saturated, right:
+    below saturation). Only R.3 below saturation is implemented here so far: a saturated pool is refused with an
+    error that says so.
+
+    **Stability.** Servers serve only while working, so the load is $\rho = \lambda/(\mu a)$ and the model needs
+    $\rho < 1$.
+
+    **Arguments:** `lam` (arrival rate per server), `alpha` (failure rate), `beta` (repair rate), `d1`, `d2`
+    (choice numbers of arrivals and of the repairman; integer, real or probability vector as `d` of `JSQd`), `mu`,
+    `arrival` (`"A1"` or `"A2"`), `repair` (`"R1"`, `"R2"` or `"R3"`), `j` (R.3's fraction of small repairmen, in
+    [0, 1)), `K` (the largest queue length kept; chosen from the parameters when omitted), `d1_max`, `d2_max`
+    (bounds of traced real choice numbers).
+
+    The reduced state is the flat vector of the per-status tails (derived coordinates).
+    """
+
+    lam: Float[Array, ""]
+    alpha: Float[Array, ""]
+    beta: Float[Array, ""]
+    mu: Float[Array, ""]
+    j: Float[Array, ""] | None
+    choice1: AbstractChoice
+    choice2: AbstractChoice
+    arrival: str = eqx.field(static=True)
+    repair: str = eqx.field(static=True)
+    K: int = eqx.field(static=True)
+
+    def __init__(self, lam: ArrayLike, alpha: ArrayLike, beta: ArrayLike, d1=2, d2=2, mu: ArrayLike = 1.0,
+                 arrival: str = "A1", repair: str = "R1", j: ArrayLike | None = None, K: int | None = None, *,
+                 d1_max: int | None = None, d2_max: int | None = None):
+        if arrival not in ARRIVALS:
+            raise ValueError(f"arrival={arrival!r} is not one of {', '.join(map(repr, ARRIVALS))} (A1: shortest "
+                             "queue; A2: shortest queue, working servers first among ties)")
+        if repair not in REPAIRS:
+            raise ValueError(f"repair={repair!r} is not one of {', '.join(map(repr, REPAIRS))} (R1: a repairman per "
+                             "server; R2: one super repairman; R3: small repairmen and a large one)")
+        self.arrival, self.repair = arrival, repair
+        self.lam = as_float_array("lam", lam, ndim=0, scale=True)
+        self.alpha = as_float_array("alpha", alpha, ndim=0, scale=True)
+        self.beta = as_float_array("beta", beta, ndim=0, scale=True)
+        self.mu = as_float_array("mu", mu, ndim=0, scale=True)
+        for name, x in (("lam", self.lam), ("alpha", self.alpha), ("beta", self.beta), ("mu", self.mu)):
+            c = concrete_array(x)
+            if c is not None and not c > 0:
+                raise ValueError(f"{name}={float(c)!r} must be positive")
+        if repair == "R3":
+            if j is None:
+                raise ValueError("repair='R3' needs j, the fraction of servers with a small repairman (0 <= j < 1)")
+            self.j = as_float_array("j", j, ndim=0)
+            jc = concrete_array(self.j)
+            if jc is not None and not 0.0 <= jc < 1.0:
+                raise ValueError(f"j={float(jc)!r} must lie in [0, 1) (the small repairmen are J = j N < N)")
+        else:
+            if j is not None:
+                raise ValueError(f"j={j!r} applies to repair='R3' only (here repair={repair!r})")
+            self.j = None
+        self.choice1 = _named_choice("d1", d1, d1_max)
+        self.choice2 = _named_choice("d2", d2, d2_max)
+        if repair == "R3" and self._concrete_saturated():
+            a, b, jc = (float(concrete_array(v)) for v in (self.alpha, self.beta, self.j))
+            raise ValueError(
+                f"j={jc:.6g} < alpha/(alpha + beta)={a / (a + b):.6g}: the small repairmen are saturated, and R.3 at "
+                "saturation is not implemented yet; raise j to at least alpha/(alpha + beta) (then R.3 is R.1) or "
+                "use repair='R2'")
+        rho = concrete_array(self.load()) if all(
+            concrete_array(v) is not None for v in (self.lam, self.alpha, self.beta, self.mu, self.choice2.weights())
+        ) else None
+        if rho is not None and not rho < 1:
+            raise ValueError(self._unstable_message())
+        if K is None:
+            if rho is None or concrete_array(self.choice1.weights()) is None:
+                raise ValueError("K must be given when lam, alpha, beta, mu, d1 or d2 are traced (inside "
+                                 "jit/grad/vmap)")
+            K = _default_K(self, float(rho))
+        self.K = check_K(K)
+
+    def _concrete_saturated(self) -> bool:
+        a, b, jc = (concrete_array(v) for v in (self.alpha, self.beta, self.j))
+        return a is not None and b is not None and jc is not None and bool(jc < a / (a + b))
+
+    # --- parameters ---------------------------------------------------------------------------------------------
+    @property
+    def choice(self) -> AbstractChoice:
+        """The arrivals' choice rule (`d1`)."""
+        return self.choice1
+
+    @property
+    def arrival_rate(self) -> Array:
+        return self.lam
+
+    def availability(self) -> Array:
+        """The stationary fraction of working servers (class docstring)."""
+        if self.repair == "R2":
+            return availability_r2(self.alpha, self.beta, self.choice2.pgf)
+        return self.beta / (self.alpha + self.beta)
+
+    def load(self) -> Array:
+        """$\\rho = \\lambda/(\\mu a)$, $a$ the availability."""
+        return self.lam / (self.mu * self.availability())
+
+    def rate_scale(self) -> Array:
+        return jnp.maximum(jnp.maximum(self.lam, self.mu), jnp.maximum(self.alpha, self.beta))
+
+    # --- physics ------------------------------------------------------------------------------------------------
+    def description(self) -> Description:
+        """Cells `(k, working)` and `(k, failed)`, `k = 0..K`. Local events: service `(k, working) -> (k - 1,
+        working)` at rate μ, failure `(k, working) -> (k, failed)` at rate α, and under R.1 (and R.3 below
+        saturation) repair `(k, failed) -> (k, working)` at rate β. Arrivals at rate λ per server sample `d1`
+        servers, key `k` (A.1) or `2k + failed` (A.2), and move the chosen one `k -> k + 1`. Under R.2 the
+        repairman is a dispatch of rate β per server sampling `d2` servers, key `K - k` for failed servers (the
+        longest queue first), working servers ineligible, moving the chosen one to working."""
+        K = self.K
+        k = np.repeat(np.arange(K + 1), 2)
+        s = np.tile([WORKING, FAILED], K + 1)
+        names = ("working", "under repair" if self.repair == "R3" else "failed")
+        cells = make_cells(k, s, names, jobs=k, in_service=((s == WORKING) & (k >= 1)).astype(int))
+        kk = np.arange(K + 1)
+        working, failed = 2 * kk, 2 * kk + 1
+        service = LocalEvent("service", Moves(working[1:], kk[1:] - 1, np.zeros(K, int),
+                                              jnp.broadcast_to(self.mu, (K,))))
+        failure = LocalEvent("failure", Moves(working, kk, np.ones(K + 1, int), jnp.broadcast_to(self.alpha, (K + 1,))))
+        key = k if self.arrival == "A1" else 2 * k + s
+        arrival = Dispatch("arrival", self.choice1, key=key,
+                           effect=Moves(np.arange(2 * (K + 1)), k + 1, s, jnp.ones(2 * (K + 1))), rate=self.lam)
+        repaired = Moves(failed, kk, np.zeros(K + 1, int), jnp.broadcast_to(self.beta, (K + 1,)))
+        if self.repair in ("R1", "R3"):
+            return Description(cells, (service, failure, LocalEvent("repair", repaired)), (arrival,))
+        repairman = Dispatch("repairman", self.choice2, key=np.where(s == FAILED, K - k, INELIGIBLE),
+                             effect=repaired._replace(weight=jnp.ones(K + 1)), rate=self.beta, arrivals=False)
+        return Description(cells, (service, failure), (arrival, repairman))
+
+    def initial_guess(self):
+        """Working with probability $a$ independently of the queue, whose tails are those of JSQ(d1) at the load
+        $\\rho$ ($s_k = \\rho\\,g_1(s_{k-1})$); no derivatives (Newton's starting point)."""
+        m = jax.tree_util.tree_map(lambda x: jax.lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, self)
+        rho, a = m.load(), m.availability()
+
+        def level(s, _):
+            s = rho * m.choice1.pgf(s)
+            return s, s
+
+        s = jnp.concatenate([jnp.ones(1), jax.lax.scan(level, jnp.ones_like(rho), None, length=self.K)[1],
+                             jnp.zeros(1)])
+        p = s[:-1] - s[1:]
+        return m.reduce(jnp.stack([a * p, (1.0 - a) * p], axis=1).ravel())
+
+    def _unstable_message(self) -> str:
+        return "unstable: " + fmt(
+            "lam={lam} >= mu*a={cap}, the service capacity per server (availability a={a}, load rho={rho})",
+            lam=self.lam, cap=self.mu * self.availability(), a=self.availability(), rho=self.load(),
+            default="lam >= mu*a, the service capacity per server (a the availability)",
+        ) + "; lower lam or alpha, or raise mu or beta"
+
+    def value_errors(self):
+        finite = jnp.isfinite(self.lam) & jnp.isfinite(self.alpha) & jnp.isfinite(self.beta) & jnp.isfinite(self.mu)
+        positive = (self.lam > 0) & (self.alpha > 0) & (self.beta > 0) & (self.mu > 0)
+        out = [
+            (~finite | ~positive, "invalid parameters: " + fmt(
+                "lam={a}, alpha={b}, beta={c} and mu={d}", a=self.lam, b=self.alpha, c=self.beta, d=self.mu,
+                default="lam, alpha, beta and mu") + " must be finite and positive"),
+            *[(bad, msg.replace("`d`", "`d1`")) for bad, msg in self.choice1.value_errors()],
+            *[(bad, msg.replace("`d`", "`d2`")) for bad, msg in self.choice2.value_errors()],
+        ]
+        if self.repair == "R3":
+            out.append((~(self.j >= 0.0) | ~(self.j < 1.0), "invalid parameters: j must lie in [0, 1)"))
+            out.append((self.j < self.alpha / (self.alpha + self.beta),
+                        "R.3 at saturation (j < alpha/(alpha + beta)) is not implemented yet"))
+        out.append((~(self.load() < 1.0), self._unstable_message()))
+        return out
+
+    # --- metrics the description does not name ------------------------------------------------------------------
+    def _cells(self, y):
+        return self.occupancy(y).reshape(self.K + 1, 2)
+
+    def fraction_working(self, y) -> Array:
+        return jnp.sum(self._cells(y)[:, WORKING])
+
+    def customers_at_failed(self, y) -> Array:
+        """The fraction of customers held at failed servers."""
+        x = self._cells(y)
+        k = jnp.arange(self.K + 1, dtype=x.dtype)
+        return jnp.sum(k * x[:, FAILED]) / jnp.sum(k * x.sum(axis=1))
+
+    def repairmen_utilisation(self, y) -> Array:
+        """R.1 (and R.3): the fraction of repairmen busy, the failed fraction (per own or small repairman, over
+        $j$ for R.3); R.2: the fraction of the repairman's events that find a failed server, $1 - g_2(a)$."""
+        failed = jnp.sum(self._cells(y)[:, FAILED])
+        if self.repair == "R2":
+            return 1.0 - self.choice2.pgf(1.0 - failed)
+        if self.repair == "R3":
+            return failed / self.j
+        return failed
+
+    def fraction_failed_waiting(self, y) -> Array:
+        """The fraction of failed servers that wait for a repairman (R.3; 0 below saturation)."""
+        if self.repair != "R3":
+            raise ValueError(f"fraction_failed_waiting is defined for repair='R3' (here repair={self.repair!r})")
+        return jnp.zeros((), self._cells(y).dtype)
+
+
+def _default_K(model: RepairableJSQ, rho: float) -> int:
+    """`default_K` at the load ρ, widened for the slowdown of failures: a failed server keeps receiving arrivals
+    (A.1) for a repair time, which lengthens the tail like a service of SCV about `1 + 2 alpha / beta`-ish."""
+    weights = np.asarray(model.choice1.weights())
+    a, b = float(np.asarray(model.alpha)), float(np.asarray(model.beta))
+    return default_K(rho, weights, scv=1.0 + 2.0 * a / b * (1.0 + a / b))

@@ -1,0 +1,162 @@
+"""Supermarket models with repairable servers (`jsmkt.RepairableJSQ`) against independent derivations: JSQ(d) as
+failures vanish, the availability of each repair scheme, central differences for the gradients, and (slow)
+simulation of the N-server system."""
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import jsmkt
+
+
+K = 24  # one truncation for most tests (one compilation per variant)
+MODELS = {"I": ("A1", "R1"), "II": ("A1", "R2"), "III": ("A2", "R1"), "IV": ("A2", "R2")}
+
+
+def bisect(f, lo, hi, steps=200):
+    """The root of an increasing `f` in [lo, hi]."""
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_without_failures_every_model_is_jsqd(name):
+    arrival, repair = MODELS[name]
+    lam, d = 0.8, 2
+    plain = jsmkt.JSQd(lam, d=d, K=K)
+    ref = np.asarray(jsmkt.tails(plain, jsmkt.solve_fixed_point(plain)))
+    model = jsmkt.RepairableJSQ(lam, 1e-12, 1.0, d1=d, arrival=arrival, repair=repair, K=K)
+    fp = jsmkt.solve_fixed_point(model)
+    np.testing.assert_allclose(jsmkt.tails(model, fp), ref, rtol=1e-9, atol=1e-15)
+    assert float(jsmkt.availability(model, fp)) == pytest.approx(1.0, abs=1e-10)
+
+
+@pytest.mark.parametrize("arrival", ["A1", "A2"])
+@pytest.mark.parametrize("alpha, beta", [(0.1, 1.0), (0.2, 0.5)])
+def test_r1_failed_fraction(arrival, alpha, beta):
+    """Each server alternates independently between working (exponential of rate alpha) and under repair
+    (exponential of rate beta): the failed fraction is alpha/(alpha + beta), whatever the queues."""
+    model = jsmkt.RepairableJSQ(0.5, alpha, beta, arrival=arrival, K=K)
+    fp = jsmkt.solve_fixed_point(model)
+    assert 1 - float(jsmkt.availability(model, fp)) == pytest.approx(alpha / (alpha + beta), rel=1e-10)
+    assert float(jsmkt.throughput(model, fp)) == pytest.approx(0.5, rel=1e-10)
+
+
+@pytest.mark.parametrize("arrival, alpha, beta, d2", [("A1", 0.1, 1.0, 2), ("A2", 0.2, 0.5, 2), ("A1", 0.2, 0.5, 3),
+                                                      ("A2", 0.3, 1.0, 1)])
+def test_r2_availability(arrival, alpha, beta, d2):
+    """The super repairman's events (rate beta per server) repair a server when one of the d2 sampled is failed:
+    the availability x solves alpha x = beta (1 - x^d2) (found here by bisection)."""
+    x = bisect(lambda a: alpha * a - beta * (1 - a**d2), 1e-12, 1.0)
+    model = jsmkt.RepairableJSQ(0.5, alpha, beta, d2=d2, arrival=arrival, repair="R2", K=K)
+    fp = jsmkt.solve_fixed_point(model)
+    assert float(jsmkt.availability(model, fp)) == pytest.approx(x, rel=1e-10)
+    assert float(model.availability()) == pytest.approx(x, rel=1e-12)
+    assert float(jsmkt.repairmen_utilisation(model, fp)) == pytest.approx(1 - x**d2, rel=1e-9)
+
+
+def test_information_and_repair_grouping_help():
+    """A.2 (status seen) beats A.1, R.2 (the longest failed queue repaired first, at the same total repair rate)
+    beats R.1: E[T] of Model IV < III, II < I; with d1 = 1, A.1 and A.2 coincide (one sampled server)."""
+    ET = {}
+    for name, (arrival, repair) in MODELS.items():
+        model = jsmkt.RepairableJSQ(0.7, 0.2, 0.5, arrival=arrival, repair=repair, K=K)
+        ET[name] = float(jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model)))
+    assert ET["III"] < ET["I"] and ET["IV"] < ET["II"] and ET["II"] < ET["I"] and ET["IV"] < ET["III"]
+    one = [jsmkt.RepairableJSQ(0.5, 0.2, 0.5, d1=1, arrival=a, K=120) for a in ("A1", "A2")]
+    a, b = (float(jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m))) for m in one)
+    assert a == pytest.approx(b, rel=1e-12)
+
+
+def test_d1_r1_is_a_queue_with_server_breakdowns():
+    """With d1 = 1 and R.1 each server is an M/M/1 queue with exponential breakdowns (preemptive-resume): its mean
+    queue length from the quasi-birth-death process with phases (working, failed), solved here by truncation with
+    NumPy's dense linear algebra."""
+    lam, alpha, beta, mu = 0.5, 0.2, 0.5, 1.0
+    n = 400
+    Q = np.zeros((2 * n, 2 * n))
+    for k in range(n):
+        for s in (0, 1):
+            i = 2 * k + s
+            if k + 1 < n:
+                Q[i, 2 * (k + 1) + s] += lam
+            if s == 0 and k > 0:
+                Q[i, 2 * (k - 1)] += mu
+            Q[i, 2 * k + 1 - s] += alpha if s == 0 else beta
+    np.fill_diagonal(Q, -Q.sum(axis=1))
+    A = np.vstack([Q.T, np.ones(2 * n)])
+    p = np.linalg.lstsq(A, np.concatenate([np.zeros(2 * n), [1.0]]), rcond=None)[0]
+    EQ = float(np.sum(np.repeat(np.arange(n), 2) * p))
+    model = jsmkt.RepairableJSQ(lam, alpha, beta, d1=1, mu=mu, K=120)
+    fp = jsmkt.solve_fixed_point(model)
+    assert float(jsmkt.mean_queue_length(model, fp)) == pytest.approx(EQ, rel=1e-9)
+
+
+def test_r3_below_saturation_is_r1():
+    """With j >= alpha/(alpha + beta) every failed server has a small repairman and the large one idles: R.1, and
+    nothing depends on j."""
+    r1 = jsmkt.RepairableJSQ(0.7, 0.1, 1.0, K=K)
+    r3 = jsmkt.RepairableJSQ(0.7, 0.1, 1.0, repair="R3", j=0.5, K=K)
+    np.testing.assert_allclose(jsmkt.solve_fixed_point(r3).value, jsmkt.solve_fixed_point(r1).value, rtol=1e-13)
+    g = jax.grad(lambda j: jsmkt.mean_sojourn_time(m := jsmkt.RepairableJSQ(0.7, 0.1, 1.0, repair="R3", j=j, K=K),
+                                                   jsmkt.solve_fixed_point(m)))(0.5)
+    assert float(g) == 0.0
+    fp = jsmkt.solve_fixed_point(r3)
+    assert float(jsmkt.fraction_failed_waiting(r3, fp)) == 0.0
+    assert float(jsmkt.repairmen_utilisation(r3, fp)) == pytest.approx((0.1 / 1.1) / 0.5, rel=1e-10)
+
+
+@pytest.mark.parametrize("name", ["II", "III"])
+def test_gradients_agree_with_central_differences(name):
+    arrival, repair = MODELS[name]
+    base = dict(lam=0.5, alpha=0.2, beta=0.5, mu=1.0, d1=1.5, d2=2.5)
+
+    def ET(**p):
+        model = jsmkt.RepairableJSQ(p["lam"], p["alpha"], p["beta"], d1=jnp.asarray(p["d1"]), d2=jnp.asarray(p["d2"]),
+                                    mu=p["mu"], arrival=arrival, repair=repair, K=2 * K, d1_max=2, d2_max=3)
+        return jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model))
+
+    grads = jax.grad(lambda p: ET(**p))(base)  # one trace for every parameter
+    for what in base:
+        g = float(grads[what])
+        h = 1e-5
+        fd = (float(ET(**(base | {what: base[what] + h}))) - float(ET(**(base | {what: base[what] - h})))) / (2 * h)
+        assert g == pytest.approx(fd, rel=1e-6, abs=1e-9), what
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(lam=0.95, alpha=0.1, beta=1.0), r"unstable: lam=0.95 >= mu\*a=0.909091"),
+    (dict(lam=0.5, alpha=-0.1, beta=1.0), r"alpha=-0.1 must be positive"),
+    (dict(lam=0.5, alpha=0.1, beta=0.0), r"beta=0.0 must be positive"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, arrival="A3"), r"arrival='A3' is not one of 'A1', 'A2'"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R4"), r"repair='R4' is not one of 'R1', 'R2', 'R3'"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R3"), r"repair='R3' needs j"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R3", j=1.0), r"j=1.0 must lie in \[0, 1\)"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R3", j=-0.1), r"j=-0.1 must lie in \[0, 1\)"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R3", j=0.05), r"saturated, and R.3 at saturation is not"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, j=0.5), r"j=0.5 applies to repair='R3' only"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, d2=0), r"d2=0 must be >= 1"),
+])
+def test_bad_input_names_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        jsmkt.RepairableJSQ(**kwargs)
+
+
+# --- simulation (slow) -------------------------------------------------------------------------------------------
+
+# The full grid of the acceptance check is experiments/repair/validate.py; these are a few of its cases.
+_SIM = [("I", 0.7, 0.1, 1.0), ("II", 0.5, 0.2, 0.5), ("IV", 0.7, 0.1, 1.0)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, lam, alpha, beta", _SIM)
+def test_mean_field_agrees_with_simulation_n1000(name, lam, alpha, beta):
+    arrival, repair = MODELS[name]
+    model = jsmkt.RepairableJSQ(lam, alpha, beta, arrival=arrival, repair=repair)
+    ET = float(jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model)))
+    sim = jsmkt.simulate(model, 1000, 2000.0, warmup=200.0, key=jr.PRNGKey(3), n_replications=4)
+    assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
