@@ -181,7 +181,23 @@ def test_retrial_quick(tmp_path):
         assert abs(s["rel_diff"]) < 0.2 and s["ET_ci"] > 0
 
 
+def test_repair_quick(tmp_path):
+    """The repairable-server study's smoke run: R.2 (the same repair capacity, aimed at the longest failed queue)
+    beats R.1, A.2 beats A.1, and the short simulations land near the mean field."""
+    code = _load("repair", "compute").main(["--quick", "--out", str(tmp_path)])
+    _load("repair", "plot").main(["--quick", "--out", str(tmp_path)])
+    for name in ("repair.csv", "validation.csv", "repair.json", "summary.md", "repair.pdf", "repair.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "repair.json").read_text())
+    _check_metadata(data["metadata"])
+    for lam in (0.3, 0.6):
+        et = {(r["arrival"], r["repair"]): r["ET"] for r in data["rows"] if r["sweep"] == "lam" and r["lam"] == lam}
+        assert et["A1", "R2"] < et["A1", "R1"] and et["A2", "R1"] < et["A1", "R1"] and et["A2", "R2"] < et["A2", "R1"]
+    assert code == 0 and all(abs(c["rel_diff"]) < 0.2 for c in data["validation"])
+
+
 @pytest.mark.parametrize("folder, script, producer", [
+    ("repair", "plot", "repair/compute.py"),
     ("retrial", "plot", "retrial/compute.py"),
     ("verification", "refined", "verification/compute.py"),
     ("verification", "plot", "verification/compute.py"),

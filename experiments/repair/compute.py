@@ -1,0 +1,170 @@
+r"""Supermarket models with repairable servers (N. Li, Q.-L. Li & Z. G. Zhang, arXiv 1703.08823): Models I-IV
+(arrival policies A.1/A.2 x repair schemes R.1/R.2) from jsmkt's exact mean field (`jsmkt.RepairableJSQ`, mu = 1),
+compared at equal repair capacity, and checked against N = 1000 simulation of the same rules.
+
+**Equal repair capacity.** Under R.1 each of the N repairmen works at rate beta; under R.2 the super repairman
+works at rate N beta. Both can repair at most N beta servers per unit time (R.1 when every server is failed, R.2
+when each of its events finds a failed server), so the same beta is the same capacity; what differs is how much of
+it is used (R.1: beta times the failed fraction; R.2: beta (1 - g2(a)) per server) and which servers get it (R.2
+repairs the longest failed queue among d2 sampled).
+
+Sweeps (each one vmapped solve over the swept parameter, one K): lam, alpha, beta, d1 and d2 around lam = 0.7,
+alpha = 0.1, beta = 1, d1 = d2 = 2. Validation: Models I-IV at lam in {0.5, 0.7}, alpha = 0.1, beta = 1 and at
+lam = 0.5, alpha = 0.2, beta = 0.5 (d1 = d2 = 2), plus R.3 with j = 0.5 (below saturation) under A.1 and A.2; a case
+passes when the mean field lies within 1 % of the simulated E[T] plus its 95 % half-width. Writes `repair.csv`,
+`validation.csv`, `repair.json` and `summary.md` to `--out`.
+
+    python experiments/repair/compute.py [--quick] [--out DIR]
+"""
+
+import sys
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import _common  # noqa: E402
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import jax.random as jr  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jsmkt  # noqa: E402
+
+
+NAME = "repair"
+MODELS = {"I": ("A1", "R1"), "II": ("A1", "R2"), "III": ("A2", "R1"), "IV": ("A2", "R2")}
+BASE = dict(lam=0.7, alpha=0.1, beta=1.0, d1=2, d2=2)
+FULL = dict(
+    base=BASE,
+    sweeps={"lam": [round(x, 3) for x in np.linspace(0.05, 0.85, 17)],
+            "alpha": [round(float(x), 4) for x in np.geomspace(0.01, 0.35, 12)],
+            "beta": [round(float(x), 4) for x in np.geomspace(0.35, 10.0, 12)]},
+    d_range=[1, 2, 3, 4, 5],
+    K=40,
+    validation=[(lam, 0.1, 1.0) for lam in (0.5, 0.7)] + [(0.5, 0.2, 0.5)],
+    r3_j=0.5,
+    validation_models=list(MODELS) + ["R3"],
+    n_servers=1000, sim_time=2000.0, sim_warmup=200.0, sim_reps=4, seed=20170324, tolerance=0.01,
+)
+QUICK = dict(FULL, sweeps={"lam": [0.3, 0.6]}, d_range=[2], K=30, validation=[(0.5, 0.1, 1.0)],
+             validation_models=["I", "IV"], n_servers=200, sim_time=200.0, sim_warmup=20.0, sim_reps=2,
+             tolerance=0.05)
+
+
+def _metrics(model, fp):
+    return dict(EQ=jsmkt.mean_queue_length(model, fp), ET=jsmkt.mean_sojourn_time(model, fp),
+                availability=jsmkt.availability(model, fp),
+                at_failed=jsmkt.customers_at_failed_servers(model, fp),
+                repair_util=jsmkt.repairmen_utilisation(model, fp), tail_mass=fp.tail_mass,
+                ok=fp.result == jsmkt.RESULTS.successful)
+
+
+def _model(p, arrival, repair, K, **kw):
+    q = p | kw
+    return jsmkt.RepairableJSQ(q["lam"], q["alpha"], q["beta"], d1=q["d1"], d2=q["d2"], arrival=arrival,
+                               repair=repair, K=K)
+
+
+def sweep(name, values, arrival, repair, base, K):
+    @eqx.filter_jit
+    def solve(v):
+        def one(x):
+            model = _model(base, arrival, repair, K, **{name: x})
+            return _metrics(model, jsmkt.solve_fixed_point(model, throw=False))
+
+        return jax.vmap(one)(v)
+
+    out = jax.tree_util.tree_map(np.asarray, solve(jnp.asarray(values, float)))
+    rows = []
+    for i, v in enumerate(values):
+        row = {k: out[k][i].item() for k in out}
+        if not row["ok"] or not row["tail_mass"] < 1e-10:
+            raise RuntimeError(f"{name}={v}, {arrival}/{repair}: the solve failed or K={K} is too small")
+        rows.append({"sweep": name, "value": float(v), "arrival": arrival, "repair": repair, **base, name: float(v),
+                     **row})
+    return rows
+
+
+def validate(p, key):
+    names = [m for m in p["validation_models"] if m in MODELS]
+    cases = [(name, *MODELS[name], lam, alpha, beta) for lam, alpha, beta in p["validation"] for name in names]
+    if "R3" in p["validation_models"]:
+        cases += [(f"R3 j={p['r3_j']:g}, {a}", a, "R3", lam, alpha, beta) for lam, alpha, beta in p["validation"]
+                  for a in ("A1", "A2")]
+    rows = []
+    for name, arrival, repair, lam, alpha, beta in cases:
+        model = jsmkt.RepairableJSQ(lam, alpha, beta, arrival=arrival, repair=repair,
+                                    j=p["r3_j"] if repair == "R3" else None)
+        ET = float(jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model)))
+        key, sub = jr.split(key)
+        sim = jsmkt.simulate(model, p["n_servers"], p["sim_time"], warmup=p["sim_warmup"], key=sub,
+                             n_replications=p["sim_reps"])
+        gap = abs(sim.mean_sojourn_time - ET)
+        rows.append(dict(model=name, arrival=arrival, repair=repair, lam=lam, alpha=alpha, beta=beta, ET_mean_field=ET,
+                         ET_sim=sim.mean_sojourn_time, ET_ci=sim.mean_sojourn_time_ci,
+                         p99_sim=(sim.sojourn_time_percentiles or {}).get(99),
+                         rel_diff=(sim.mean_sojourn_time - ET) / ET,
+                         passed=bool(gap < p["tolerance"] * ET + sim.mean_sojourn_time_ci)))
+        print(f"{name:>14} lam={lam} alpha={alpha} beta={beta}: E[T] {ET:.5g} mean field, {sim.mean_sojourn_time:.5g} "
+              f"± {sim.mean_sojourn_time_ci:.2g} simulated ({100 * rows[-1]['rel_diff']:+.2f} %)", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    args = _common.parser(__doc__.splitlines()[0]).parse_args(argv)
+    p = QUICK if args.quick else FULL
+    out = _common.output_dir(NAME, args.out, args.quick)
+    clock = _common.Clock()
+    rows = []
+    for arrival, repair in MODELS.values():
+        for name, values in p["sweeps"].items():
+            rows += sweep(name, values, arrival, repair, p["base"], p["K"])
+        for d in p["d_range"]:
+            for which in ("d1", "d2"):
+                model = _model(p["base"], arrival, repair, p["K"], **{which: d})
+                fp = jsmkt.solve_fixed_point(model, auto_K=True)  # d1 = 1 needs a longer K
+                m = {k: float(v) for k, v in _metrics(fp.model, fp).items()}
+                rows.append({"sweep": which, "value": d, "arrival": arrival, "repair": repair, **p["base"], which: d,
+                             **m})
+    checks = validate(p, jr.PRNGKey(p["seed"]))
+    _common.write_csv(out / "repair.csv", rows)
+    _common.write_csv(out / "validation.csv", checks)
+    meta = _common.run_metadata(NAME, p, quick=args.quick)
+    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    _common.write_json(out / "repair.json", {"metadata": meta, "rows": rows, "validation": checks})
+    (out / "summary.md").write_text(summary(rows, checks, p))
+    print((out / "summary.md").read_text())
+    return 0 if all(c["passed"] for c in checks) else 1
+
+
+def summary(rows, checks, p) -> str:
+    b = p["base"]
+
+    def et(arrival, repair, sweep="lam", value=None):
+        value = b[sweep] if value is None else value
+        sel = [r for r in rows if r["sweep"] == sweep and r["arrival"] == arrival and r["repair"] == repair
+               and abs(r["value"] - value) < 1e-9]
+        return sel[0]["ET"] if sel else float("nan")
+
+    lines = [f"# Repairable servers: Models I-IV (mu = 1, d1 = d2 = {b['d1']}, equal repair capacity beta)", "",
+             "| lam | E[T] I (A1, R1) | II (A1, R2) | III (A2, R1) | IV (A2, R2) | A2 vs A1 (R1) | R2 vs R1 (A1) |",
+             "|---|---|---|---|---|---|---|"]
+    for lam in p["sweeps"]["lam"]:
+        e = {n: et(a, r, "lam", lam) for n, (a, r) in MODELS.items()}
+        lines.append(f"| {lam} | {e['I']:.5g} | {e['II']:.5g} | {e['III']:.5g} | {e['IV']:.5g} | "
+                     f"{100 * (e['III'] / e['I'] - 1):+.1f} % | {100 * (e['II'] / e['I'] - 1):+.1f} % |")
+    lines += ["", f"alpha = {b['alpha']}, beta = {b['beta']} in the table above.", "",
+              "## Mean field against N-server simulation", "",
+              "| model | lam | alpha | beta | E[T] mean field | E[T] simulated | 95% CI | rel. diff | pass |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for c in checks:
+        lines.append(f"| {c['model']} | {c['lam']} | {c['alpha']} | {c['beta']} | {c['ET_mean_field']:.5g} | "
+                     f"{c['ET_sim']:.5g} | ±{c['ET_ci']:.2g} | {100 * c['rel_diff']:+.2f} % | "
+                     f"{'yes' if c['passed'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
