@@ -48,6 +48,10 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/verification/plot.py
 	$(BIN)/python experiments/mitzenmacher_table/compute.py
 	$(BIN)/python experiments/mitzenmacher_table/refined.py
+	$(BIN)/python experiments/retrial/compute.py
+	$(BIN)/python experiments/retrial/plot.py
+	$(BIN)/python experiments/repair/compute.py
+	$(BIN)/python experiments/repair/plot.py
 
 experiments-quick: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py --quick
@@ -56,6 +60,11 @@ experiments-quick: $(STAMP)
 	$(BIN)/python experiments/verification/plot.py --quick
 	$(BIN)/python experiments/mitzenmacher_table/compute.py --quick
 	$(BIN)/python experiments/mitzenmacher_table/refined.py --quick
+	$(BIN)/python experiments/retrial/compute.py --quick
+	$(BIN)/python experiments/retrial/plot.py --quick
+	$(BIN)/python experiments/retrial/validate.py --quick
+	$(BIN)/python experiments/repair/compute.py --quick
+	$(BIN)/python experiments/repair/plot.py --quick
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -382,8 +382,8 @@ FAMILIES: dict[str, Family] = {
                             + (f"d2 = {_choice_text(m, m.choice2)}   " if m.retrial == "reprobe" else "")
                             + f"retrial = {m.retrial}   policy = {m.policy}"),
         examples=lambda: {"retrial-reprobe": RetrialJSQ(0.7, 1.0, d1=2, d2=2, K=16),
-                          "retrial-own-constant": RetrialJSQ(0.6, 2.0, d1=2, retrial="own", policy="constant", K=16),
-                          "retrial-real-d": RetrialJSQ(0.7, 1.0, d1=1.5, d2=2.5, K=16)},
+                          "retrial-own-constant-real-d": RetrialJSQ(0.6, 2.0, d1=2.5, retrial="own",
+                                                                    policy="constant", K=16)},
         perturbations={"lam": lambda m, h: _retrial_like(m, lam=m.lam + h),
                        "theta": lambda m, h: _retrial_like(m, theta=m.theta + h),
                        "mu": lambda m, h: _retrial_like(m, mu=m.mu + h),
@@ -404,8 +404,7 @@ FAMILIES: dict[str, Family] = {
                             + f"arrival = {m.arrival}   repair = {m.repair}"
                             + (f"   j = {float(m.j):.6g}" if m.j is not None else "")),
         examples=lambda: {"model-I": RepairableJSQ(0.7, 0.1, 1.0, K=24),
-                          "model-IV": RepairableJSQ(0.7, 0.2, 0.5, arrival="A2", repair="R2", K=24),
-                          "model-III-real-d": RepairableJSQ(0.6, 0.1, 1.0, d1=1.5, arrival="A2", K=24)},
+                          "model-IV-real-d": RepairableJSQ(0.6, 0.2, 0.5, d1=2.5, arrival="A2", repair="R2", K=24)},
         perturbations={"lam": lambda m, h: _repairable_like(m, lam=m.lam + h),
                        "alpha": lambda m, h: _repairable_like(m, alpha=m.alpha + h),
                        "beta": lambda m, h: _repairable_like(m, beta=m.beta + h),

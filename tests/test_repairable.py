@@ -149,7 +149,7 @@ def test_bad_input_names_the_argument(kwargs, match):
 # --- simulation (slow) -------------------------------------------------------------------------------------------
 
 # The full grid of the acceptance check is experiments/repair/validate.py; these are a few of its cases.
-_SIM = [("I", 0.7, 0.1, 1.0), ("II", 0.5, 0.2, 0.5), ("IV", 0.7, 0.1, 1.0)]
+_SIM = [("II", 0.5, 0.2, 0.5), ("III", 0.7, 0.1, 1.0)]
 
 
 @pytest.mark.slow
