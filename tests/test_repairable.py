@@ -160,3 +160,23 @@ def test_mean_field_agrees_with_simulation_n1000(name, lam, alpha, beta):
     ET = float(jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model)))
     sim = jsmkt.simulate(model, 1000, 2000.0, warmup=200.0, key=jr.PRNGKey(3), n_replications=4)
     assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
+
+
+def test_transient_and_refined_mean_field():
+    """From the empty system the ODE reaches the fixed point, and under R.1 the failed fraction follows
+    alpha/(alpha + beta) (1 - exp(-(alpha + beta) t)) (each server's two-state chain). With d1 = 1 the servers are
+    independent: the refined mean field has no 1/N bias and N Var(s_1) = s_1 (1 - s_1)."""
+    alpha, beta = 0.2, 0.5
+    model = jsmkt.RepairableJSQ(0.3, alpha, beta, d1=1, K=60)
+    traj = jsmkt.integrate(model, 5.0, ts=jnp.array([1.0, 5.0]))
+    for t, y in zip((1.0, 5.0), traj.ys, strict=True):
+        failed = 1 - float(jsmkt.availability(model, y))
+        assert failed == pytest.approx(alpha / (alpha + beta) * (1 - np.exp(-(alpha + beta) * t)), rel=1e-7)
+    fp = jsmkt.solve_fixed_point(model)
+    y_ode, _ = jsmkt.steady_state(model)
+    np.testing.assert_allclose(y_ode, fp.value, rtol=1e-6, atol=1e-9)
+    rmf = jsmkt.refined_mean_field(fp)
+    np.testing.assert_allclose(rmf.correction, 0.0, atol=1e-9)
+    s1 = float(jsmkt.tails(model, fp)[1])
+    var = float(rmf.std(lambda y: jsmkt.tails(model, y)[1], 1)) ** 2
+    assert var == pytest.approx(s1 * (1 - s1), rel=1e-8)

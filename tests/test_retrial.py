@@ -237,3 +237,20 @@ def test_origin_drift_correction_is_the_finite_n_drift():
     f1 = np.asarray(D.origin_drift_correction(desc, x))
     assert np.max(np.abs(f1)) > 1e-2
     np.testing.assert_allclose(n * (exact - mean_field), f1, rtol=1e-3, atol=1e-6)
+
+
+def test_transient_reaches_the_fixed_point():
+    """The ODE from the empty system conserves customers: E[Q](t) is the integral of the primary arrival rate lam
+    less the departure rate mu * busy(t) (no primary is lost at K = 40 from the empty state within t = 2; the
+    integral by the trapezoid rule on a fine grid); at large t the state is the fixed point."""
+    model = jsmkt.RetrialJSQ(0.6, 1.0, d1=2, d2=2, K=K)
+    fp = jsmkt.solve_fixed_point(model)
+    y_ode, _ = jsmkt.steady_state(model)
+    np.testing.assert_allclose(y_ode, fp.value, rtol=1e-6, atol=1e-9)
+    ts = jnp.linspace(0.0, 2.0, 2001)
+    ys = jsmkt.integrate(model, 2.0, ts=ts).ys
+    EQ = np.asarray(jax.vmap(lambda y: jsmkt.mean_queue_length(model, y))(ys))
+    busy = np.asarray(jax.vmap(lambda y: jsmkt.utilisation(model, y))(ys))
+    inflow = 0.6 - 1.0 * busy
+    cum = np.concatenate([[0.0], np.cumsum(0.5 * (inflow[1:] + inflow[:-1]) * np.diff(np.asarray(ts)))])
+    np.testing.assert_allclose(EQ[::200], cum[::200], rtol=1e-5, atol=1e-7)
