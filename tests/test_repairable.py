@@ -180,3 +180,12 @@ def test_transient_and_refined_mean_field():
     s1 = float(jsmkt.tails(model, fp)[1])
     var = float(rmf.std(lambda y: jsmkt.tails(model, y)[1], 1)) ** 2
     assert var == pytest.approx(s1 * (1 - s1), rel=1e-8)
+
+
+def test_r2_with_one_sample_is_r1():
+    """With d2 = 1 the super repairman's event hits a uniformly chosen server, so each failed server is repaired
+    at rate beta, whatever its queue: R.2 is R.1."""
+    r1 = jsmkt.RepairableJSQ(0.7, 0.2, 0.5, K=K)
+    r2 = jsmkt.RepairableJSQ(0.7, 0.2, 0.5, d2=1, repair="R2", K=K)
+    np.testing.assert_allclose(jsmkt.solve_fixed_point(r2).value, jsmkt.solve_fixed_point(r1).value, rtol=1e-11,
+                               atol=1e-15)
