@@ -311,6 +311,14 @@ class AbstractDescribedModel(AbstractSupermarketModel):
     def unknown_levels(self) -> np.ndarray:
         return self.description().cells.level[1:]
 
+    def simulation_top(self, n: int) -> int | None:
+        """The largest level the simulation of `n` servers keeps (its tables' truncation), or `None` (the default)
+        for the simulator's rule from the load. A family whose per-server event rates grow with the level (linear
+        retrials) overrides it: the simulator is uniformised at the largest rate of a cell, so a generous truncation
+        costs it events."""
+        del n
+        return None
+
     def simulation_tables(self, top: int):
         """The simulator's tables (`jsmkt._simulate.tables.SimTables`) of this model truncated at `top` jobs per
         server (concrete parameters only)."""

@@ -223,6 +223,19 @@ class RetrialJSQ(AbstractDescribedModel):
                 + "; raise theta, d1 or d2, or lower lam"))
         return out
 
+    def simulation_top(self, n: int) -> int | None:
+        """Linear retrials make a cell's event rate grow with its orbit size, and the simulator is uniformised at
+        the largest: keep the orbits the mean field gives mass, the first orbit size whose tail falls below
+        `1e-12 / n` (at most `K`), plus 4 levels. A run that still reaches the top is refused after it (raise
+        `max_queue`). The constant policy keeps the simulator's default."""
+        if self.policy != "linear":
+            return None
+        from .._fixed_point import solve_fixed_point
+
+        s = np.asarray(self.tails(solve_fixed_point(self).value))
+        below = np.flatnonzero(s < 1e-12 / max(n, 1))
+        return int(min(below[0] if below.size else self.K, self.K)) + 4
+
     # --- metrics the description does not name ------------------------------------------------------------------
     def retrial_attempt_rate(self, y) -> Array:
         """Retrials per unit time per server, $\\sum_{j\\ge1} r_j x_j$ ($r_j$ the retrial rate of an orbit of

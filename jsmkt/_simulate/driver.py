@@ -488,7 +488,10 @@ def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t
                 "give service=None"
             )
         make = model.simulation_tables
-        if max_queue is None:
+        top = model.simulation_top(n) if max_queue is None and hasattr(model, "simulation_top") else None
+        if top is not None:
+            max_queue, note = top, " (from the model's mean-field tail)"
+        elif max_queue is None:
             if not hasattr(model, "load"):
                 raise ValueError(f"model={model!r} has no load(): give max_queue")
             rho = float(_concrete("model.load()", model.load()))
