@@ -1,6 +1,6 @@
 # jsmkt: `make demo` runs the main job, `make test` runs the test suite (each sets up .venv first).
 # Also: `make test-slow` (statistical checks), `make experiments` (the papers' numerical sections, rewriting
-# experiments/*/results; about 8 min), `make experiments-quick` (smoke runs into out/experiments), `make bench`.
+# experiments/*/results; about 40 min), `make experiments-quick` (smoke runs into out/experiments), `make bench`.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin

@@ -38,6 +38,12 @@ def figure(rows, sims):
                 title=rf"$\theta = {theta0:g}$ (points: $N$-server simulation)")
     lam0 = float(next(r["lam"] for r in rows if r["sweep"] == "theta"))
     axes[1].set(xlabel=r"$\theta$", xscale="log", yscale="log", title=rf"$\lambda = {lam0:g}$")
+    from matplotlib.ticker import NullFormatter
+
+    thetas = sorted({float(r["theta"]) for r in rows if r["sweep"] == "theta"})
+    ticks = [v for v in (0.2, 0.5, 1.0, 2.0, 5.0) if thetas[0] <= v <= thetas[-1]]
+    axes[1].set_xticks(ticks, labels=[f"{v:g}" for v in ticks])
+    axes[1].xaxis.set_minor_formatter(NullFormatter())
     axes[0].legend(fontsize=7)
     for sweep, marker, label in (("d1", "o", r"$d_1$ varies"), ("d2", "s", r"$d_2$ varies")):
         for other, ls in ((1, "-"), (2, "--")):
