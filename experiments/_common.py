@@ -287,6 +287,35 @@ def relaxation_time(model, fp) -> float:
     return 1.0 / gap
 
 
+def vmapped_solve(build, metrics, values, what: str = "value") -> list[dict]:
+    """The mean field at every entry of `values`, one `jax.vmap`-ed solve: `build(v)` makes the model (one shape for
+    every `v`), `metrics(model, fp)` returns a dict of scalars, to which `ok` (the solve succeeded) and `tail_mass`
+    are added. A failed point, or one whose tail mass at K exceeds 1e-10, stops the run naming it."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    import jsmkt
+
+    @eqx.filter_jit
+    def solve(v):
+        def one(x):
+            model = build(x)
+            fp = jsmkt.solve_fixed_point(model, throw=False)
+            return {**metrics(model, fp), "ok": fp.result == jsmkt.RESULTS.successful, "tail_mass": fp.tail_mass}
+
+        return jax.vmap(one)(v)
+
+    out = jax.tree_util.tree_map(np.asarray, solve(jnp.asarray(values, float)))
+    rows = []
+    for i, v in enumerate(values):
+        row = {k: out[k][i].item() for k in out}
+        if not row["ok"] or not row["tail_mass"] < 1e-10:
+            raise RuntimeError(f"{what}={v}: the solve failed or K is too small (tail mass {row['tail_mass']:.3g})")
+        rows.append(row)
+    return rows
+
+
 def simulate_adaptive(model, p: dict, *, warmup: float, length: float, key, budget: float) -> dict:
     """Replications of length `warmup + length`, `p["reps_per_call"]` per `jsmkt.simulate` call (fewer when the
     budget runs short), until the 95 % half-width of E[T] is at most `p["target"] * E[T]` (with at least

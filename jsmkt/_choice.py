@@ -277,3 +277,17 @@ def as_choice(d, d_max: int | None = None) -> AbstractChoice:
     if arr.ndim == 1:
         return MixedChoice(arr)
     raise ValueError(f"d has shape {arr.shape}; give an integer, a real number or a 1-d probability vector")
+
+
+def named_choice(name: str, d, d_max: int | None = None) -> AbstractChoice:
+    """`as_choice(d, d_max)` for a model with several choice numbers: its messages name the argument `name` (e.g.
+    `d1`, `d2`) instead of `d`."""
+    try:
+        return as_choice(d, d_max)
+    except ValueError as e:
+        raise ValueError(str(e).replace("d=", f"{name}=").replace("d has", f"{name} has")) from None
+
+
+def named_value_errors(name: str, choice: AbstractChoice) -> list[tuple]:
+    """`choice.value_errors()` with the messages naming the argument `name` instead of `d`."""
+    return [(bad, msg.replace("`d`", f"`{name}`")) for bad, msg in choice.value_errors()]

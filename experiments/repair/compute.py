@@ -24,9 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _common  # noqa: E402
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import jax.random as jr  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -57,8 +54,7 @@ def _metrics(model, fp):
     return dict(EQ=jsmkt.mean_queue_length(model, fp), ET=jsmkt.mean_sojourn_time(model, fp),
                 availability=jsmkt.availability(model, fp),
                 at_failed=jsmkt.customers_at_failed_servers(model, fp),
-                repair_util=jsmkt.repairmen_utilisation(model, fp), tail_mass=fp.tail_mass,
-                ok=fp.result == jsmkt.RESULTS.successful)
+                repair_util=jsmkt.repairmen_utilisation(model, fp))
 
 
 def _model(p, arrival, repair, K, **kw):
@@ -68,23 +64,11 @@ def _model(p, arrival, repair, K, **kw):
 
 
 def sweep(name, values, arrival, repair, base, K):
-    @eqx.filter_jit
-    def solve(v):
-        def one(x):
-            model = _model(base, arrival, repair, K, **{name: x})
-            return _metrics(model, jsmkt.solve_fixed_point(model, throw=False))
-
-        return jax.vmap(one)(v)
-
-    out = jax.tree_util.tree_map(np.asarray, solve(jnp.asarray(values, float)))
-    rows = []
-    for i, v in enumerate(values):
-        row = {k: out[k][i].item() for k in out}
-        if not row["ok"] or not row["tail_mass"] < 1e-10:
-            raise RuntimeError(f"{name}={v}, {arrival}/{repair}: the solve failed or K={K} is too small")
-        rows.append({"sweep": name, "value": float(v), "arrival": arrival, "repair": repair, **base, name: float(v),
-                     **row})
-    return rows
+    """The mean field at every value of one parameter, one vmapped solve."""
+    rows = _common.vmapped_solve(lambda x: _model(base, arrival, repair, K, **{name: x}), _metrics, values,
+                                 f"{name} ({arrival}, {repair})")
+    return [{"sweep": name, "value": float(v), "arrival": arrival, "repair": repair, **base, name: float(v), **r}
+            for v, r in zip(values, rows, strict=True)]
 
 
 def validate(p, key):
@@ -125,7 +109,7 @@ def main(argv=None) -> int:
             for which in ("d1", "d2"):
                 model = _model(p["base"], arrival, repair, p["K"], **{which: d})
                 fp = jsmkt.solve_fixed_point(model, auto_K=True)  # d1 = 1 needs a longer K
-                m = {k: float(v) for k, v in _metrics(fp.model, fp).items()}
+                m = {k: float(v) for k, v in _metrics(fp.model, fp).items()} | {"tail_mass": float(fp.tail_mass)}
                 rows.append({"sweep": which, "value": d, "arrival": arrival, "repair": repair, **p["base"], which: d,
                              **m})
     checks = validate(p, jr.PRNGKey(p["seed"]))

@@ -18,9 +18,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _common  # noqa: E402
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import jax.random as jr  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -52,28 +49,13 @@ QUICK = dict(FULL, lams=[0.3, 0.6, 0.8], thetas=[0.5, 2.0], choices=[(2, 2)], d_
 def _metrics(model, fp):
     return dict(EQ=jsmkt.mean_queue_length(model, fp), ET=jsmkt.mean_sojourn_time(model, fp),
                 orbit=jsmkt.mean_orbit_size(model, fp), blocked=jsmkt.prob_blocked(model, fp),
-                success=jsmkt.prob_retrial_success(model, fp), tail_mass=fp.tail_mass, ok=fp.result == jsmkt.RESULTS.successful)
+                success=jsmkt.prob_retrial_success(model, fp))
 
 
-def sweep(name: str, values, build, K: int) -> list[dict]:
+def sweep(name: str, values, build) -> list[dict]:
     """The mean field at every value of one parameter, one vmapped solve (`build(v)` makes the model)."""
-
-    @eqx.filter_jit
-    def solve(v):
-        def one(x):
-            model = build(x)
-            return _metrics(model, jsmkt.solve_fixed_point(model, throw=False))
-
-        return jax.vmap(one)(v)
-
-    out = jax.tree_util.tree_map(np.asarray, solve(jnp.asarray(values, float)))
-    rows = []
-    for i, v in enumerate(values):
-        row = {k: out[k][i].item() for k in out}
-        if not row["ok"] or not row["tail_mass"] < 1e-10:
-            raise RuntimeError(f"{name}={v}: the solve failed or K={K} is too small (tail mass {row['tail_mass']:.3g})")
-        rows.append({"sweep": name, "value": float(v), **row})
-    return rows
+    rows = _common.vmapped_solve(build, _metrics, values, name)
+    return [{"sweep": name, "value": float(v), **r} for v, r in zip(values, rows, strict=True)]
 
 
 def main(argv=None) -> int:
@@ -84,18 +66,19 @@ def main(argv=None) -> int:
     K = p["K"]
     rows = []
     for d1, d2 in p["choices"]:
-        for r in sweep("lam", p["lams"], lambda x, d1=d1, d2=d2: jsmkt.RetrialJSQ(x, p["theta"], d1=d1, d2=d2, K=K), K):
+        for r in sweep("lam", p["lams"], lambda x, d1=d1, d2=d2: jsmkt.RetrialJSQ(x, p["theta"], d1=d1, d2=d2, K=K)):
             rows.append({**r, "lam": r["value"], "theta": p["theta"], "d1": d1, "d2": d2})
-        for r in sweep("theta", p["thetas"], lambda x, d1=d1, d2=d2: jsmkt.RetrialJSQ(p["lam"], x, d1=d1, d2=d2, K=K),
-                       K):
+        for r in sweep("theta", p["thetas"], lambda x, d1=d1, d2=d2: jsmkt.RetrialJSQ(p["lam"], x, d1=d1, d2=d2, K=K)):
             rows.append({**r, "lam": p["lam"], "theta": r["value"], "d1": d1, "d2": d2})
     for d1 in p["d_range"]:  # d1 and d2 each over the range, the other at 1 or 2
         for d2 in (1, 2):
             model = jsmkt.RetrialJSQ(p["lam"], p["theta"], d1=d1, d2=d2, K=K)
-            m = {k: float(v) for k, v in _metrics(model, jsmkt.solve_fixed_point(model)).items()}
+            fp = jsmkt.solve_fixed_point(model)
+            m = {k: float(v) for k, v in _metrics(model, fp).items()} | {"tail_mass": float(fp.tail_mass)}
             rows.append({"sweep": "d1", "value": d1, **m, "lam": p["lam"], "theta": p["theta"], "d1": d1, "d2": d2})
             model = jsmkt.RetrialJSQ(p["lam"], p["theta"], d1=d2, d2=d1, K=K)
-            m = {k: float(v) for k, v in _metrics(model, jsmkt.solve_fixed_point(model)).items()}
+            fp = jsmkt.solve_fixed_point(model)
+            m = {k: float(v) for k, v in _metrics(model, fp).items()} | {"tail_mass": float(fp.tail_mass)}
             rows.append({"sweep": "d2", "value": d1, **m, "lam": p["lam"], "theta": p["theta"], "d1": d2, "d2": d1})
     sims = []
     key = jr.PRNGKey(p["seed"])

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._choice import AbstractChoice, as_choice
+from .._choice import AbstractChoice, named_choice, named_value_errors
 from .._errors import as_float_array, concrete_array
 from .base import AbstractDescribedModel, check_K, default_K, fmt
 from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, make_cells
@@ -16,13 +16,6 @@ ARRIVALS = ("A1", "A2")
 REPAIRS = ("R1", "R2", "R3")
 WORKING, FAILED = 0, 1  # R.1, R.2 (and R.3 below saturation: FAILED is "under small repair")
 UNDER_REPAIR, WAITING = 1, 2  # R.3 at saturation: failed servers under small repair, or waiting for a repairman
-
-
-def _named_choice(name: str, d, d_max: int | None) -> AbstractChoice:
-    try:
-        return as_choice(d, d_max)
-    except ValueError as e:
-        raise ValueError(str(e).replace("d=", f"{name}=").replace("d has", f"{name} has")) from None
 
 
 def availability_r2(alpha, beta, pgf, steps: int = 60):
@@ -131,8 +124,8 @@ class RepairableJSQ(AbstractDescribedModel):
             if j is not None:
                 raise ValueError(f"j={j!r} applies to repair='R3' only (here repair={repair!r})")
             self.j = None
-        self.choice1 = _named_choice("d1", d1, d1_max)
-        self.choice2 = _named_choice("d2", d2, d2_max)
+        self.choice1 = named_choice("d1", d1, d1_max)
+        self.choice2 = named_choice("d2", d2, d2_max)
         if repair == "R3" and self._concrete_saturated():
             a, b, jc = (float(concrete_array(v)) for v in (self.alpha, self.beta, self.j))
             raise ValueError(
@@ -235,8 +228,8 @@ class RepairableJSQ(AbstractDescribedModel):
             (~finite | ~positive, "invalid parameters: " + fmt(
                 "lam={a}, alpha={b}, beta={c} and mu={d}", a=self.lam, b=self.alpha, c=self.beta, d=self.mu,
                 default="lam, alpha, beta and mu") + " must be finite and positive"),
-            *[(bad, msg.replace("`d`", "`d1`")) for bad, msg in self.choice1.value_errors()],
-            *[(bad, msg.replace("`d`", "`d2`")) for bad, msg in self.choice2.value_errors()],
+            *named_value_errors("d1", self.choice1),
+            *named_value_errors("d2", self.choice2),
         ]
         if self.repair == "R3":
             out.append((~(self.j >= 0.0) | ~(self.j < 1.0), "invalid parameters: j must lie in [0, 1)"))
@@ -250,6 +243,7 @@ class RepairableJSQ(AbstractDescribedModel):
         return self.occupancy(y).reshape(self.K + 1, 2)
 
     def fraction_working(self, y) -> Array:
+        """The fraction of working servers at the reduced state `y`."""
         return jnp.sum(self._cells(y)[:, WORKING])
 
     def customers_at_failed(self, y) -> Array:

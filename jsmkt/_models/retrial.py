@@ -7,7 +7,7 @@ import numpy as np
 from jax.scipy.special import gammaln
 from jaxtyping import Array, ArrayLike, Float
 
-from .._choice import AbstractChoice, FixedChoice, as_choice
+from .._choice import AbstractChoice, FixedChoice, named_choice, named_value_errors
 from .._errors import as_float_array, concrete_array
 from .base import AbstractDescribedModel, check_K, fmt
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
@@ -17,15 +17,6 @@ RETRIALS = ("reprobe", "own")
 POLICIES = ("linear", "constant")
 IDLE, BUSY = 0, 1
 _MAX_DEFAULT_K = 4096  # the default truncation never exceeds the solvers' largest `max_K`
-
-
-def _named_choice(name: str, d, d_max: int | None) -> AbstractChoice:
-    """`as_choice(d)` with its messages naming the argument `name` (`d1`, `d2`)."""
-    try:
-        choice = as_choice(d, d_max)
-    except ValueError as e:
-        raise ValueError(str(e).replace("d=", f"{name}=").replace("d has", f"{name} has")) from None
-    return choice
 
 
 def _positive(name: str, x: Array) -> None:
@@ -115,8 +106,8 @@ class RetrialJSQ(AbstractDescribedModel):
         self.mu = as_float_array("mu", mu, ndim=0, scale=True)
         for name, x in (("lam", self.lam), ("theta", self.theta), ("mu", self.mu)):
             _positive(name, x)
-        self.choice1 = _named_choice("d1", d1, d1_max)
-        self.choice2 = _named_choice("d2", d2, d2_max)
+        self.choice1 = named_choice("d1", d1, d1_max)
+        self.choice2 = named_choice("d2", d2, d2_max)
         lc, mc = concrete_array(self.lam), concrete_array(self.mu)
         if lc is not None and mc is not None and not lc < mc:
             raise ValueError(f"lam={float(lc)!r} >= mu={float(mc)!r}: the servers cannot serve the primary arrivals "
@@ -140,10 +131,12 @@ class RetrialJSQ(AbstractDescribedModel):
 
     @property
     def d1(self):
+        """Mean choice number of primary arrivals, E[D1] (the integer d1 for a fixed choice)."""
         return self.choice1.number
 
     @property
     def d2(self):
+        """Mean choice number of retrials, E[D2] (the integer d2 for a fixed choice)."""
         return self.choice2.number
 
     @property
@@ -204,8 +197,8 @@ class RetrialJSQ(AbstractDescribedModel):
              | ~(self.theta > 0) | ~(self.mu > 0),
              "invalid parameters: " + fmt("lam={a}, theta={b} and mu={c}", a=self.lam, b=self.theta, c=self.mu,
                                           default="lam, theta and mu") + " must be finite and positive"),
-            *[(bad, msg.replace("`d`", "`d1`")) for bad, msg in self.choice1.value_errors()],
-            *[(bad, msg.replace("`d`", "`d2`")) for bad, msg in self.choice2.value_errors()],
+            *named_value_errors("d1", self.choice1),
+            *named_value_errors("d2", self.choice2),
             (~(rho < 1.0), "unstable: " + fmt("lam={a} >= mu={b} (load rho={rho})", a=self.lam, b=self.mu, rho=rho,
                                               default="lam >= mu (load rho = lam/mu >= 1)")
              + "; the servers cannot serve the primary arrivals: lower lam or raise mu"),
