@@ -75,7 +75,8 @@ def test_information_and_repair_grouping_help():
 def test_d1_r1_is_a_queue_with_server_breakdowns():
     """With d1 = 1 and R.1 each server is an M/M/1 queue with exponential breakdowns (preemptive-resume): its mean
     queue length from the quasi-birth-death process with phases (working, failed), solved here by truncation with
-    NumPy's dense linear algebra."""
+    NumPy's dense linear algebra. Its tail decays geometrically at the root in (0, 1) of the QBD's
+    det(A0 + z A1 + z^2 A2) = 0, which the default K uses."""
     lam, alpha, beta, mu = 0.5, 0.2, 0.5, 1.0
     n = 400
     Q = np.zeros((2 * n, 2 * n))
@@ -91,9 +92,10 @@ def test_d1_r1_is_a_queue_with_server_breakdowns():
     A = np.vstack([Q.T, np.ones(2 * n)])
     p = np.linalg.lstsq(A, np.concatenate([np.zeros(2 * n), [1.0]]), rcond=None)[0]
     EQ = float(np.sum(np.repeat(np.arange(n), 2) * p))
-    model = jsmkt.RepairableJSQ(lam, alpha, beta, d1=1, mu=mu, K=120)
+    model = jsmkt.RepairableJSQ(lam, alpha, beta, d1=1, mu=mu)  # the default K follows the geometric tail
     fp = jsmkt.solve_fixed_point(model)
     assert float(jsmkt.mean_queue_length(model, fp)) == pytest.approx(EQ, rel=1e-9)
+    assert float(fp.tail_mass) < 1e-15
 
 
 def test_r3_below_saturation_is_r1():

@@ -14,8 +14,7 @@ from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, m
 
 ARRIVALS = ("A1", "A2")
 REPAIRS = ("R1", "R2", "R3")
-WORKING, FAILED = 0, 1  # R.1, R.2 (and R.3 below saturation: FAILED is "under small repair")
-UNDER_REPAIR, WAITING = 1, 2  # R.3 at saturation: failed servers under small repair, or waiting for a repairman
+WORKING, FAILED = 0, 1  # statuses (under R.3 below saturation, FAILED is "under small repair")
 
 
 def availability_r2(alpha, beta, pgf, steps: int = 60):
@@ -270,8 +269,22 @@ class RepairableJSQ(AbstractDescribedModel):
 
 
 def _default_K(model: RepairableJSQ, rho: float) -> int:
-    """`default_K` at the load ρ, widened for the slowdown of failures: a failed server keeps receiving arrivals
-    (A.1) for a repair time, which lengthens the tail like a service of SCV about `1 + 2 alpha / beta`-ish."""
+    """`default_K` at the load ρ, widened for failures, a heuristic (the solvers check the tail mass at `K`).
+    Arrivals that sample one server (probability `w1`) keep joining a failed server, so deep in the tail each
+    server is an M/M/1 queue with breakdowns at arrival rate λ w1, whose queue-length tail decays geometrically at
+    the root η in (0, 1) of det(A0 + z A1 + z² A2) = 0 for its (working, failed) quasi-birth-death blocks; under
+    R.2 the repair rate is taken as the one that gives R.1 the same availability."""
     weights = np.asarray(model.choice1.weights())
-    a, b = float(np.asarray(model.alpha)), float(np.asarray(model.beta))
-    return default_K(rho, weights, scv=1.0 + 2.0 * a / b * (1.0 + a / b))
+    a, b, lam, mu = (float(np.asarray(v)) for v in (model.alpha, model.beta, model.lam, model.mu))
+    if model.repair == "R2":
+        avail = float(np.asarray(model.availability()))
+        b = a * avail / (1.0 - avail) if avail < 1.0 else b
+    decay = None
+    lam1 = lam * float(weights[0])
+    if lam1 > 0:
+        # (mu z^2 - (lam1 + mu + a) z + lam1)(lam1 - (lam1 + b) z) - a b z^2 = 0, a cubic in z
+        p = np.polymul([mu, -(lam1 + mu + a), lam1], [-(lam1 + b), lam1]) - np.array([0.0, a * b, 0.0, 0.0])
+        roots = np.roots(p)
+        inside = [r.real for r in roots if abs(r.imag) < 1e-12 and 0.0 < r.real < 1.0 - 1e-12]
+        decay = max(inside) if inside else None
+    return default_K(rho, weights, scv=1.0 + 2.0 * a / b, decay=decay)
