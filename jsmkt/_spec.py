@@ -381,7 +381,7 @@ FAMILIES: dict[str, Family] = {
         describe=lambda m: (f"lam = {float(m.lam):.6g}   theta = {float(m.theta):.6g}   d1 = {_choice_text(m)}   "
                             + (f"d2 = {_choice_text(m, m.choice2)}   " if m.retrial == "reprobe" else "")
                             + f"retrial = {m.retrial}   policy = {m.policy}"),
-        examples=lambda: {"retrial-reprobe": RetrialJSQ(0.7, 1.0, d1=2, d2=2, K=16),
+        examples=lambda: {"retrial-reprobe-real-d": RetrialJSQ(0.7, 1.0, d1=1.5, d2=2.5, K=16),
                           "retrial-own-constant-real-d": RetrialJSQ(0.6, 2.0, d1=2.5, retrial="own",
                                                                     policy="constant", K=16)},
         perturbations={"lam": lambda m, h: _retrial_like(m, lam=m.lam + h),
@@ -403,13 +403,14 @@ FAMILIES: dict[str, Family] = {
                             + (f"d2 = {_choice_text(m, m.choice2)}   " if m.repair != "R1" else "")
                             + f"arrival = {m.arrival}   repair = {m.repair}"
                             + (f"   j = {float(m.j):.6g}" if m.j is not None else "")),
-        examples=lambda: {"model-I": RepairableJSQ(0.7, 0.1, 1.0, K=24),
-                          "model-IV-real-d": RepairableJSQ(0.6, 0.2, 0.5, d1=2.5, arrival="A2", repair="R2", K=24)},
+        examples=lambda: {"model-II-real-d": RepairableJSQ(0.5, 0.2, 0.5, d1=1.5, d2=2.5, repair="R2", K=48),
+                          "model-IV": RepairableJSQ(0.7, 0.1, 1.0, arrival="A2", repair="R2", K=24)},
         perturbations={"lam": lambda m, h: _repairable_like(m, lam=m.lam + h),
                        "alpha": lambda m, h: _repairable_like(m, alpha=m.alpha + h),
                        "beta": lambda m, h: _repairable_like(m, beta=m.beta + h),
                        "mu": lambda m, h: _repairable_like(m, mu=m.mu + h),
-                       "d1": lambda m, h: _repairable_like(m, d1=_shift_choice(m.choice1, h))},
+                       "d1": lambda m, h: _repairable_like(m, d1=_shift_choice(m.choice1, h)),
+                       "d2": lambda m, h: _repairable_like(m, d2=_shift_choice(m.choice2, h))},
         metrics=_repairable_metrics, utilisation="utilisation (serving)",
     ),
 }

@@ -112,7 +112,7 @@ def test_r3_below_saturation_is_r1():
     assert float(jsmkt.repairmen_utilisation(r3, fp)) == pytest.approx((0.1 / 1.1) / 0.5, rel=1e-10)
 
 
-@pytest.mark.parametrize("name", ["II", "III"])
+@pytest.mark.parametrize("name", ["III"])  # Model II: the registry's contract test on its first example
 def test_gradients_agree_with_central_differences(name):
     arrival, repair = MODELS[name]
     base = dict(lam=0.5, alpha=0.2, beta=0.5, mu=1.0, d1=1.5, d2=2.5)
