@@ -23,7 +23,8 @@ def bisect(f, lo, hi, steps=200):
     return 0.5 * (lo + hi)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", ["I", pytest.param("II", marks=pytest.mark.slow),
+                                  pytest.param("III", marks=pytest.mark.slow), "IV"])
 def test_without_failures_every_model_is_jsqd(name):
     arrival, repair = MODELS[name]
     lam, d = 0.8, 2
@@ -46,8 +47,10 @@ def test_r1_failed_fraction(arrival, alpha, beta):
     assert float(jsmkt.throughput(model, fp)) == pytest.approx(0.5, rel=1e-10)
 
 
-@pytest.mark.parametrize("arrival, alpha, beta, d2", [("A1", 0.1, 1.0, 2), ("A2", 0.2, 0.5, 2), ("A1", 0.2, 0.5, 3),
-                                                      ("A2", 0.3, 1.0, 1)])
+@pytest.mark.parametrize("arrival, alpha, beta, d2", [
+    ("A1", 0.1, 1.0, 2), ("A2", 0.2, 0.5, 3),
+    pytest.param("A2", 0.2, 0.5, 2, marks=pytest.mark.slow), pytest.param("A1", 0.3, 1.0, 1, marks=pytest.mark.slow),
+])
 def test_r2_availability(arrival, alpha, beta, d2):
     """The super repairman's events (rate beta per server) repair a server when one of the d2 sampled is failed:
     the availability x solves alpha x = beta (1 - x^d2) (found here by bisection)."""
@@ -164,6 +167,7 @@ def test_mean_field_agrees_with_simulation_n1000(name, lam, alpha, beta):
     assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
 
 
+@pytest.mark.slow  # compiles several models (the suite's time budget)
 def test_transient_and_refined_mean_field():
     """From the empty system the ODE reaches the fixed point, and under R.1 the failed fraction follows
     alpha/(alpha + beta) (1 - exp(-(alpha + beta) t)) (each server's two-state chain). With d1 = 1 the servers are

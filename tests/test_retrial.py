@@ -92,6 +92,7 @@ def test_reprobe_constant_orbit_balance():
     assert theta * s1 * (1 - lam**3) == pytest.approx(lam * lam**2, rel=1e-10)
 
 
+@pytest.mark.slow  # compiles several models (the suite's time budget)
 def test_own_orbit_balance_and_choices_help():
     """Own retrials succeed only at an idle own server: lam g1(rho) = theta E[orbit; idle]. More choices empty the
     orbits: E[T] falls with d1 for either kind of retrial, and re-probing beats own retrials."""
@@ -111,6 +112,7 @@ def test_own_orbit_balance_and_choices_help():
     assert all(ETs["reprobe", d] < ETs["own", d] for d in (1, 2))
 
 
+@pytest.mark.slow  # compiles several models (the suite's time budget)
 def test_default_K_leaves_a_negligible_tail():
     for kw in ({"theta": 0.5, "d1": 1, "d2": 1}, {"theta": 2.0, "policy": "constant"}):
         model = jsmkt.RetrialJSQ(0.8, **kw)
@@ -239,6 +241,7 @@ def test_origin_drift_correction_is_the_finite_n_drift():
     np.testing.assert_allclose(n * (exact - mean_field), f1, rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.slow  # compiles several models (the suite's time budget)
 def test_transient_conserves_customers():
     """The ODE from the empty system conserves customers: E[Q](t) is the integral of the primary arrival rate lam
     less the departure rate mu * busy(t) (no primary is lost at K = 40 from the empty state within t = 2; the
