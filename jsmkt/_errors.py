@@ -120,3 +120,11 @@ def error_if(x: Any, pred: Any, msg: Any) -> Any:
     else:
         check = lambda v: msg.error_if(v, pred)  # noqa: E731
     return _guard(check(x), check(jnp.zeros(())))
+
+
+def check_positive(name: str, x: Any) -> None:
+    """Refuse a concrete `x` that is not positive, naming `name` and the value (traced values are checked by the
+    models' `value_errors` at the entry points)."""
+    c = concrete_array(x)
+    if c is not None and not c > 0:
+        raise ValueError(f"{name}={float(c)!r} must be positive")

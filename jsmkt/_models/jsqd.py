@@ -7,15 +7,9 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
-from .._errors import as_float_array, concrete_array
+from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, default_K, fmt
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
-
-
-def _positive(name: str, x: Array) -> None:
-    c = concrete_array(x)
-    if c is not None and not c > 0:
-        raise ValueError(f"{name}={float(c)!r} must be positive")
 
 
 class JSQd(AbstractDescribedModel):
@@ -62,8 +56,8 @@ class JSQd(AbstractDescribedModel):
     def __init__(self, lam: ArrayLike, d=2, mu: ArrayLike = 1.0, K: int | None = None, *, d_max: int | None = None):
         self.lam = as_float_array("lam", lam, ndim=0, scale=True)
         self.mu = as_float_array("mu", mu, ndim=0, scale=True)
-        _positive("lam", self.lam)
-        _positive("mu", self.mu)
+        check_positive("lam", self.lam)
+        check_positive("mu", self.mu)
         self.choice = as_choice(d, d_max)
         if K is None:
             lc, mc, wc = concrete_array(self.lam), concrete_array(self.mu), concrete_array(self.choice.weights())

@@ -7,7 +7,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, named_choice, named_value_errors
-from .._errors import as_float_array, concrete_array
+from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, default_K, fmt
 from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, make_cells
 
@@ -109,9 +109,7 @@ class RepairableJSQ(AbstractDescribedModel):
         self.beta = as_float_array("beta", beta, ndim=0, scale=True)
         self.mu = as_float_array("mu", mu, ndim=0, scale=True)
         for name, x in (("lam", self.lam), ("alpha", self.alpha), ("beta", self.beta), ("mu", self.mu)):
-            c = concrete_array(x)
-            if c is not None and not c > 0:
-                raise ValueError(f"{name}={float(c)!r} must be positive")
+            check_positive(name, x)
         if repair == "R3":
             if j is None:
                 raise ValueError("repair='R3' needs j, the fraction of servers with a small repairman (0 <= j < 1)")

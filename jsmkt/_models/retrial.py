@@ -8,7 +8,7 @@ from jax.scipy.special import gammaln
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, FixedChoice, named_choice, named_value_errors
-from .._errors import as_float_array, concrete_array
+from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, fmt
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
 
@@ -17,12 +17,6 @@ RETRIALS = ("reprobe", "own")
 POLICIES = ("linear", "constant")
 IDLE, BUSY = 0, 1
 _MAX_DEFAULT_K = 4096  # the default truncation never exceeds the solvers' largest `max_K`
-
-
-def _positive(name: str, x: Array) -> None:
-    c = concrete_array(x)
-    if c is not None and not c > 0:
-        raise ValueError(f"{name}={float(c)!r} must be positive")
 
 
 class RetrialJSQ(AbstractDescribedModel):
@@ -105,7 +99,7 @@ class RetrialJSQ(AbstractDescribedModel):
         self.theta = as_float_array("theta", theta, ndim=0, scale=True)
         self.mu = as_float_array("mu", mu, ndim=0, scale=True)
         for name, x in (("lam", self.lam), ("theta", self.theta), ("mu", self.mu)):
-            _positive(name, x)
+            check_positive(name, x)
         self.choice1 = named_choice("d1", d1, d1_max)
         self.choice2 = named_choice("d2", d2, d2_max)
         lc, mc = concrete_array(self.lam), concrete_array(self.mu)
