@@ -189,9 +189,10 @@ def _cell(v: Any) -> Any:
 
 
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], fieldnames: Iterable[str] | None = None) -> Path:
-    """Rows of dicts to CSV (missing or non-finite values as empty cells, floats with 10 significant digits)."""
+    """Rows of dicts to CSV (missing or non-finite values as empty cells, floats with 10 significant digits); the
+    columns are every key of the rows, in order of first appearance, unless `fieldnames` are given."""
     path = Path(path)
-    fieldnames = list(fieldnames) if fieldnames is not None else list(rows[0].keys())
+    fieldnames = list(fieldnames) if fieldnames is not None else list(dict.fromkeys(k for r in rows for k in r))
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fieldnames, extrasaction="ignore")
         w.writeheader()

@@ -270,7 +270,7 @@ def _repairable_metrics(model, fp) -> dict[str, float]:
 
 def _repairable_like(m, **changes):
     kw = dict(lam=m.lam, alpha=m.alpha, beta=m.beta, d1=m.choice1, d2=m.choice2, mu=m.mu, arrival=m.arrival,
-              repair=m.repair, j=m.j, K=m.K)
+              repair=m.repair, j=m.j, K=m.K, saturated=m.saturated if m.repair == "R3" else None)
     return RepairableJSQ(**(kw | changes))
 
 
@@ -404,7 +404,8 @@ FAMILIES: dict[str, Family] = {
                             + f"arrival = {m.arrival}   repair = {m.repair}"
                             + (f"   j = {float(m.j):.6g}" if m.j is not None else "")),
         examples=lambda: {"model-II-real-d": RepairableJSQ(0.5, 0.2, 0.5, d1=1.5, d2=2.5, repair="R2", K=48),
-                          "model-IV": RepairableJSQ(0.7, 0.1, 1.0, arrival="A2", repair="R2", K=24)},
+                          "R3-saturated-A2": RepairableJSQ(0.5, 0.2, 0.5, arrival="A2", repair="R3", j=0.1,
+                                                           K=24)},
         perturbations={"lam": lambda m, h: _repairable_like(m, lam=m.lam + h),
                        "alpha": lambda m, h: _repairable_like(m, alpha=m.alpha + h),
                        "beta": lambda m, h: _repairable_like(m, beta=m.beta + h),

@@ -106,13 +106,78 @@ def test_r3_below_saturation_is_r1():
     nothing depends on j."""
     r1 = jsmkt.RepairableJSQ(0.7, 0.1, 1.0, K=K)
     r3 = jsmkt.RepairableJSQ(0.7, 0.1, 1.0, repair="R3", j=0.5, K=K)
-    np.testing.assert_allclose(jsmkt.solve_fixed_point(r3).value, jsmkt.solve_fixed_point(r1).value, rtol=1e-13)
-    g = jax.grad(lambda j: jsmkt.mean_sojourn_time(m := jsmkt.RepairableJSQ(0.7, 0.1, 1.0, repair="R3", j=j, K=K),
-                                                   jsmkt.solve_fixed_point(m)))(0.5)
+    assert not r3.saturated
+    fp1, fp3 = jsmkt.solve_fixed_point(r1), jsmkt.solve_fixed_point(r3)
+    np.testing.assert_allclose(jsmkt.tails(r3, fp3), jsmkt.tails(r1, fp1), rtol=1e-12, atol=1e-16)
+    assert float(jsmkt.availability(r3, fp3)) == pytest.approx(1.0 / 1.1, rel=1e-12)
+    g = jax.grad(lambda j: jsmkt.mean_sojourn_time(
+        m := jsmkt.RepairableJSQ(0.7, 0.1, 1.0, repair="R3", j=j, K=K, saturated=False), jsmkt.solve_fixed_point(m)
+    ))(0.5)
     assert float(g) == 0.0
-    fp = jsmkt.solve_fixed_point(r3)
-    assert float(jsmkt.fraction_failed_waiting(r3, fp)) == 0.0
-    assert float(jsmkt.repairmen_utilisation(r3, fp)) == pytest.approx((0.1 / 1.1) / 0.5, rel=1e-10)
+    assert float(jsmkt.fraction_failed_waiting(r3, fp3)) == 0.0
+    assert float(jsmkt.repairmen_utilisation(r3, fp3)) == pytest.approx(0.1 / 1.1, rel=1e-10)
+
+
+@pytest.mark.parametrize("arrival, alpha, beta, j, d2", [("A1", 0.1, 1.0, 0.05, 2), ("A2", 0.2, 0.5, 0.1, 3)])
+def test_r3_at_saturation(arrival, alpha, beta, j, d2):
+    """All J = jN small repairmen are busy and failed servers wait; the large repairman (rate (1 - j) beta per
+    server) repairs when one of its d2 sampled servers waits, so the availability a solves
+    alpha a = beta j + (1 - j) beta (1 - (a + j)^d2) (found here by bisection), a fraction 1 - a - j of the
+    servers waits, and the repair capacity N beta does the failure flow: its utilisation is alpha a / beta."""
+    a = bisect(lambda a: alpha * a - beta * j - (1 - j) * beta * (1 - (a + j) ** d2), 1e-12, 1.0 - j)
+    model = jsmkt.RepairableJSQ(0.5, alpha, beta, d2=d2, arrival=arrival, repair="R3", j=j, K=K)
+    assert model.saturated
+    fp = jsmkt.solve_fixed_point(model)
+    x = np.asarray(model.occupancy(fp.value)).reshape(K + 1, 3).sum(axis=0)
+    np.testing.assert_allclose(x, [a, j, 1 - a - j], rtol=1e-10)
+    assert float(jsmkt.availability(model, fp)) == pytest.approx(a, rel=1e-10)
+    assert float(jsmkt.fraction_failed_waiting(model, fp)) == pytest.approx((1 - a - j) / (1 - a), rel=1e-10)
+    assert float(jsmkt.repairmen_utilisation(model, fp)) == pytest.approx(alpha * a / beta, rel=1e-10)
+    assert float(jsmkt.throughput(model, fp)) == pytest.approx(0.5, rel=1e-10)
+
+
+def test_r3_is_continuous_at_the_switch():
+    """At j* = alpha/(alpha + beta) the saturated regime meets the one below saturation: the fixed points from
+    either side agree (the one-sided derivatives differ)."""
+    alpha, beta = 0.2, 0.5
+    js = alpha / (alpha + beta)
+    ET = [float(jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m))) for m in (
+        jsmkt.RepairableJSQ(0.5, alpha, beta, repair="R3", j=js - 1e-9, K=K),
+        jsmkt.RepairableJSQ(0.5, alpha, beta, repair="R3", j=js + 1e-9, K=K))]
+    assert ET[0] == pytest.approx(ET[1], rel=1e-7)
+
+
+@pytest.mark.slow  # one trace and ten solves of a 3-status model (the suite's time budget)
+def test_r3_gradients_at_saturation_agree_with_central_differences():
+    base = dict(lam=0.5, alpha=0.2, beta=0.5, mu=1.0, j=0.1)
+
+    def ET(**p):
+        model = jsmkt.RepairableJSQ(p["lam"], p["alpha"], p["beta"], mu=p["mu"], arrival="A2", repair="R3", j=p["j"],
+                                    K=2 * K, saturated=True)
+        return jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model))
+
+    grads = jax.grad(lambda p: ET(**p))(base)  # one trace for every parameter
+    # more small repairmen leave less of the capacity to the large one, whose d2 samples find waiting servers more
+    # often than a busy fraction 1 - a would: lower availability, longer sojourns
+    assert float(grads["j"]) > 0
+    for what in base:
+        h = 1e-5
+        fd = (float(ET(**(base | {what: base[what] + h}))) - float(ET(**(base | {what: base[what] - h})))) / (2 * h)
+        assert float(grads[what]) == pytest.approx(fd, rel=1e-6, abs=1e-9), what
+
+
+def test_r3_saturated_transient_with_one_sample():
+    """From the saturated pool's initial state (the jN small repairmen at empty servers, the others working), with
+    d2 = 1 the waiting fraction w follows dw/dt = alpha (1 - j - w) - beta j - (1 - j) beta w, so
+    w(t) = w_inf (1 - exp(-(alpha + (1 - j) beta) t))."""
+    alpha, beta, j = 0.2, 0.5, 0.1
+    model = jsmkt.RepairableJSQ(0.3, alpha, beta, d2=1, repair="R3", j=j, K=K)
+    ts = jnp.array([0.5, 2.0, 8.0])
+    traj = jsmkt.integrate(model, 8.0, ts=ts)
+    w_inf = (alpha * (1 - j) - beta * j) / (alpha + (1 - j) * beta)
+    for t, y in zip(np.asarray(ts), traj.ys, strict=True):
+        w = float(np.asarray(model.occupancy(y)).reshape(K + 1, 3)[:, 2].sum())
+        assert w == pytest.approx(w_inf * (1 - np.exp(-(alpha + (1 - j) * beta) * t)), rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ["III"])  # Model II: the registry's contract test on its first example
@@ -142,7 +207,9 @@ def test_gradients_agree_with_central_differences(name):
     (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R3"), r"repair='R3' needs j"),
     (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R3", j=1.0), r"j=1.0 must lie in \[0, 1\)"),
     (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R3", j=-0.1), r"j=-0.1 must lie in \[0, 1\)"),
-    (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R3", j=0.05), r"saturated, and R.3 at saturation is not"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, repair="R3", j=0.05, saturated=False), r"saturated=False, but j=0.05 is "
+     r"below alpha/\(alpha \+ beta\)=0.0909091"),
+    (dict(lam=0.5, alpha=0.1, beta=1.0, saturated=True), r"saturated=True applies to repair='R3' only"),
     (dict(lam=0.5, alpha=0.1, beta=1.0, j=0.5), r"j=0.5 applies to repair='R3' only"),
     (dict(lam=0.5, alpha=0.1, beta=1.0, d2=0), r"d2=0 must be >= 1"),
 ])
@@ -195,3 +262,33 @@ def test_r2_with_one_sample_is_r1():
     r2 = jsmkt.RepairableJSQ(0.7, 0.2, 0.5, d2=1, repair="R2", K=K)
     np.testing.assert_allclose(jsmkt.solve_fixed_point(r2).value, jsmkt.solve_fixed_point(r1).value, rtol=1e-11,
                                atol=1e-15)
+
+
+def test_the_pool_of_small_repairmen_is_the_machine_repair_chain():
+    """At N = 20 servers with J = 2 small repairmen the number n of failed servers is a birth-death chain: up at
+    alpha (N - n), down at beta min(n, J) plus the large repairman's N (1 - j) beta times the chance that one of
+    its d2 samples (with replacement) waits, 1 - (1 - w/N)^d2 with w = (n - J)^+. The simulator, which executes
+    the pool's rules server by server, must give its stationary law's waiting and under-repair fractions."""
+    N, J, alpha, beta, d2 = 20, 2, 0.2, 0.5, 2
+    j = J / N
+    n = np.arange(N + 1)
+    w = np.maximum(n - J, 0)
+    up = alpha * (N - n)
+    down = beta * np.minimum(n, J) + N * (1 - j) * beta * (1 - (1 - w / N) ** d2)
+    pi = np.concatenate([[1.0], np.cumprod(up[:-1] / down[1:])])
+    pi /= pi.sum()
+    expect = np.array([pi @ (N - n), pi @ np.minimum(n, J), pi @ w]) / N
+    model = jsmkt.RepairableJSQ(0.05, alpha, beta, d2=d2, repair="R3", j=j)
+    sim = jsmkt.simulate(model, N, 4000.0, warmup=100.0, key=jr.PRNGKey(5), n_replications=8)
+    got = np.array([sim.cell_fractions[sim.cell_status == s].sum() for s in range(3)])
+    ci = np.array([sim.cell_fractions_ci[sim.cell_status == s].sum() for s in range(3)])  # a bound on the sum's
+    assert np.all(np.abs(got - expect) < ci), (got, expect, ci)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arrival", ["A1", "A2"])
+def test_r3_at_saturation_agrees_with_simulation_n1000(arrival):
+    model = jsmkt.RepairableJSQ(0.7, 0.1, 1.0, arrival=arrival, repair="R3", j=0.05)
+    ET = float(jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model)))
+    sim = jsmkt.simulate(model, 1000, 2000.0, warmup=200.0, key=jr.PRNGKey(4), n_replications=4)
+    assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)

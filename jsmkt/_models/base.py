@@ -301,7 +301,10 @@ class AbstractDescribedModel(AbstractSupermarketModel):
         return derived_vector_field(self.description(), y)
 
     def initial_state(self):
-        return jnp.zeros(self.description().cells.size - 1)
+        """The empty system (under a saturated pool, the pool's units held by empty servers)."""
+        from .description import reduced_index
+
+        return jnp.zeros(reduced_index(self.description()).size)
 
     def tails(self, y):
         from .description import derived_tails
@@ -309,7 +312,10 @@ class AbstractDescribedModel(AbstractSupermarketModel):
         return derived_tails(self.description(), y)
 
     def unknown_levels(self) -> np.ndarray:
-        return self.description().cells.level[1:]
+        from .description import reduced_index
+
+        desc = self.description()
+        return desc.cells.level[1:][reduced_index(desc)]
 
     def simulation_top(self, n: int) -> int | None:
         """The largest level the simulation of `n` servers keeps (its tables' truncation), or `None` (the default)

@@ -19,7 +19,11 @@ coordinates, the Jacobian's structure, the metrics, the refined mean field and t
    law, ranks them by the stream's priority `key` of their cells (lower preferred; `INELIGIBLE` cells are never
    chosen, and nothing happens to the sampled servers if none is eligible), breaks ties uniformly and moves the
    chosen server by the stream's random `effect` (rows with probabilities, e.g. random batch sizes).
-4. Targets beyond the truncation (a level above `K`) are allowed: the mean field keeps the server at level `K`
+4. *An environment* (optional): a `Pool` of units that servers of one status hold (a group of small repairmen):
+   a move into that status finds a free unit or goes to a waiting status instead, and a unit that frees goes at
+   once to a uniformly chosen waiting server. The family says in which regime the mean field is: a pool that
+   never fills changes nothing; a saturated one pins the holding status's mass at the pool's size.
+5. Targets beyond the truncation (a level above `K`) are allowed: the mean field keeps the server at level `K`
    (the jobs above are lost, so throughput counts them out, and the solvers check that the mass at `K` is
    negligible), the simulator refuses them as an overflow.
 
@@ -38,7 +42,14 @@ refined mean field adds that $1/N$ drift (`origin_drift_correction`).
 is, per cell $c$, the tail $T_c$: the fraction of servers in cells of $c$'s status at level $\ge$ level($c$),
 for every cell but cell 0 (whose tail follows from the others by conservation). For one status this is
 $s_1..s_K$; for PH service it is the phase tails $S_k$. Queueing drifts are local in these tails (a flow at rate
-$r$ from every level $\ge k$ sums to $r$ times a tail), so their Jacobians are banded in the levels.
+$r$ from every level $\ge k$ sums to $r$ times a tail), so their Jacobians are banded in the levels. A saturated
+pool's status has a fixed mass: its total tail (at its lowest cell) is pinned at the pool's size and is not an
+unknown (else it would be a neutral direction of the drift, and the fixed-point Jacobian singular).
+
+**A saturated pool in the mean field.** Every unit is held and servers wait, so a move into the holding status
+goes to the waiting status (same level), and a move out of it carries a partner: the uniformly chosen waiting
+server, cell $w$ with probability $x_w/\sum_{w'} x_{w'}$, which moves to the holding status at its level. The
+holding status then keeps its mass exactly. The simulator executes the pool's rules themselves, in either regime.
 """
 
 from typing import NamedTuple
@@ -146,13 +157,30 @@ class Dispatch(NamedTuple):
     arrivals: bool = True
 
 
+class Pool(NamedTuple):
+    """A pool of `capacity` units per server ($J = $ `capacity` $\cdot N$ in all, e.g. small repairmen). A server in
+    status `held` holds one unit. A move into `held` from another status takes a free unit, or, when none is free,
+    goes to status `waiting` at the same level instead; a move out of `held` frees its unit, which goes at once to
+    a uniformly chosen server in status `waiting` (if any), moving it to `held` at its level.
+
+    `saturated` (static) is the mean-field regime, which the family decides from its parameters: `False`, the pool
+    never fills and changes nothing in the mean field (no server waits); `True`, every unit is held: the mass of
+    `held` is pinned at `capacity`, moves into `held` go to `waiting`, and moves out of it promote a waiting
+    server (module docstring)."""
+
+    held: int
+    waiting: int
+    capacity: Float[Array, ""]
+    saturated: bool
+
+
 class Description(NamedTuple):
-    """A family's physics: cells, local events, dispatches, and (for later families) a global environment."""
+    """A family's physics: cells, local events, dispatches, and a global environment (a `Pool`, or `None`)."""
 
     cells: Cells
     local_events: tuple[LocalEvent, ...]
     dispatches: tuple[Dispatch, ...]
-    environment: None = None
+    environment: Pool | None = None
     fcfs: bool = True  # servers hold FCFS queues of their `jobs` (per-job sojourn times in simulation)
 
 
@@ -215,20 +243,67 @@ def stream_rate(dispatch: Dispatch, x: Float[Array, " C"]) -> Float[Array, ""]:
     return jnp.sum(dispatch.origin.weight * x[np.asarray(dispatch.origin.source)])
 
 
+def saturated_pool(desc: Description) -> Pool | None:
+    """The description's pool when it is saturated in the mean field, else `None`."""
+    pool = desc.environment
+    return pool if pool is not None and pool.saturated else None
+
+
+def _pooled(desc: Description, moves: Moves) -> tuple[Moves, np.ndarray]:
+    """`moves` under a saturated pool (module docstring): those into the holding status from another go to the
+    waiting status; also the mask of the moves that free a unit."""
+    pool = saturated_pool(desc)
+    status = np.asarray(moves.status)
+    if pool is None:
+        return moves, np.zeros(status.shape, bool)
+    from_held = desc.cells.status[np.asarray(moves.source)] == pool.held
+    takes = (status == pool.held) & ~from_held
+    frees = from_held & (status != pool.held)
+    return moves._replace(status=np.where(takes, pool.waiting, status)), frees
+
+
+def _promotion(desc: Description, x: Float[Array, " C"]) -> Partner:
+    """The waiting server a freed unit goes to: uniform among the waiting (a `Partner` moving it to the holding
+    status at its level)."""
+    pool, cells = saturated_pool(desc), desc.cells
+    waiting = np.flatnonzero(cells.status == pool.waiting)
+    held = cells.index(cells.level[waiting], pool.held)
+    if np.any(held < 0):
+        raise ValueError(f"the pool's waiting cells {waiting[held < 0].tolist()} have no holding cell at their level")
+    mass = jnp.sum(x[waiting])
+    safe = jnp.where(mass > 0, mass, 1.0)
+    return Partner(waiting, held, jnp.where(mass > 0, x[waiting] / safe, 0.0))
+
+
+def _classes(desc: Description, name: str, source, target, rate, frees, x) -> list[TransitionClass]:
+    """One transition class, split in two under a saturated pool: the rows that free a unit carry the
+    promotion of a waiting server."""
+    if not frees.any():
+        return [TransitionClass(name, source, target, rate)]
+    out = [TransitionClass(name + " (frees a unit)", source[frees], target[frees], rate[frees], _promotion(desc, x))]
+    if not frees.all():
+        out.append(TransitionClass(name, source[~frees], target[~frees], rate[~frees]))
+    return out
+
+
 def transitions(desc: Description, x: Float[Array, " C"]) -> list[TransitionClass]:
     """The mean-field transition classes of `desc` at occupancy `x`, by the tail rule (module docstring)."""
     cells = desc.cells
     out = []
     for ev in desc.local_events:
-        out.append(TransitionClass(ev.name, np.asarray(ev.moves.source), clipped_targets(cells, ev.moves),
-                                   ev.moves.weight))
+        moves, frees = _pooled(desc, ev.moves)
+        out += _classes(desc, ev.name, np.asarray(moves.source), clipped_targets(cells, moves), moves.weight, frees, x)
     for disp in desc.dispatches:
-        eff = disp.effect
+        eff, frees = _pooled(desc, disp.effect)
         src = np.asarray(eff.source)
         h = chosen_factor(disp, x)
         if disp.origin is None:
-            out.append(TransitionClass(disp.name, src, clipped_targets(cells, eff), disp.rate * h[src] * eff.weight))
+            out += _classes(desc, disp.name, src, clipped_targets(cells, eff), disp.rate * h[src] * eff.weight, frees,
+                            x)
         else:
+            if saturated_pool(desc) is not None:
+                raise ValueError(f"{disp.name}: a stream with an origin cannot act under a saturated pool (a jump "
+                                 "moves at most two servers)")
             partner = Partner(src, clipped_targets(cells, eff), h[src] * x[src] * eff.weight)
             out.append(TransitionClass(disp.name, np.asarray(disp.origin.source), clipped_targets(cells, disp.origin),
                                        disp.origin.weight, partner))
@@ -439,36 +514,73 @@ def simulation_tables(desc: Description):
         eff_prob[s, :, : p.shape[1]] = p
         eff_target[s, :, : t.shape[1]] = np.where(p > 0, t, np.arange(C)[:, None])
     origin = any(d.origin is not None for d in desc.dispatches)
+    pool = {}
+    if desc.environment is not None:
+        env = desc.environment
+        held, waits = cells.status == env.held, cells.status == env.waiting
+        pool = dict(pool_held=held,
+                    pool_redirect=np.where(held, cells.index(cells.level, env.waiting), np.arange(C)),
+                    pool_promote=np.where(waits, cells.index(cells.level, env.held), -1),
+                    pool_capacity=float(_concrete("the pool's capacity", env.capacity)))
     return SimTables(
         level=cells.level, status=cells.status, status_names=cells.status_names, jobs=cells.jobs, empty_cell=0,
         fcfs=bool(desc.fcfs and not origin), u=u, act_prob=act_prob, act_target=act_target, act_stream=act_stream,
         stream_rate=np.array([0.0 if d.rate is None else float(_concrete(f"the rate of {d.name}", d.rate))
                               for d in desc.dispatches]),
         choice=choice, key=keys, eff_prob=eff_prob, eff_target=eff_target,
-        arrivals=np.array([d.arrivals for d in desc.dispatches], dtype=bool),
+        arrivals=np.array([d.arrivals for d in desc.dispatches], dtype=bool), **pool,
     )
 
 
 # --- the derived model, whatever a family overrides -------------------------------------------------------------
 
 
-def derived_reduce(desc: Description, x: Float[Array, " C"]) -> Float[Array, " C-1"]:
-    return reduce_occupancy(tail_map(desc.cells), x)
+def pinned_tail(desc: Description) -> int | None:
+    """Index, among the tails of the cells but cell 0, of the one a saturated pool pins (its holding status's
+    total), or `None`."""
+    pool = saturated_pool(desc)
+    if pool is None:
+        return None
+    lowest = int(tail_map(desc.cells).lowest[pool.held])
+    if lowest <= 0:
+        raise ValueError(f"the pool's holding status {pool.held} has no cell, or holds cell 0 (the empty server)")
+    return lowest - 1
+
+
+def reduced_index(desc: Description) -> np.ndarray:
+    """Indices of the unknowns of the reduced state among the tails of every cell but cell 0 (all of them, but a
+    pinned one)."""
+    n = desc.cells.size - 1
+    p = pinned_tail(desc)
+    return np.arange(n) if p is None else np.delete(np.arange(n), p)
+
+
+def _all_tails(desc: Description, y: Array) -> Float[Array, " C-1"]:
+    y = jnp.ravel(y)
+    p = pinned_tail(desc)
+    if p is None:
+        return y
+    pool = saturated_pool(desc)
+    return jnp.insert(y, p, jnp.asarray(pool.capacity, y.dtype))
+
+
+def derived_reduce(desc: Description, x: Float[Array, " C"]) -> Float[Array, " n"]:
+    return reduce_occupancy(tail_map(desc.cells), x)[reduced_index(desc)]
 
 
 def derived_occupancy(desc: Description, y: Array) -> Float[Array, " C"]:
-    return occupancy_of_tails(tail_map(desc.cells), jnp.ravel(y))
+    return occupancy_of_tails(tail_map(desc.cells), _all_tails(desc, y))
 
 
-def derived_vector_field(desc: Description, y: Array) -> Float[Array, " C-1"]:
+def derived_vector_field(desc: Description, y: Array) -> Float[Array, " n"]:
     """The drift in the derived reduced coordinates (the flat tails), from the transitions by the tail rule."""
     tm = tail_map(desc.cells)
-    x = occupancy_of_tails(tm, jnp.ravel(y))
-    return reduce_occupancy(tm, drift(transitions(desc, x), x))
+    x = occupancy_of_tails(tm, _all_tails(desc, y))
+    return reduce_occupancy(tm, drift(transitions(desc, x), x))[reduced_index(desc)]
 
 
 def derived_tails(desc: Description, y: Array) -> Float[Array, " K+1"]:
-    return level_tails(tail_map(desc.cells), jnp.ravel(y))
+    return level_tails(tail_map(desc.cells), _all_tails(desc, y))
 
 
 # --- derived: the metrics' flows --------------------------------------------------------------------------------
@@ -494,7 +606,7 @@ def job_flows(desc: Description, x: Float[Array, " C"], stream: str | None = Non
     for disp in desc.dispatches:
         if not disp.arrivals or (stream is not None and disp.name != stream):
             continue
-        eff = disp.effect
+        eff = _pooled(desc, disp.effect)[0]
         src = np.asarray(eff.source)
         tgt = clipped_targets(cells, eff)
         lost = np.asarray(eff.level) - np.minimum(np.asarray(eff.level), cells.K)

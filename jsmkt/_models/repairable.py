@@ -9,28 +9,33 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, named_choice, named_value_errors
 from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, default_K, fmt
-from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, make_cells
+from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, Pool, make_cells
 
 
 ARRIVALS = ("A1", "A2")
 REPAIRS = ("R1", "R2", "R3")
-WORKING, FAILED = 0, 1  # statuses (under R.3 below saturation, FAILED is "under small repair")
+WORKING, FAILED = 0, 1  # statuses under R.1 and R.2
+SMALL, WAITING = 1, 2  # R.3: failed under small repair, failed waiting for a repairman
 
 
-def availability_r2(alpha, beta, pgf, steps: int = 60):
-    r"""The R.2 availability $a$, the root in $(0, 1]$ of $\phi(a) = \alpha a - \beta(1 - g_2(a)) = 0$ ($g_2$ the pgf
-    of $d_2$): the failure flow of the working servers against the repair events that find a failed server among
-    the sampled. $\phi$ is convex and increasing with $\phi(0) = -\beta < 0 < \phi(1) = \alpha$, so Newton from
-    $a = 1$ decreases monotonically to the root. The loop carries no derivatives; one more Newton step from the
-    root gives them, $\partial a = -\partial\phi/\phi'(a)$ (the implicit function theorem)."""
+def availability_r2(alpha, beta, pgf, j=0.0, steps: int = 60):
+    r"""The availability $a$ of a super repairman of rate $(1 - j)\beta$ per server beside $jN$ busy small ones
+    (R.2: $j = 0$; R.3 at saturation): the root in $(0, 1 - j]$ of
+    $\phi(a) = \alpha a - \beta j - (1 - j)\beta(1 - g_2(a + j))$ ($g_2$ the pgf of $d_2$), the failure flow of the
+    working servers against the small repairs and the repairman's events that find a waiting server among the
+    sampled ($a + j$ of the servers are not waiting). $\phi$ is convex and increasing with $\phi(0) < 0$, and
+    $\phi(1 - j) = \alpha(1 - j) - \beta j > 0$ where the small repairmen saturate (always for $j = 0$), so Newton
+    from $a = 1 - j$ decreases monotonically to the root. The loop carries no derivatives; one more Newton step
+    from the root gives them, $\partial a = -\partial\phi/\phi'(a)$ (the implicit function theorem)."""
 
-    def newton(a, alpha, beta):
-        g, dg = jax.jvp(pgf, (a,), (jnp.ones_like(a),))
-        return a - (alpha * a - beta * (1.0 - g)) / (alpha + beta * dg)
+    def newton(a, alpha, beta, j):
+        g, dg = jax.jvp(pgf, (a + j,), (jnp.ones_like(a),))
+        return a - (alpha * a - beta * j - (1.0 - j) * beta * (1.0 - g)) / (alpha + (1.0 - j) * beta * dg)
 
-    sa, sb = jax.lax.stop_gradient(alpha), jax.lax.stop_gradient(beta)
-    a = jax.lax.fori_loop(0, steps, lambda _, a: newton(a, sa, sb), jnp.ones_like(alpha))
-    return newton(jax.lax.stop_gradient(a), alpha, beta)
+    j = jnp.asarray(j, jnp.result_type(alpha))
+    sa, sb, sj = (jax.lax.stop_gradient(v) for v in (alpha, beta, j))
+    a = jax.lax.fori_loop(0, steps, lambda _, a: newton(a, sa, sb, sj), jnp.ones_like(alpha) - sj)
+    return newton(jax.lax.stop_gradient(a), alpha, beta, j)
 
 
 class RepairableJSQ(AbstractDescribedModel):
@@ -54,9 +59,10 @@ class RepairableJSQ(AbstractDescribedModel):
       repairman of rate $(N - J)\beta$ acting like R.2 on the failed servers not under small repair.
     - Models I = (A1, R1), II = (A1, R2), III = (A2, R1), IV = (A2, R2).
 
-    **Cells** are (queue length $k$, status), $k = 0..K$, statuses working and failed (for R.3 at saturation:
-    working, under small repair, waiting for a repairman). The repairman of R.2 (and R.3's large one) is a dispatch
-    of rate β per server whose key prefers the longest queue among failed servers (working ones are ineligible).
+    **Cells** are (queue length $k$, status), $k = 0..K$, statuses working and failed (R.3: working, under small
+    repair, waiting for a repairman). The repairman of R.2 (and R.3's large one) is a dispatch of rate β (R.3:
+    $(1 - j)\beta$) per server whose key prefers the longest queue among failed (R.3: waiting) servers, the others
+    ineligible. R.3's small repairmen are a `Pool` of $j$ units per server held by the servers under small repair.
 
     **Availability.** Failures and repairs do not depend on the queue lengths in number (R.2's choice among failed
     servers does not change how many it repairs), so the fraction $a$ of working servers follows a closed
@@ -64,12 +70,18 @@ class RepairableJSQ(AbstractDescribedModel):
     `d2`).
 
     **R.3 and its two regimes.** Below saturation ($j \ge \alpha/(\alpha + \beta)$) every failed server is under
-    small repair and the large repairman idles: the model is R.1, and nothing depends on $j$ (its derivatives are
-    0). At saturation ($j < \alpha/(\alpha + \beta)$) the small repairmen are all busy, $a$ solves
-    $\alpha a = \beta j + (1 - j)\beta(1 - g_2(1 - a - j))$ and failed servers wait. The switch is at
-    $j^* = \alpha/(\alpha+\beta)$; derivatives with respect to $j$ are one-sided there (left: saturated, right:
-    below saturation). Only R.3 below saturation is implemented here so far: a saturated pool is refused with an
-    error that says so.
+    small repair and the large repairman idles: the mean field is R.1's (no server waits), and nothing depends on
+    $j$ (its derivatives are 0). At saturation ($j < \alpha/(\alpha + \beta)$) the small repairmen are all busy:
+    the mass under small repair is pinned at $j$, a failing server waits, each small repair that ends takes a
+    uniformly chosen waiting server, and $a$ solves $\alpha a = \beta j + (1 - j)\beta(1 - g_2(a + j))$. The
+    regime is static (`saturated`, decided from `j`, `alpha` and `beta` when they are concrete; give it when they
+    are traced); the switch is at $j^* = \alpha/(\alpha+\beta)$, where $a$ and the fixed point are continuous
+    in $j$ but derivatives with respect to $j$ (and α, β) are one-sided: left of $j^*$ those of the saturated
+    regime, right of it those below saturation. Transients follow the regime of the model: a saturated model's
+    `initial_state()` is the empty system with the $jN$ small repairmen at empty servers (from which the pool stays
+    full), and a trajectory of the model below saturation stays valid while its failed fraction is below $j$.
+    The simulator executes the pool's rules (a failing server takes a free small repairman or waits; one that
+    finishes takes a uniformly chosen waiting server), with $J = \mathrm{round}(jN)$, in either regime.
 
     **Stability.** Servers serve only while working, so the load is $\rho = \lambda/(\mu a)$ and the model needs
     $\rho < 1$.
@@ -78,7 +90,7 @@ class RepairableJSQ(AbstractDescribedModel):
     (choice numbers of arrivals and of the repairman; integer, real or probability vector as `d` of `JSQd`), `mu`,
     `arrival` (`"A1"` or `"A2"`), `repair` (`"R1"`, `"R2"` or `"R3"`), `j` (R.3's fraction of small repairmen, in
     [0, 1)), `K` (the largest queue length kept; chosen from the parameters when omitted), `d1_max`, `d2_max`
-    (bounds of traced real choice numbers).
+    (bounds of traced real choice numbers), `saturated` (R.3's regime, see above).
 
     The reduced state is the flat vector of the per-status tails (derived coordinates).
     """
@@ -92,11 +104,12 @@ class RepairableJSQ(AbstractDescribedModel):
     choice2: AbstractChoice
     arrival: str = eqx.field(static=True)
     repair: str = eqx.field(static=True)
+    saturated: bool = eqx.field(static=True)
     K: int = eqx.field(static=True)
 
     def __init__(self, lam: ArrayLike, alpha: ArrayLike, beta: ArrayLike, d1=2, d2=2, mu: ArrayLike = 1.0,
                  arrival: str = "A1", repair: str = "R1", j: ArrayLike | None = None, K: int | None = None, *,
-                 d1_max: int | None = None, d2_max: int | None = None):
+                 d1_max: int | None = None, d2_max: int | None = None, saturated: bool | None = None):
         if arrival not in ARRIVALS:
             raise ValueError(f"arrival={arrival!r} is not one of {', '.join(map(repr, ARRIVALS))} (A1: shortest "
                              "queue; A2: shortest queue, working servers first among ties)")
@@ -117,18 +130,15 @@ class RepairableJSQ(AbstractDescribedModel):
             jc = concrete_array(self.j)
             if jc is not None and not 0.0 <= jc < 1.0:
                 raise ValueError(f"j={float(jc)!r} must lie in [0, 1) (the small repairmen are J = j N < N)")
+            self.saturated = self._regime(saturated)
         else:
             if j is not None:
                 raise ValueError(f"j={j!r} applies to repair='R3' only (here repair={repair!r})")
-            self.j = None
+            if saturated is not None:
+                raise ValueError(f"saturated={saturated!r} applies to repair='R3' only (here repair={repair!r})")
+            self.j, self.saturated = None, False
         self.choice1 = named_choice("d1", d1, d1_max)
         self.choice2 = named_choice("d2", d2, d2_max)
-        if repair == "R3" and self._concrete_saturated():
-            a, b, jc = (float(concrete_array(v)) for v in (self.alpha, self.beta, self.j))
-            raise ValueError(
-                f"j={jc:.6g} < alpha/(alpha + beta)={a / (a + b):.6g}: the small repairmen are saturated, and R.3 at "
-                "saturation is not implemented yet; raise j to at least alpha/(alpha + beta) (then R.3 is R.1) or "
-                "use repair='R2'")
         rho = concrete_array(self.load()) if all(
             concrete_array(v) is not None for v in (self.lam, self.alpha, self.beta, self.mu, self.choice2.weights())
         ) else None
@@ -141,9 +151,24 @@ class RepairableJSQ(AbstractDescribedModel):
             K = _default_K(self, float(rho))
         self.K = check_K(K)
 
-    def _concrete_saturated(self) -> bool:
+    def _regime(self, saturated: bool | None) -> bool:
+        """R.3's regime: `saturated` when given (checked against concrete parameters), else from them."""
         a, b, jc = (concrete_array(v) for v in (self.alpha, self.beta, self.j))
-        return a is not None and b is not None and jc is not None and bool(jc < a / (a + b))
+        known = None if a is None or b is None or jc is None else bool(jc < a / (a + b))
+        if saturated is None:
+            if known is None:
+                raise ValueError("saturated must be given (True where j < alpha/(alpha + beta)) when j, alpha or "
+                                 "beta are traced (inside jit/grad/vmap): it fixes R.3's regime, in which the "
+                                 "derivatives are taken")
+            return known
+        if not isinstance(saturated, bool):
+            raise ValueError(f"saturated={saturated!r} must be True or False")
+        if known is not None and known != saturated:
+            raise ValueError(
+                f"saturated={saturated}, but j={float(jc):.6g} is {'below' if known else 'at or above'} "
+                f"alpha/(alpha + beta)={float(a / (a + b)):.6g}: the small repairmen are "
+                f"{'' if known else 'not '}saturated (omit saturated to have it decided)")
+        return saturated
 
     # --- parameters ---------------------------------------------------------------------------------------------
     @property
@@ -159,6 +184,8 @@ class RepairableJSQ(AbstractDescribedModel):
         """The stationary fraction of working servers (class docstring)."""
         if self.repair == "R2":
             return availability_r2(self.alpha, self.beta, self.choice2.pgf)
+        if self.saturated:
+            return availability_r2(self.alpha, self.beta, self.choice2.pgf, self.j)
         return self.beta / (self.alpha + self.beta)
 
     def load(self) -> Array:
@@ -169,36 +196,52 @@ class RepairableJSQ(AbstractDescribedModel):
         return jnp.maximum(jnp.maximum(self.lam, self.mu), jnp.maximum(self.alpha, self.beta))
 
     # --- physics ------------------------------------------------------------------------------------------------
+    @property
+    def n_status(self) -> int:
+        """Statuses per queue length: working and failed (R.3: working, under small repair, waiting)."""
+        return 3 if self.repair == "R3" else 2
+
     def description(self) -> Description:
-        """Cells `(k, working)` and `(k, failed)`, `k = 0..K`. Local events: service `(k, working) -> (k - 1,
-        working)` at rate μ, failure `(k, working) -> (k, failed)` at rate α, and under R.1 (and R.3 below
-        saturation) repair `(k, failed) -> (k, working)` at rate β. Arrivals at rate λ per server sample `d1`
-        servers, key `k` (A.1) or `2k + failed` (A.2), and move the chosen one `k -> k + 1`. Under R.2 the
-        repairman is a dispatch of rate β per server sampling `d2` servers, key `K - k` for failed servers (the
-        longest queue first), working servers ineligible, moving the chosen one to working."""
-        K = self.K
-        k = np.repeat(np.arange(K + 1), 2)
-        s = np.tile([WORKING, FAILED], K + 1)
-        names = ("working", "under repair" if self.repair == "R3" else "failed")
+        """Cells `(k, status)`, `k = 0..K`. Local events: service `(k, working) -> (k - 1, working)` at rate μ,
+        failure `(k, working) -> (k, failed)` (R.3: under small repair) at rate α, and under R.1 and R.3 repair
+        `(k, failed) -> (k, working)` (R.3: from under small repair) at rate β. Arrivals at rate λ per server sample
+        `d1` servers, key `k` (A.1) or `2k + (not working)` (A.2), and move the chosen one `k -> k + 1`. Under R.2
+        (R.3) the repairman is a dispatch of rate β ($(1 - j)\beta$) per server sampling `d2` servers, key `K - k`
+        for failed (waiting) servers, the longest queue first, the others ineligible, moving the chosen one to
+        working. R.3's small repairmen are a pool of `j` units per server held under small repair, in which a
+        failing server without a free one waits."""
+        K, S = self.K, self.n_status
+        k = np.repeat(np.arange(K + 1), S)
+        s = np.tile(np.arange(S), K + 1)
+        names = ("working", "under small repair", "waiting for a repairman") if S == 3 else ("working", "failed")
         cells = make_cells(k, s, names, jobs=k, in_service=((s == WORKING) & (k >= 1)).astype(int))
         kk = np.arange(K + 1)
-        working, failed = 2 * kk, 2 * kk + 1
+        working, failed = S * kk, S * kk + 1
+        full = lambda v: jnp.broadcast_to(v, (K + 1,))  # noqa: E731
         service = LocalEvent("service", Moves(working[1:], kk[1:] - 1, np.zeros(K, int),
                                               jnp.broadcast_to(self.mu, (K,))))
-        failure = LocalEvent("failure", Moves(working, kk, np.ones(K + 1, int), jnp.broadcast_to(self.alpha, (K + 1,))))
-        key = k if self.arrival == "A1" else 2 * k + s
+        failure = LocalEvent("failure", Moves(working, kk, np.ones(K + 1, int), full(self.alpha)))
+        key = k if self.arrival == "A1" else 2 * k + (s != WORKING)
         arrival = Dispatch("arrival", self.choice1, key=key,
-                           effect=Moves(np.arange(2 * (K + 1)), k + 1, s, jnp.ones(2 * (K + 1))), rate=self.lam)
-        repaired = Moves(failed, kk, np.zeros(K + 1, int), jnp.broadcast_to(self.beta, (K + 1,)))
-        if self.repair in ("R1", "R3"):
+                           effect=Moves(np.arange(S * (K + 1)), k + 1, s, jnp.ones(S * (K + 1))), rate=self.lam)
+        repaired = Moves(failed, kk, np.zeros(K + 1, int), full(self.beta))
+        if self.repair == "R1":
             return Description(cells, (service, failure, LocalEvent("repair", repaired)), (arrival,))
-        repairman = Dispatch("repairman", self.choice2, key=np.where(s == FAILED, K - k, INELIGIBLE),
-                             effect=repaired._replace(weight=jnp.ones(K + 1)), rate=self.beta, arrivals=False)
-        return Description(cells, (service, failure), (arrival, repairman))
+        if self.repair == "R2":
+            repairman = Dispatch("repairman", self.choice2, key=np.where(s == FAILED, K - k, INELIGIBLE),
+                                 effect=repaired._replace(weight=jnp.ones(K + 1)), rate=self.beta, arrivals=False)
+            return Description(cells, (service, failure), (arrival, repairman))
+        waiting = S * kk + WAITING
+        large = Dispatch("large repairman", self.choice2, key=np.where(s == WAITING, K - k, INELIGIBLE),
+                         effect=Moves(waiting, kk, np.zeros(K + 1, int), jnp.ones(K + 1)),
+                         rate=(1.0 - self.j) * self.beta, arrivals=False)
+        pool = Pool(held=SMALL, waiting=WAITING, capacity=self.j, saturated=self.saturated)
+        return Description(cells, (service, failure, LocalEvent("small repair", repaired)), (arrival, large), pool)
 
     def initial_guess(self):
-        """Working with probability $a$ independently of the queue, whose tails are those of JSQ(d1) at the load
-        $\\rho$ ($s_k = \\rho\\,g_1(s_{k-1})$); no derivatives (Newton's starting point)."""
+        """Working with probability $a$ (R.3 at saturation: under small repair with probability $j$, the rest
+        waiting) independently of the queue, whose tails are those of JSQ(d1) at the load $\rho$
+        ($s_k = \rho\,g_1(s_{k-1})$); no derivatives (Newton's starting point)."""
         m = jax.tree_util.tree_map(lambda x: jax.lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, self)
         rho, a = m.load(), m.availability()
 
@@ -209,7 +252,13 @@ class RepairableJSQ(AbstractDescribedModel):
         s = jnp.concatenate([jnp.ones(1), jax.lax.scan(level, jnp.ones_like(rho), None, length=self.K)[1],
                              jnp.zeros(1)])
         p = s[:-1] - s[1:]
-        return m.reduce(jnp.stack([a * p, (1.0 - a) * p], axis=1).ravel())
+        if self.repair != "R3":
+            split = [a, 1.0 - a]
+        elif self.saturated:
+            split = [a, m.j, 1.0 - a - m.j]
+        else:
+            split = [a, 1.0 - a, jnp.zeros_like(a)]
+        return m.reduce(jnp.stack([w * p for w in split], axis=1).ravel())
 
     def _unstable_message(self) -> str:
         return "unstable: " + fmt(
@@ -230,14 +279,16 @@ class RepairableJSQ(AbstractDescribedModel):
         ]
         if self.repair == "R3":
             out.append((~(self.j >= 0.0) | ~(self.j < 1.0), "invalid parameters: j must lie in [0, 1)"))
-            out.append((self.j < self.alpha / (self.alpha + self.beta),
-                        "R.3 at saturation (j < alpha/(alpha + beta)) is not implemented yet"))
+            below = self.j < self.alpha / (self.alpha + self.beta)
+            out.append((below != self.saturated, f"R.3 built with saturated={self.saturated}, but j is "
+                        f"{'at or above' if self.saturated else 'below'} alpha/(alpha + beta): the other regime "
+                        "(give the saturated that matches the parameters)"))
         out.append((~(self.load() < 1.0), self._unstable_message()))
         return out
 
     # --- metrics the description does not name ------------------------------------------------------------------
     def _cells(self, y):
-        return self.occupancy(y).reshape(self.K + 1, 2)
+        return self.occupancy(y).reshape(self.K + 1, self.n_status)
 
     def fraction_working(self, y) -> Array:
         """The fraction of working servers at the reduced state `y`."""
@@ -247,23 +298,27 @@ class RepairableJSQ(AbstractDescribedModel):
         """The fraction of customers held at failed servers."""
         x = self._cells(y)
         k = jnp.arange(self.K + 1, dtype=x.dtype)
-        return jnp.sum(k * x[:, FAILED]) / jnp.sum(k * x.sum(axis=1))
+        return jnp.sum(k * x[:, WORKING + 1:].sum(axis=1)) / jnp.sum(k * x.sum(axis=1))
 
     def repairmen_utilisation(self, y) -> Array:
-        """R.1 (and R.3): the fraction of repairmen busy, the failed fraction (per own or small repairman, over
-        $j$ for R.3); R.2: the fraction of the repairman's events that find a failed server, $1 - g_2(a)$."""
-        failed = jnp.sum(self._cells(y)[:, FAILED])
+        """The fraction of the repair capacity $N\beta$ that is repairing: R.1, the failed fraction; R.2, the
+        fraction of the repairman's events that find a failed server, $1 - g_2(a)$; R.3, the small repairmen's
+        busy fraction of all servers plus the large one's share $(1 - j)$ times the fraction of its events that
+        find a waiting server."""
+        x = self._cells(y)
+        failed = jnp.sum(x[:, FAILED])
         if self.repair == "R2":
             return 1.0 - self.choice2.pgf(1.0 - failed)
         if self.repair == "R3":
-            return failed / self.j
+            return failed + (1.0 - self.j) * (1.0 - self.choice2.pgf(1.0 - jnp.sum(x[:, WAITING])))
         return failed
 
     def fraction_failed_waiting(self, y) -> Array:
         """The fraction of failed servers that wait for a repairman (R.3; 0 below saturation)."""
         if self.repair != "R3":
             raise ValueError(f"fraction_failed_waiting is defined for repair='R3' (here repair={self.repair!r})")
-        return jnp.zeros((), self._cells(y).dtype)
+        x = self._cells(y)
+        return jnp.sum(x[:, WAITING]) / jnp.sum(x[:, SMALL:])
 
 
 def _default_K(model: RepairableJSQ, rho: float) -> int:
@@ -274,7 +329,7 @@ def _default_K(model: RepairableJSQ, rho: float) -> int:
     R.2 the repair rate is taken as the one that gives R.1 the same availability."""
     weights = np.asarray(model.choice1.weights())
     a, b, lam, mu = (float(np.asarray(v)) for v in (model.alpha, model.beta, model.lam, model.mu))
-    if model.repair == "R2":
+    if model.repair == "R2" or model.saturated:
         avail = float(np.asarray(model.availability()))
         b = a * avail / (1.0 - avail) if avail < 1.0 else b
     decay = None

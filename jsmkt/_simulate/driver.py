@@ -524,7 +524,7 @@ def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t
     hist_lo = _hist_key(t1 * 2.0 ** (1 - _HIST_OCTAVES))
     arrival_rate = float(np.asarray(tables.stream_rate)[np.asarray(tables.arrivals, bool)].sum())
     return _Plan(
-        engine="generic", kind="tables", cfg=cfg, params=generic.params_of(structure, tables, hist_lo),
+        engine="generic", kind="tables", cfg=cfg, params=generic.params_of(structure, tables, hist_lo, n),
         max_queue=max_queue, default_note=note, level=tables.level, jobs=tables.jobs, group=0, fcfs=tables.fcfs,
         hist_lo=hist_lo, out_level=tables.level, out_status=tables.status,
         status_names=tables.status_names, m=1,

@@ -40,6 +40,11 @@ Elsewhere (GPU) the same events are applied by a loop of exactly `block` iterati
 those after `t_end` masked (a vmapped loop whose trip count differs between replications selects every carried
 array at each iteration).
 
+**A pool of units** (`tables` module docstring): the state also holds the number of units held and the list of
+the waiting servers (with each server's position in it, so that adding and removing are $O(1)$). After the
+event's move, a server entering a held cell with no unit free is redirected, and a unit freed goes to the waiting
+server at a uniformly drawn position of the list: one more move, recorded like the others.
+
 **Random numbers, chunks, statistics.** Event `e` uses the SplitMix64 words `h(seed, e * W + w)` of
 `core._words`; a pending event past `t_end` keeps its time and words, so chunking does not change the run. Time
 integrals of the cell counts use the same trick as `core`: each move adds $\pm(\tau - a)$ to the two cells it
@@ -95,7 +100,7 @@ class Config(NamedTuple):
     def n_words(self) -> int:
         """Random words per event: time step, row, move, choice number, candidates (and, with origins, the move,
         choice number and candidates of the dispatch a clock action starts)."""
-        return 4 + self.max_d + (2 + self.max_d if self.structure.origins else 0)
+        return 4 + self.max_d + (2 + self.max_d if self.structure.origins else 0) + int(self.structure.pool)
 
 
 class Params(NamedTuple):
@@ -115,10 +120,20 @@ class Params(NamedTuple):
     key: jax.Array  # ((S + 1) * C,) int32 keys, the clock's row 0
     jobs: jax.Array  # (C,) int32 jobs per cell
     arrivals: jax.Array  # (S + 1,) bool: the row brings new jobs (False for the clock)
+    pool_units: jax.Array  # int32 units of the pool, J (0 without a pool)
+    pool_held: jax.Array  # (C,) int32: 1 where a server holds a unit
+    pool_waits: jax.Array  # (C,) int32: 1 where a server waits for one
+    pool_redirect: jax.Array  # (C,) int32
+    pool_promote: jax.Array  # (C,) int32 (the cell itself where it never waits)
 
 
-def params_of(structure: Structure, tables, hist_lo: int) -> Params:
-    """`Params` of checked `tables` with `structure` (their integer part)."""
+def pool_units(tables, n: int) -> int:
+    """$J$, the units of the pool of `n` servers: `pool_capacity * n` rounded to the nearest integer."""
+    return int(np.floor(float(tables.pool_capacity) * n + 0.5)) if tables.pool_held is not None else 0
+
+
+def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
+    """`Params` of checked `tables` with `structure` (their integer part), for `n` servers (the pool's size)."""
     S, C = structure.n_streams, structure.n_cells
     key = np.concatenate([structure.key.reshape(-1), np.zeros(C, np.int32)])
     return Params(
@@ -134,6 +149,11 @@ def params_of(structure: Structure, tables, hist_lo: int) -> Params:
         key=jnp.asarray(key, jnp.int32),
         jobs=jnp.asarray(structure.jobs, jnp.int32),
         arrivals=jnp.asarray(np.concatenate([structure.arrivals, [False]]), bool),
+        pool_units=jnp.asarray(pool_units(tables, n), jnp.int32),
+        pool_held=jnp.asarray(structure.pool_held, jnp.int32),
+        pool_waits=jnp.asarray(structure.pool_promote >= 0, jnp.int32),
+        pool_redirect=jnp.asarray(structure.pool_redirect, jnp.int32),
+        pool_promote=jnp.asarray(np.where(structure.pool_promote >= 0, structure.pool_promote, C), jnp.int32),
     )
 
 
@@ -188,6 +208,8 @@ def _draw(cfg: Config, prep: _Prep, seed, ctr, t) -> _Draw:
             u_d = core._uniform(w2[:, 1])
             cols.append(1 + core._categorical(u_d[:, None], prep.d_cum[None, :S]))
         uni.append(core._uniform(w2[:, 0]))
+    if s.pool:
+        uni.append(core._uniform(words[:, 4 + D]))
     table = jnp.concatenate([c.astype(jnp.int32) for c in cols], axis=1)
     return _Draw(tau, kind, table, jnp.stack(uni, axis=1))
 
@@ -211,6 +233,7 @@ class State(NamedTuple):
     accepted: jax.Array  # jobs brought by arrival streams and accepted in the current chunk
     overflow: jax.Array  # moves refused beyond the truncation (whole run)
     blocks: jax.Array  # outer-loop iterations in the current chunk
+    pool: tuple | None  # with a pool: (units held, waiting servers, (n,) list of the waiting, (n,) their positions)
 
 
 @core._broadcasting
@@ -229,6 +252,8 @@ def init_state(cfg: Config, params: Params, key) -> State:
         draw=_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
         acc=jnp.zeros(cfg.n_cells, jnp.float64), soj_sum=zero, n_jobs=i64,
         hist=jnp.zeros(cfg.n_bins + 2, jnp.int64), events=i64, real=i64, accepted=i64, overflow=i64, blocks=i64,
+        pool=(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(cfg.n, jnp.int32),
+              jnp.zeros(cfg.n, jnp.int32)) if cfg.structure.pool else None,
     )
 
 
@@ -242,7 +267,7 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
     `masked`: run all `block` iterations, those after `t_end` changing nothing (the vmapped form)."""
     s = cfg.structure
     B, D, S, C, W, Q = cfg.block, cfg.max_d, s.n_streams, s.n_cells, s.width, s.queue
-    fcfs, origins, up, down = s.fcfs, s.origins, s.up, s.down
+    fcfs, origins, up, down, pool = s.fcfs, s.origins, s.up, s.down, s.pool
     tau, kind, table, uni = state.draw
     nv = jnp.sum(tau <= t_end, dtype=jnp.int32)
     pd = cfg.packed_dtype
@@ -282,8 +307,23 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             e = e + (u >= one(prep.move_cum, base * (W - 1) + j)).astype(jnp.int32)
         return base * W + e
 
+    def enlist(pl, who, cond):  # append `who` to the waiting list where `cond`
+        held, nw, lst, pos = pl
+        at = jnp.minimum(nw, cfg.n - 1)
+        lst = put(lst, at, jnp.where(cond, who, one(lst, at)))
+        pos = put(pos, who, jnp.where(cond, nw, one(pos, who)))
+        return held, nw + cond.astype(jnp.int32), lst, pos
+
+    def delist(pl, who, cond):  # remove `who` from the waiting list where `cond` (the last one takes its place)
+        held, nw, lst, pos = pl
+        q = one(pos, who)
+        last = one(lst, jnp.maximum(nw - 1, 0))
+        lst = put(lst, q, jnp.where(cond, last, one(lst, q)))
+        pos = put(pos, last, jnp.where(cond, q, one(pos, last)))
+        return held, nw - cond.astype(jnp.int32), lst, pos
+
     def event(i, carry):
-        packed, ring, rec, arrived = carry
+        packed, ring, rec, arrived, pl = carry
         active = (i < nv) if masked else True
         ti = tau[i]
         row_c = col(i, 0)
@@ -300,6 +340,15 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         ok = active & (k_best < INELIGIBLE)
         goes = ok & (t < C)
         ct = jnp.where(goes, t, c)
+        if pool:  # a server entering a held cell with no free unit waits instead
+            hc = one(params.pool_held, c)
+            ct = jnp.where((one(params.pool_held, ct) > hc) & (pl[0] >= params.pool_units),
+                           one(params.pool_redirect, ct), ct)
+            ht = one(params.pool_held, ct)
+            wc, wt = one(params.pool_waits, c), one(params.pool_waits, ct)
+            pl = (pl[0] + ht - hc,) + pl[1:]
+            pl = delist(pl, n, wc > wt)
+            pl = enlist(pl, n, wt > wc)
         if fcfs:
             dj = jnp.where(goes, one(params.delta, idx), 0)
             k = one(params.jobs, c)
@@ -322,6 +371,20 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         else:
             packed = put(packed, n, ct.astype(pd))
         rec_row = [c, jnp.where(ok & (t == C), C, ct)]
+        if pool:  # a freed unit goes to the waiting server at a uniformly drawn position of the list
+            nw = pl[1]
+            refill = (hc > ht) & (nw > 0)
+            u_pool = lax.dynamic_slice(uni, (i, jnp.ones_like(i)), (1, 1))[0, 0]
+            q = jnp.minimum((u_pool * nw.astype(jnp.float64)).astype(jnp.int32), jnp.maximum(nw - 1, 0))
+            m = one(pl[2], q)
+            pm = one(packed, m)
+            cm = cell_of(pm)
+            ctm = jnp.where(refill, one(params.pool_promote, cm), cm)
+            pl = delist(pl, m, refill)
+            pl = (pl[0] + refill.astype(jnp.int32),) + pl[1:]
+            pm2 = (_div(pm, C) * C + ctm.astype(pd)) if fcfs else ctm.astype(pd)
+            packed = put(packed, m, pm2)
+            rec_row += [cm, ctm]
         if origins:  # the dispatch a clock action starts, after the origin's own move
             s2 = jnp.where(goes & (row_c == S * C), one(params.stream, c * W + idx - (row_c + c) * W), -1)
             has2 = s2 >= 0
@@ -340,15 +403,15 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             packed = put(packed, n2, ct2.astype(pd))
             rec_row += [c2, jnp.where(ok2 & (t2 == C), C, ct2), s2]
         rec = lax.dynamic_update_slice(rec, jnp.stack(rec_row).astype(jnp.int32)[None], (i, jnp.zeros_like(i)))
-        return packed, ring, rec, arrived
+        return packed, ring, rec, arrived, pl
 
-    n_rec = 5 if origins else 2
+    n_rec = 5 if origins else 4 if pool else 2
     carry = (state.packed, state.ring if fcfs else jnp.zeros(1), jnp.zeros((B, n_rec), jnp.int32),
-             jnp.zeros((B, max(down, 1)), jnp.float64))
-    packed, ring, rec, arrived = lax.fori_loop(0, B if masked else nv, event, carry)
+             jnp.zeros((B, max(down, 1)), jnp.float64), state.pool)
+    packed, ring, rec, arrived, pl = lax.fori_loop(0, B if masked else nv, event, carry)
     ctr = state.ctr + nv.astype(jnp.uint64)
     t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
-    state = state._replace(ctr=ctr, t=t, packed=packed, ring=ring if fcfs else None,
+    state = state._replace(ctr=ctr, t=t, packed=packed, ring=ring if fcfs else None, pool=pl,
                            draw=_draw(cfg, prep, state.seed, ctr, t))
     return _finish(cfg, params, state, tau, kind, nv, rec, arrived, hist_base)
 
@@ -366,6 +429,8 @@ def _finish(cfg: Config, params: Params, state: State, tau, kind, nv, rec, arriv
     moves = [(rec[:, 0], rec[:, 1], kind)]
     if s.origins:
         moves.append((rec[:, 2], rec[:, 3], jnp.where(rec[:, 4] >= 0, rec[:, 4], s.n_streams)))
+    if s.pool:
+        moves.append((rec[:, 2], rec[:, 3], jnp.full(B, s.n_streams, jnp.int32)))
     dj1 = None
     for cf, ct_rec, row in moves:
         refused = done & (ct_rec == C)

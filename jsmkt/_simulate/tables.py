@@ -16,7 +16,12 @@ What a model's `simulation_tables(top)` returns, as `simulate` uses it:
 - `fcfs=True` only with `jobs[empty_cell] == 0` and no `act_stream >= 0`;
 - with `act_stream[c, a] = s`, the server's own move comes first and is unconditional; stream `s` then samples
   the servers (the origin included, in its new cell), and does nothing when none is eligible;
-- a `load()` method (in `[0, 1)`) when `simulate` is to choose `max_queue` itself.
+- a `load()` method (in `[0, 1)`) when `simulate` is to choose `max_queue` itself;
+- optionally a pool of units (`pool_held`, `pool_redirect`, `pool_promote`, `pool_capacity`): servers in held
+  cells hold one unit each; a move into a held cell from a cell that holds none takes a free unit or, when none
+  is free, goes to `pool_redirect` of that cell; a move out of the held cells frees a unit, which goes at once to a
+  uniformly chosen server in a waiting cell (`pool_promote >= 0`), moving it to its `pool_promote` cell. The empty
+  cell neither holds nor waits; redirects and promotions keep the level and the jobs; no stream has an origin.
 """
 
 import hashlib
@@ -69,6 +74,11 @@ class SimTables(NamedTuple):
     # (S,) bool: the stream brings new jobs into the system (its job count enters throughput and `events`' arrival
     # count)
     arrivals: np.ndarray
+    # an optional pool of J = round(pool_capacity * n) units (module docstring); None: no pool
+    pool_held: np.ndarray | None = None  # (C,) bool: a server in the cell holds a unit
+    pool_redirect: np.ndarray | None = None  # (C,) int: where a move into a held cell goes when no unit is free
+    pool_promote: np.ndarray | None = None  # (C,) int: the held cell a waiting server moves to (-1: the cell never waits)
+    pool_capacity: float = 0.0  # units per server
 
 
 _TOL = 1e-9  # rounding allowed in probability sums
@@ -188,11 +198,47 @@ def check_tables(tables) -> SimTables:
     if fcfs and (act_stream >= 0).any():
         raise ValueError("tables.fcfs is True but some act_stream >= 0: a job that moves between servers has no "
                          "FCFS queue to keep (give fcfs=False; the mean sojourn time then comes from Little's law)")
+    pool = _check_pool(tables, C, level, jobs, empty, act_stream)
     return SimTables(
         level=level, status=status, status_names=names, jobs=jobs, empty_cell=empty, fcfs=fcfs, u=u,
         act_prob=act_prob, act_target=act_target, act_stream=act_stream, stream_rate=stream_rate, choice=choice,
-        key=key, eff_prob=eff_prob, eff_target=eff_target, arrivals=arrivals,
+        key=key, eff_prob=eff_prob, eff_target=eff_target, arrivals=arrivals, **pool,
     )
+
+
+def _check_pool(tables, C, level, jobs, empty, act_stream) -> dict:
+    """The checked pool fields of `tables` (module docstring)."""
+    if tables.pool_held is None:
+        if tables.pool_redirect is not None or tables.pool_promote is not None:
+            raise ValueError("tables.pool_redirect and pool_promote need tables.pool_held")
+        return {}
+    held = np.asarray(tables.pool_held)
+    if held.shape != (C,) or held.dtype != bool:
+        raise ValueError(f"tables.pool_held must be a bool array of shape ({C},), got {held.dtype} {held.shape}")
+    redirect = _int_table("pool_redirect", tables.pool_redirect, (C,))
+    promote = _int_table("pool_promote", tables.pool_promote, (C,))
+    cap = float(tables.pool_capacity)
+    if not (np.isfinite(cap) and 0.0 <= cap <= 1.0):
+        raise ValueError(f"tables.pool_capacity={cap!r} must lie in [0, 1] (units per server)")
+    for name, t, ok in (("pool_redirect", redirect, (redirect >= 0) & (redirect < C)),
+                        ("pool_promote", promote, (promote >= -1) & (promote < C))):
+        if not ok.all():
+            raise ValueError(f"tables.{name}[{int(np.flatnonzero(~ok)[0])}] = {int(t[~ok][0])} is not a cell")
+    waits = promote >= 0
+    same = lambda a, b: (level[a] == level[b]) & (jobs[a] == jobs[b])  # noqa: E731
+    bad = held & ~(waits[redirect] & same(np.arange(C), redirect))
+    if bad.any():
+        raise ValueError(f"tables.pool_redirect[{int(np.flatnonzero(bad)[0])}] must be a waiting cell at the same level")
+    bad = waits & ~(held[np.maximum(promote, 0)] & same(np.arange(C), np.maximum(promote, 0)))
+    if bad.any():
+        raise ValueError(f"tables.pool_promote[{int(np.flatnonzero(bad)[0])}] must be a held cell at the same level")
+    if held[empty] or waits[empty]:
+        raise ValueError(f"tables: the empty cell {empty} must neither hold a unit nor wait for one")
+    if (held & waits).any():
+        raise ValueError("tables: a cell cannot both hold a unit and wait for one")
+    if (act_stream >= 0).any():
+        raise ValueError("tables: a pool with streams that start at servers (act_stream >= 0) is not supported")
+    return dict(pool_held=held, pool_redirect=redirect, pool_promote=promote, pool_capacity=cap)
 
 
 def _used_columns(prob: np.ndarray) -> np.ndarray:
@@ -253,12 +299,16 @@ class Structure:
         self.level = t.level
         self.status = t.status
         self.status_names = t.status_names
+        self.pool = t.pool_held is not None
+        self.pool_held = t.pool_held if self.pool else np.zeros(C, bool)
+        self.pool_redirect = t.pool_redirect if self.pool else cells
+        self.pool_promote = t.pool_promote if self.pool else np.full(C, -1)
         h = hashlib.sha256()
         for a in (self.target, self.delta, self.stream, self.key, self.jobs, self.arrivals, self.level, self.status,
-                  self.act_cols, self.eff_cols):
+                  self.act_cols, self.eff_cols, self.pool_held, self.pool_redirect, self.pool_promote):
             h.update(str(a.shape).encode())
             h.update(np.ascontiguousarray(a).tobytes())
-        h.update(repr((C, S, W, self.max_d, self.fcfs, self.empty_cell, self.status_names)).encode())
+        h.update(repr((C, S, W, self.max_d, self.fcfs, self.empty_cell, self.status_names, self.pool)).encode())
         self._digest = h.digest()
 
     def __hash__(self) -> int:
@@ -269,4 +319,4 @@ class Structure:
 
     def __repr__(self) -> str:
         return (f"Structure(cells={self.n_cells}, streams={self.n_streams}, width={self.width}, max_d={self.max_d}, "
-                f"fcfs={self.fcfs}, origins={self.origins}, up={self.up}, down={self.down})")
+                f"fcfs={self.fcfs}, origins={self.origins}, pool={self.pool}, up={self.up}, down={self.down})")
