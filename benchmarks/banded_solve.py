@@ -13,6 +13,12 @@ point and the right-hand side, at K = 200, 400, 800 levels with m = 1 and 2; bot
 functions interleaved round by round, so that load from other processes hits both alike; the ratio of the medians is
 taken within one run. Before timing, `classify_sparsity` of the Jacobian's pattern (K = 200) must give (4, ()).
 
+Two references bound what any banded solve can gain here. *One product*: a jitted call that linearises the
+residual and applies it to one vector, the least work of a matrix-free solve of this operator (the banded solve
+does that and 2b m - 1 more products, batched, and then eliminates); dense / one product is the largest speed-up
+any solver given this operator could show. *LAPACK*: `dgbsv` (banded LU) against `dgesv` (dense LU) on the
+materialised matrix, through `scipy.linalg.lapack` (native code, no JAX).
+
 Run with `.venv/bin/python benchmarks/banded_solve.py` (add `--quick` for fewer repeats). OpenBLAS is limited to one
 thread unless `OPENBLAS_NUM_THREADS` is set, as in `fixed_point.py`.
 """
@@ -79,6 +85,28 @@ def _point(K, m, alpha):
     return jnp.asarray(tails[:, None] * (np.full((1, m), 0.5 / m) + 0.5 * alpha[None, :]))
 
 
+@jax.jit
+def one_product(X, v, alpha, T):
+    """The floor of a matrix-free solve: linearise the residual at `X` and apply it to one vector."""
+    _, lin = jax.linearize(lambda Y: residual(Y, alpha, T), X)
+    return lin(v)
+
+
+def _lapack(X, alpha, T):
+    """`dgbsv` and `dgesv` calls on the materialised matrix (band storage for the former)."""
+    import scipy.linalg.lapack as lapack
+
+    n = X.size
+    J = np.asarray(jax.jacfwd(lambda Y: residual(Y.reshape(X.shape), alpha, T).reshape(-1))(X.reshape(-1)))
+    lv = np.repeat(np.arange(X.shape[0]), X.shape[1])
+    kl = ku = int(max(np.abs(lv[:, None] - lv[None, :])[J != 0].max(), 1) + 1) * X.shape[1] - 1  # in unknowns
+    ab = np.zeros((2 * kl + ku + 1, n))
+    for i in range(n):
+        lo, hi = max(0, i - kl), min(n, i + ku + 1)
+        ab[kl + ku + i - np.arange(lo, hi), np.arange(lo, hi)] = J[i, lo:hi]
+    return (lambda b: lapack.dgbsv(kl, ku, ab, b)[2]), (lambda b: lapack.dgesv(J, b)[2]), J
+
+
 @functools.partial(jax.jit, static_argnums=(4,))
 def solve(X, rhs, alpha, T, solver):
     _, lin = jax.linearize(lambda Y: residual(Y, alpha, T), X)
@@ -140,19 +168,28 @@ def main():
         compile_dense, x_dense = _first_call(lambda: solve(X, rhs, alpha, T, lx.LU()))
         err = float(jnp.max(jnp.abs(x_banded - x_dense)) / jnp.max(jnp.abs(x_dense)))
         assert err < 1e-12, f"K={K}, m={m}: banded and dense solutions differ by {err:.1e} (relative)"
+        gbsv, gesv, J = _lapack(X, alpha, T)
+        b_np = np.asarray(rhs).reshape(-1)
+        assert np.allclose(gbsv(b_np), gesv(b_np), rtol=1e-10, atol=1e-12 * np.abs(gesv(b_np)).max())
         t = _interleaved_medians({
             "banded": lambda: solve(X, rhs, alpha, T, banded_solver),
             "dense": lambda: solve(X, rhs, alpha, T, lx.LU()),
+            "product": lambda: one_product(X, rhs, alpha, T),
+            "gbsv": lambda: gbsv(b_np),
+            "gesv": lambda: gesv(b_np),
         }, rounds)
-        rows.append((K, m, t["banded"], t["dense"], err, compile_banded, compile_dense))
+        rows.append((K, m, t["banded"], t["dense"], err, compile_banded, compile_dense, t["product"], t["gbsv"],
+                     t["gesv"]))
 
     print()
     print(f"{'K':>5} {'m':>2} {'n':>5} {'banded':>10} {'dense LU':>10} {'dense/banded':>13} {'rel. diff':>9}"
-          f" {'first calls (s): banded, dense':>32}")
-    print("-" * 92)
-    for K, m, tb, td, err, cb, cd in rows:
+          f" {'first calls (s): banded, dense':>32} {'one product':>12} {'dense/product':>14}"
+          f" {'dgbsv':>9} {'dgesv':>9} {'dgesv/dgbsv':>12}")
+    print("-" * 168)
+    for K, m, tb, td, err, cb, cd, tp, tgb, tge in rows:
         print(f"{K:>5} {m:>2} {K * m:>5} {1e3 * tb:>7.3f} ms {1e3 * td:>7.3f} ms {td / tb:>12.1f}x {err:>9.1e}"
-              f" {cb:>23.2f}, {cd:.2f}")
+              f" {cb:>23.2f}, {cd:.2f} {1e3 * tp:>9.3f} ms {td / tp:>13.1f}x {1e3 * tgb:>6.3f} ms"
+              f" {1e3 * tge:>6.3f} ms {tge / tgb:>11.1f}x")
     print()
     worst = min(td / tb for _, _, tb, td, *_ in rows)
     print(f"banded >= {TARGET_SPEEDUP:g}x faster than dense at K >= 200: worst {worst:.1f}x  "

@@ -320,7 +320,8 @@ def vmapped_solve(build, metrics, values, what: str = "value") -> list[dict]:
 def simulate_adaptive(model, p: dict, *, warmup: float, length: float, key, budget: float) -> dict:
     """Replications of length `warmup + length`, `p["reps_per_call"]` per `jsmkt.simulate` call (fewer when the
     budget runs short), until the 95 % half-width of E[T] is at most `p["target"] * E[T]` (with at least
-    `p["min_reps"]` replications) or `budget` CPU seconds are spent; `p["n_servers"]` servers. Returns the pooled
+    `p["min_reps"]` replications), `p["max_reps"]` replications are pooled (when given: a stop that does not
+    depend on the machine's speed) or `budget` CPU seconds are spent; `p["n_servers"]` servers. Returns the pooled
     statistics (E[T], E[Q], tails s_0..s_max_queue, their 95 % half-widths), how the run stopped, and a record of
     every call."""
     import jax.random as jr
@@ -340,12 +341,15 @@ def simulate_adaptive(model, p: dict, *, warmup: float, length: float, key, budg
             if rel <= p["target"]:
                 stop_reason = "target"
                 break
+            if p.get("max_reps") is not None and pool.n >= p["max_reps"]:
+                stop_reason = "max_reps"
+                break
             left = budget - clock.cpu()
             affordable = int(left // per_rep_cpu)
             if affordable < 2:
                 stop_reason = "budget"
                 break
-            r = min(r, affordable)
+            r = min(r, affordable, p["max_reps"] - pool.n) if p.get("max_reps") is not None else min(r, affordable)
         key, sub = jr.split(key)
         c0 = clock.cpu()
         try:

@@ -42,7 +42,8 @@ FULL = dict(
     seed=20240602,
 )
 QUICK = dict(FULL, cases=[[3, 0.8, "hyperexp2"]], ns=[125, 500], target=0.02, min_reps=4, reps_per_call=4,
-             warmup_taus=6.0, length_factor=2.0, min_length=60.0, budget_cpu=20.0)
+             max_reps=8, warmup_taus=6.0, length_factor=2.0, min_length=60.0,
+             budget_cpu=300.0)  # stops on the target or 8 replications, whatever the machine's speed
 
 
 def main(argv=None) -> Path:
