@@ -196,6 +196,11 @@ def test_repair_quick(tmp_path):
         et = {(r["arrival"], r["repair"]): r["ET"] for r in data["rows"] if r["sweep"] == "lam" and r["lam"] == lam}
         assert et["A1", "R2"] < et["A1", "R1"] and et["A2", "R1"] < et["A1", "R1"] and et["A2", "R2"] < et["A2", "R1"]
     assert code == 0 and all(abs(c["rel_diff"]) < 0.2 for c in data["validation"])
+    # R.3 over j: grouping the capacity in the large repairman helps (E[T] grows with j while the small ones are
+    # saturated), and above j* = alpha/(alpha + beta) R.3 is R.1
+    r3 = {r["value"]: r for r in data["rows"] if r["sweep"] == "j" and r["arrival"] == "A1"}
+    assert r3[0.02]["ET"] < r3[0.05]["ET"] < r3[0.2]["ET"] and r3[0.2]["waiting"] == 0.0
+    assert abs(r3[0.2]["availability"] - 1 / 1.1) < 1e-12  # beta / (alpha + beta), as R.1
 
 
 @pytest.mark.parametrize("folder, script, producer", [
