@@ -43,7 +43,9 @@ array at each iteration).
 **A pool of units** (`tables` module docstring): the state also holds the number of units held and the list of
 the waiting servers (with each server's position in it, so that adding and removing are $O(1)$). After the
 event's move, a server entering a held cell with no unit free is redirected, and a unit freed goes to the waiting
-server at a uniformly drawn position of the list: one more move, recorded like the others.
+server at a uniformly drawn position of the list: one more move, recorded like the others (the list has one
+scratch slot, where the writes of an event that changes nothing go). XLA copies the server and list arrays at every
+event of a model with a pool, so its event loop is not one kernel (about a tenth of the events per second).
 
 **Random numbers, chunks, statistics.** Event `e` uses the SplitMix64 words `h(seed, e * W + w)` of
 `core._words`; a pending event past `t_end` keeps its time and words, so chunking does not change the run. Time
@@ -121,10 +123,8 @@ class Params(NamedTuple):
     jobs: jax.Array  # (C,) int32 jobs per cell
     arrivals: jax.Array  # (S + 1,) bool: the row brings new jobs (False for the clock)
     pool_units: jax.Array  # int32 units of the pool, J (0 without a pool)
-    pool_held: jax.Array  # (C,) int32: 1 where a server holds a unit
-    pool_waits: jax.Array  # (C,) int32: 1 where a server waits for one
-    pool_redirect: jax.Array  # (C,) int32
-    pool_promote: jax.Array  # (C,) int32 (the cell itself where it never waits)
+    pool_kind: jax.Array  # (C,) int32: 1 where a server holds a unit, 2 where it waits for one, 0 elsewhere
+    pool_other: jax.Array  # (C,) int32: a held cell's redirect, a waiting cell's promotion (the cell itself elsewhere)
 
 
 def pool_units(tables, n: int) -> int:
@@ -150,10 +150,10 @@ def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
         jobs=jnp.asarray(structure.jobs, jnp.int32),
         arrivals=jnp.asarray(np.concatenate([structure.arrivals, [False]]), bool),
         pool_units=jnp.asarray(pool_units(tables, n), jnp.int32),
-        pool_held=jnp.asarray(structure.pool_held, jnp.int32),
-        pool_waits=jnp.asarray(structure.pool_promote >= 0, jnp.int32),
-        pool_redirect=jnp.asarray(structure.pool_redirect, jnp.int32),
-        pool_promote=jnp.asarray(np.where(structure.pool_promote >= 0, structure.pool_promote, C), jnp.int32),
+        pool_kind=jnp.asarray(np.where(structure.pool_held, 1, np.where(structure.pool_promote >= 0, 2, 0)), jnp.int32),
+        pool_other=jnp.asarray(np.where(structure.pool_held, structure.pool_redirect,
+                                        np.where(structure.pool_promote >= 0, structure.pool_promote, np.arange(C))),
+                               jnp.int32),
     )
 
 
@@ -233,7 +233,9 @@ class State(NamedTuple):
     accepted: jax.Array  # jobs brought by arrival streams and accepted in the current chunk
     overflow: jax.Array  # moves refused beyond the truncation (whole run)
     blocks: jax.Array  # outer-loop iterations in the current chunk
-    pool: tuple | None  # with a pool: (units held, waiting servers, (n,) list of the waiting, (n,) their positions)
+    # with a pool: (units held, waiting servers, (n + 1,) list of the waiting, (n + 1,) their positions; slot n is
+    # scratch, where a write that is not to happen goes)
+    pool: tuple | None
 
 
 @core._broadcasting
@@ -252,8 +254,8 @@ def init_state(cfg: Config, params: Params, key) -> State:
         draw=_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
         acc=jnp.zeros(cfg.n_cells, jnp.float64), soj_sum=zero, n_jobs=i64,
         hist=jnp.zeros(cfg.n_bins + 2, jnp.int64), events=i64, real=i64, accepted=i64, overflow=i64, blocks=i64,
-        pool=(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(cfg.n, jnp.int32),
-              jnp.zeros(cfg.n, jnp.int32)) if cfg.structure.pool else None,
+        pool=(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(cfg.n + 1, jnp.int32),
+              jnp.zeros(cfg.n + 1, jnp.int32)) if cfg.structure.pool else None,
     )
 
 
@@ -307,21 +309,6 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             e = e + (u >= one(prep.move_cum, base * (W - 1) + j)).astype(jnp.int32)
         return base * W + e
 
-    def enlist(pl, who, cond):  # append `who` to the waiting list where `cond`
-        held, nw, lst, pos = pl
-        at = jnp.minimum(nw, cfg.n - 1)
-        lst = put(lst, at, jnp.where(cond, who, one(lst, at)))
-        pos = put(pos, who, jnp.where(cond, nw, one(pos, who)))
-        return held, nw + cond.astype(jnp.int32), lst, pos
-
-    def delist(pl, who, cond):  # remove `who` from the waiting list where `cond` (the last one takes its place)
-        held, nw, lst, pos = pl
-        q = one(pos, who)
-        last = one(lst, jnp.maximum(nw - 1, 0))
-        lst = put(lst, q, jnp.where(cond, last, one(lst, q)))
-        pos = put(pos, last, jnp.where(cond, q, one(pos, last)))
-        return held, nw - cond.astype(jnp.int32), lst, pos
-
     def event(i, carry):
         packed, ring, rec, arrived, pl = carry
         active = (i < nv) if masked else True
@@ -340,15 +327,32 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         ok = active & (k_best < INELIGIBLE)
         goes = ok & (t < C)
         ct = jnp.where(goes, t, c)
-        if pool:  # a server entering a held cell with no free unit waits instead
-            hc = one(params.pool_held, c)
-            ct = jnp.where((one(params.pool_held, ct) > hc) & (pl[0] >= params.pool_units),
-                           one(params.pool_redirect, ct), ct)
-            ht = one(params.pool_held, ct)
-            wc, wt = one(params.pool_waits, c), one(params.pool_waits, ct)
-            pl = (pl[0] + ht - hc,) + pl[1:]
-            pl = delist(pl, n, wc > wt)
-            pl = enlist(pl, n, wt > wc)
+        if pool:  # a server entering a held cell with no free unit waits instead; a unit it frees goes to the
+            # waiting server at a uniformly drawn position q of the list. Every read of the list and of `packed`
+            # comes before their writes, which holds as a server that frees a unit is never the one promoted (no
+            # move goes from a held cell to a waiting one). XLA still copies both arrays at every event, so the
+            # loop is not one kernel: O(N) per event.
+            held, nw, lst, pos = pl
+            kc, kt = one(params.pool_kind, c), one(params.pool_kind, ct)
+            redirect = (kt == 1) & (kc != 1) & (held >= params.pool_units)
+            ct = jnp.where(redirect, one(params.pool_other, ct), ct)
+            kt = jnp.where(redirect, 2, kt)
+            refill = (kc == 1) & (kt != 1) & (nw > 0)
+            rm, add = (kc == 2) & (kt != 2), (kt == 2) & (kc != 2)  # the server leaves, or joins, the waiting
+            u_pool = lax.dynamic_slice(uni, (i, jnp.ones_like(i)), (1, 1))[0, 0]
+            q = jnp.minimum((u_pool * nw.astype(jnp.float64)).astype(jnp.int32), jnp.maximum(nw - 1, 0))
+            m = one(lst, q)
+            pm = one(packed, m)
+            cm = cell_of(pm)
+            ctm = jnp.where(refill, one(params.pool_other, cm), cm)
+            r = jnp.where(refill, q, one(pos, n))  # the position that leaves the list; the last one takes it
+            last = one(lst, jnp.maximum(nw - 1, 0))
+            out = refill | rm
+            scratch = jnp.asarray(cfg.n, jnp.int32)
+            lst = put(lst, jnp.where(out, r, jnp.where(add, nw, scratch)), jnp.where(out, last, n))
+            pos = put(pos, jnp.where(out, last, jnp.where(add, n, scratch)), jnp.where(out, r, nw))
+            held = held + (kt == 1).astype(jnp.int32) - (kc == 1).astype(jnp.int32) + refill.astype(jnp.int32)
+            pl = (held, nw + add.astype(jnp.int32) - out.astype(jnp.int32), lst, pos)
         if fcfs:
             dj = jnp.where(goes, one(params.delta, idx), 0)
             k = one(params.jobs, c)
@@ -367,23 +371,14 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
                 arrived = lax.dynamic_update_slice(arrived, jnp.stack(heads)[None], (i, jnp.zeros_like(i)))
             x = h - jnp.minimum(dj, 0)
             head2 = jnp.where(x >= Q, x - Q, x)
-            packed = put(packed, n, head2.astype(pd) * C + ct.astype(pd))
+            pn = head2.astype(pd) * C + ct.astype(pd)
         else:
-            packed = put(packed, n, ct.astype(pd))
+            pn = ct.astype(pd)
+        packed = put(packed, n, pn)
         rec_row = [c, jnp.where(ok & (t == C), C, ct)]
-        if pool:  # a freed unit goes to the waiting server at a uniformly drawn position of the list
-            nw = pl[1]
-            refill = (hc > ht) & (nw > 0)
-            u_pool = lax.dynamic_slice(uni, (i, jnp.ones_like(i)), (1, 1))[0, 0]
-            q = jnp.minimum((u_pool * nw.astype(jnp.float64)).astype(jnp.int32), jnp.maximum(nw - 1, 0))
-            m = one(pl[2], q)
-            pm = one(packed, m)
-            cm = cell_of(pm)
-            ctm = jnp.where(refill, one(params.pool_promote, cm), cm)
-            pl = delist(pl, m, refill)
-            pl = (pl[0] + refill.astype(jnp.int32),) + pl[1:]
+        if pool:  # the promoted waiting server (else n's new state again: m may be n, read before n moved)
             pm2 = (_div(pm, C) * C + ctm.astype(pd)) if fcfs else ctm.astype(pd)
-            packed = put(packed, m, pm2)
+            packed = put(packed, jnp.where(refill, m, n), jnp.where(refill, pm2, pn))
             rec_row += [cm, ctm]
         if origins:  # the dispatch a clock action starts, after the origin's own move
             s2 = jnp.where(goes & (row_c == S * C), one(params.stream, c * W + idx - (row_c + c) * W), -1)

@@ -21,7 +21,8 @@ What a model's `simulation_tables(top)` returns, as `simulate` uses it:
   cells hold one unit each; a move into a held cell from a cell that holds none takes a free unit or, when none
   is free, goes to `pool_redirect` of that cell; a move out of the held cells frees a unit, which goes at once to a
   uniformly chosen server in a waiting cell (`pool_promote >= 0`), moving it to its `pool_promote` cell. The empty
-  cell neither holds nor waits; redirects and promotions keep the level and the jobs; no stream has an origin.
+  cell neither holds nor waits; redirects and promotions keep the level and the jobs; no stream has an origin and
+  no move goes from a held cell straight to a waiting one.
 """
 
 import hashlib
@@ -238,6 +239,13 @@ def _check_pool(tables, C, level, jobs, empty, act_stream) -> dict:
         raise ValueError("tables: a cell cannot both hold a unit and wait for one")
     if (act_stream >= 0).any():
         raise ValueError("tables: a pool with streams that start at servers (act_stream >= 0) is not supported")
+    for name, src, tgt in (("act_target", np.arange(C)[:, None], tables.act_target),
+                           ("eff_target", np.arange(C)[None, :, None], tables.eff_target)):
+        tgt = np.asarray(tgt)
+        bad = held[np.broadcast_to(src, tgt.shape)] & (tgt >= 0) & waits[np.maximum(tgt, 0)]
+        if bad.any():
+            raise ValueError(f"tables.{name}{_where(bad)}: a move from a held cell to a waiting one is not supported "
+                             "(its unit would go to the waiting)")
     return dict(pool_held=held, pool_redirect=redirect, pool_promote=promote, pool_capacity=cap)
 
 
