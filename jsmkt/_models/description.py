@@ -158,7 +158,7 @@ class Dispatch(NamedTuple):
 
 
 class Pool(NamedTuple):
-    """A pool of `capacity` units per server ($J = $ `capacity` $\cdot N$ in all, e.g. small repairmen). A server in
+    r"""A pool of `capacity` units per server ($J = $ `capacity` $\cdot N$ in all, e.g. small repairmen). A server in
     status `held` holds one unit. A move into `held` from another status takes a free unit, or, when none is free,
     goes to status `waiting` at the same level instead; a move out of `held` frees its unit, which goes at once to
     a uniformly chosen server in status `waiting` (if any), moving it to `held` at its level.

@@ -202,7 +202,7 @@ class RepairableJSQ(AbstractDescribedModel):
         return 3 if self.repair == "R3" else 2
 
     def description(self) -> Description:
-        """Cells `(k, status)`, `k = 0..K`. Local events: service `(k, working) -> (k - 1, working)` at rate μ,
+        r"""Cells `(k, status)`, `k = 0..K`. Local events: service `(k, working) -> (k - 1, working)` at rate μ,
         failure `(k, working) -> (k, failed)` (R.3: under small repair) at rate α, and under R.1 and R.3 repair
         `(k, failed) -> (k, working)` (R.3: from under small repair) at rate β. Arrivals at rate λ per server sample
         `d1` servers, key `k` (A.1) or `2k + (not working)` (A.2), and move the chosen one `k -> k + 1`. Under R.2
@@ -239,7 +239,7 @@ class RepairableJSQ(AbstractDescribedModel):
         return Description(cells, (service, failure, LocalEvent("small repair", repaired)), (arrival, large), pool)
 
     def initial_guess(self):
-        """Working with probability $a$ (R.3 at saturation: under small repair with probability $j$, the rest
+        r"""Working with probability $a$ (R.3 at saturation: under small repair with probability $j$, the rest
         waiting) independently of the queue, whose tails are those of JSQ(d1) at the load $\rho$
         ($s_k = \rho\,g_1(s_{k-1})$); no derivatives (Newton's starting point)."""
         m = jax.tree_util.tree_map(lambda x: jax.lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, self)
@@ -301,7 +301,7 @@ class RepairableJSQ(AbstractDescribedModel):
         return jnp.sum(k * x[:, WORKING + 1:].sum(axis=1)) / jnp.sum(k * x.sum(axis=1))
 
     def repairmen_utilisation(self, y) -> Array:
-        """The fraction of the repair capacity $N\beta$ that is repairing: R.1, the failed fraction; R.2, the
+        r"""The fraction of the repair capacity $N\beta$ that is repairing: R.1, the failed fraction; R.2, the
         fraction of the repairman's events that find a failed server, $1 - g_2(a)$; R.3, the small repairmen's
         busy fraction of all servers plus the large one's share $(1 - j)$ times the fraction of its events that
         find a waiting server."""
