@@ -262,14 +262,25 @@ def _pooled(desc: Description, moves: Moves) -> tuple[Moves, np.ndarray]:
     return moves._replace(status=np.where(takes, pool.waiting, status)), frees
 
 
+def pool_cells(cells: Cells, pool: Pool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per cell: whether it holds a unit, whether it waits, its redirect (a holding cell's waiting cell at its
+    level, else itself) and its promotion (a waiting cell's holding cell at its level, else -1)."""
+    held, waits = cells.status == pool.held, cells.status == pool.waiting
+    redirect = np.where(held, cells.index(cells.level, pool.waiting), np.arange(cells.size))
+    promote = np.where(waits, cells.index(cells.level, pool.held), -1)
+    for name, bad in (("holding", held & (redirect < 0)), ("waiting", waits & (promote < 0))):
+        if bad.any():
+            raise ValueError(f"the pool's {name} cells {np.flatnonzero(bad).tolist()} have no "
+                             f"{'waiting' if name == 'holding' else 'holding'} cell at their level")
+    return held, waits, redirect, promote
+
+
 def _promotion(desc: Description, x: Float[Array, " C"]) -> Partner:
     """The waiting server a freed unit goes to: uniform among the waiting (a `Partner` moving it to the holding
     status at its level)."""
-    pool, cells = saturated_pool(desc), desc.cells
-    waiting = np.flatnonzero(cells.status == pool.waiting)
-    held = cells.index(cells.level[waiting], pool.held)
-    if np.any(held < 0):
-        raise ValueError(f"the pool's waiting cells {waiting[held < 0].tolist()} have no holding cell at their level")
+    _, waits, _, promote = pool_cells(desc.cells, saturated_pool(desc))
+    waiting = np.flatnonzero(waits)
+    held = promote[waiting]
     mass = jnp.sum(x[waiting])
     safe = jnp.where(mass > 0, mass, 1.0)
     return Partner(waiting, held, jnp.where(mass > 0, x[waiting] / safe, 0.0))
@@ -516,12 +527,9 @@ def simulation_tables(desc: Description):
     origin = any(d.origin is not None for d in desc.dispatches)
     pool = {}
     if desc.environment is not None:
-        env = desc.environment
-        held, waits = cells.status == env.held, cells.status == env.waiting
-        pool = dict(pool_held=held,
-                    pool_redirect=np.where(held, cells.index(cells.level, env.waiting), np.arange(C)),
-                    pool_promote=np.where(waits, cells.index(cells.level, env.held), -1),
-                    pool_capacity=float(_concrete("the pool's capacity", env.capacity)))
+        held, _, redirect, promote = pool_cells(cells, desc.environment)
+        pool = dict(pool_held=held, pool_redirect=redirect, pool_promote=promote,
+                    pool_capacity=float(_concrete("the pool's capacity", desc.environment.capacity)))
     return SimTables(
         level=cells.level, status=cells.status, status_names=cells.status_names, jobs=cells.jobs, empty_cell=0,
         fcfs=bool(desc.fcfs and not origin), u=u, act_prob=act_prob, act_target=act_target, act_stream=act_stream,
