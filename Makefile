@@ -6,6 +6,10 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 OUT    ?= out
+# Test processes (pytest-xdist): compilation, which dominates the suite, runs on one core per process. Each test
+# module stays on one process (--dist loadfile), so that its tests share their compiled shapes.
+WORKERS ?= 2
+PYTEST  = $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
 
 .PHONY: venv demo test test-slow bench experiments experiments-quick clean
 
@@ -28,10 +32,10 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py --out $(OUT)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow
+	$(PYTEST) -m slow
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/fixed_point.py

@@ -42,6 +42,7 @@ from ._metrics import utilisation as utilisation
 from ._models.base import AbstractDescribedModel as AbstractDescribedModel
 from ._models.base import AbstractSupermarketModel as AbstractSupermarketModel
 from ._models.batch import JSQdBatch as JSQdBatch
+from ._models.classes import JSQdClasses as JSQdClasses
 from ._models.description import INELIGIBLE as INELIGIBLE
 from ._models.description import Description as Description
 from ._models.description import Dispatch as Dispatch
@@ -92,6 +93,7 @@ __all__ = [
     "InterpolatedChoice",
     "JSQd",
     "JSQdBatch",
+    "JSQdClasses",
     "JSQdPH",
     "LocalEvent",
     "lognormal",

@@ -1,7 +1,9 @@
 """TOML model specifications (used by the CLI).
 
 ```toml
-model = "jsq-ph"      # "jsq" (exponential service), "jsq-ph", "jsq-batch" (batch_rate, batch_sizes, d, mu, K) or
+model = "jsq-ph"      # "jsq" (exponential service), "jsq-ph", "jsq-batch" (batch_rate, batch_sizes, d, mu, K),
+                      # "jsq-classes" ([[classes]] tables of lam, d, batch_sizes; mu or [service]; optional
+                      # [[helpers]] tables of rate and f, helpers that serve the longest of f queues; K) or
                       # "retrial" (lam, theta, d1, d2, mu, retrial = "reprobe"|"own", policy = "linear"|"constant", K)
                       # or "repairable" (lam, alpha, beta, d1, d2, mu, arrival = "A1"|"A2", repair = "R1"|"R2"|"R3",
                       # j for R3, K)
@@ -38,6 +40,7 @@ import jax.numpy as jnp
 from ._distributions.fit import fit_ph2_three_moments
 from ._distributions.ph import PH, coxian, coxian2, erlang, exponential, hyperexponential, hyperexponential2
 from ._models.batch import JSQdBatch
+from ._models.classes import JSQdClasses
 from ._models.jsqd import JSQd
 from ._models.jsqd_ph import JSQdPH
 from ._models.repairable import ARRIVALS, REPAIRS, RepairableJSQ
@@ -242,6 +245,64 @@ def _jsq_batch(spec: dict[str, Any], where: str):
                      K=_integer(spec, "K", where, None))
 
 
+def _table_list(spec: dict[str, Any], key: str, where: str, required: bool) -> list[dict]:
+    """An array of tables (`[[key]]`)."""
+    if key not in spec and not required:
+        return []
+    v = _require(spec, key, where)
+    if not (isinstance(v, list) and v and all(isinstance(t, dict) for t in v)):
+        raise SpecError(f"{where}: {key}={show(v)} must be an array of tables ([[{key}]] sections)")
+    return v
+
+
+def _jsq_classes(spec: dict[str, Any], where: str):
+    lam, d, batches = [], [], []
+    for j, table in enumerate(_table_list(spec, "classes", where, True)):
+        at = f"[[classes]] {j + 1}"
+        _allowed(table, {"lam", "d", "batch_sizes"}, at)
+        lam.append(_number(table, "lam", at))
+        d.append(_choice_number(table, at))
+        batches.append(jnp.asarray(_numbers(table, "batch_sizes", at), dtype=float) if "batch_sizes" in table
+                       else None)
+    rates, f = [], []
+    for l, table in enumerate(_table_list(spec, "helpers", where, False)):
+        at = f"[[helpers]] {l + 1}"
+        _allowed(table, {"rate", "f"}, at)
+        rates.append(_number(table, "rate", at))
+        f.append(_choice_number(table, at, "f"))
+    if "service" in spec and "mu" in spec:
+        raise SpecError(f"{where}: mu={show(spec['mu'])} and [service] are both given; give one of them")
+    service = service_from_spec(spec["service"]) if "service" in spec else None
+    return JSQdClasses(lam, d=d, batch_sizes=batches, mu=None if service is not None else _number(spec, "mu", where, 1.0),
+                       service=service, helper_rates=rates, f=f, K=_integer(spec, "K", where, None))
+
+
+def _classes_like(m, **changes):
+    kw = dict(lam=m.lam, d=list(m.choices), batch_sizes=list(m.batch_sizes), service=m.service,
+              helper_rates=list(m.helper_rates), f=list(m.helper_choices), K=m.K)
+    return JSQdClasses(**(kw | changes))
+
+
+def _classes_metrics(model, fp) -> dict[str, float]:
+    import jsmkt
+
+    if model.n_classes == 1:
+        return {}
+    return {f"prob_wait_class_{j + 1}": float(jsmkt.prob_wait(model, fp, stream=f"class {j + 1} arrival"))
+            for j in range(model.n_classes)}
+
+
+def _classes_text(m) -> str:
+    parts = []
+    for j in range(m.n_classes):
+        B = m.batch_sizes[j].shape[0]
+        batch = "" if B == 1 else f" batches 1..{B} (mean {float(m.mean_batch_sizes[j]):.6g})"
+        parts.append(f"class {j + 1}: lam = {float(m.lam[j]):.6g} d = {_choice_text(m, m.choices[j])}{batch}")
+    parts += [f"helpers {l + 1}: rate = {float(m.helper_rates[l]):.6g} f = {_choice_text(m, c)}"
+              for l, c in enumerate(m.helper_choices)]
+    return "   ".join(parts)
+
+
 def _retrial(spec: dict[str, Any], where: str):
     return RetrialJSQ(_number(spec, "lam", where), _number(spec, "theta", where),
                       d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
@@ -291,7 +352,9 @@ def _retrial_metrics(model, fp) -> dict[str, float]:
 
 
 def _service_text(model) -> str:
-    if isinstance(model, JSQdPH):
+    if isinstance(model, JSQdClasses) and model.m == 1:
+        return f"service: exponential, rate mu = {1.0 / float(model.service.mean):.6g}"
+    if isinstance(model, (JSQdPH, JSQdClasses)):
         s = model.service
         return f"service: PH of order {s.order}, mean {float(s.mean):.6g}, SCV {float(s.scv):.6g}"
     return f"service: exponential, rate mu = {float(model.mu):.6g}"
@@ -372,6 +435,28 @@ FAMILIES: dict[str, Family] = {
                        "batch_sizes": lambda m, h: JSQdBatch(  # move probability from size 2 to size 1
                            m.batch_rate, m.batch_sizes + h * jnp.zeros_like(m.batch_sizes).at[0].set(1.0).at[1].set(-1.0),
                            d=m.choice, mu=m.mu, K=m.K)},
+    ),
+    "jsq-classes": Family(
+        "jsq-classes", JSQdClasses, frozenset({"classes", "helpers", "mu", "service", "K"}), _jsq_classes,
+        parameters=lambda m: {"classes": [{"lam": float(m.lam[j]), "d": float(m.choices[j].mean),
+                                           "batch_sizes": [float(p) for p in m.batch_sizes[j]]}
+                                          for j in range(m.n_classes)],
+                              "helpers": [{"rate": float(r), "f": float(c.mean)}
+                                          for r, c in zip(m.helper_rates, m.helper_choices, strict=True)],
+                              "lam": float(m.arrival_rate)},
+        describe=_classes_text,
+        examples=lambda: {"classes-h2-batch-helpers": JSQdClasses(
+                              [0.3, 0.2], d=[2, 1.5], batch_sizes=[None, jnp.array([0.5, 0.5])],
+                              service=hyperexponential2(1.0, 2.0), helper_rates=[0.2], f=[2], K=32),
+                          "classes-d1-d3": JSQdClasses([0.3, 0.4], d=[1, 3], K=24)},
+        perturbations={"lam": lambda m, h: _classes_like(m, lam=m.lam + h * jnp.array([1.0] + [0.5] * (m.n_classes - 1))),
+                       "service rate": lambda m, h: _classes_like(m, service=PH(m.service.alpha, m.service.T * (1 + h))),
+                       "batch_sizes": lambda m, h: _classes_like(m, batch_sizes=[
+                           p if p.shape[0] < 2 else p + h * jnp.zeros_like(p).at[0].set(1.0).at[1].set(-1.0)
+                           for p in m.batch_sizes]),
+                       "helper_rates": lambda m, h: _classes_like(m, helper_rates=list(m.helper_rates + h)),
+                       "d": lambda m, h: _classes_like(m, d=[_shift_choice(c, h) for c in m.choices])},
+        metrics=_classes_metrics,
     ),
     "retrial": Family(
         "retrial", RetrialJSQ, frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,

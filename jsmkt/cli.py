@@ -64,9 +64,11 @@ def _simulated_service(spec: dict[str, Any], model, service) -> dict[str, Any]:
 
     if service is not None:
         out = {"kind": spec["simulation"]["service"]["kind"], "source": "[simulation.service]"}
-    elif isinstance(model, JSQdPH):
-        out = {"kind": spec["service"]["kind"], "source": "[service]"}
+    elif isinstance(model, JSQdPH) or "service" in spec:
+        out = {"kind": spec["service"].get("kind", "ph"), "source": "[service]"}
         service = model.service
+    elif hasattr(model, "service"):
+        return {"kind": "exponential", "source": "mu", "mean": float(model.service.mean), "scv": 1.0}
     else:
         return {"kind": "exponential", "source": "mu", "mean": 1.0 / float(model.mu), "scv": 1.0}
     out["mean"], out["scv"] = float(service.mean), float(service.scv)
