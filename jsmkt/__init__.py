@@ -42,6 +42,7 @@ from ._metrics import utilisation as utilisation
 from ._models.base import AbstractDescribedModel as AbstractDescribedModel
 from ._models.base import AbstractSupermarketModel as AbstractSupermarketModel
 from ._models.batch import JSQdBatch as JSQdBatch
+from ._models.batch_service import JSQdBatchService as JSQdBatchService
 from ._models.classes import JSQdClasses as JSQdClasses
 from ._models.description import INELIGIBLE as INELIGIBLE
 from ._models.description import Description as Description
@@ -93,6 +94,7 @@ __all__ = [
     "InterpolatedChoice",
     "JSQd",
     "JSQdBatch",
+    "JSQdBatchService",
     "JSQdClasses",
     "JSQdPH",
     "LocalEvent",

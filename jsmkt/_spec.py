@@ -3,7 +3,8 @@
 ```toml
 model = "jsq-ph"      # "jsq" (exponential service), "jsq-ph", "jsq-batch" (batch_rate, batch_sizes, d, mu, K),
                       # "jsq-classes" ([[classes]] tables of lam, d, batch_sizes; mu or [service]; optional
-                      # [[helpers]] tables of rate and f, helpers that serve the longest of f queues; K) or
+                      # [[helpers]] tables of rate and f, helpers that serve the longest of f queues; K),
+                      # "jsq-batch-service" (lam, d, [service] epochs, service_batch_sizes, K) or
                       # "retrial" (lam, theta, d1, d2, mu, retrial = "reprobe"|"own", policy = "linear"|"constant", K)
                       # or "repairable" (lam, alpha, beta, d1, d2, mu, arrival = "A1"|"A2", repair = "R1"|"R2"|"R3",
                       # j for R3, K)
@@ -40,6 +41,7 @@ import jax.numpy as jnp
 from ._distributions.fit import fit_ph2_three_moments
 from ._distributions.ph import PH, coxian, coxian2, erlang, exponential, hyperexponential, hyperexponential2
 from ._models.batch import JSQdBatch
+from ._models.batch_service import JSQdBatchService
 from ._models.classes import JSQdClasses
 from ._models.jsqd import JSQd
 from ._models.jsqd_ph import JSQdPH
@@ -303,6 +305,17 @@ def _classes_text(m) -> str:
     return "   ".join(parts)
 
 
+def _jsq_batch_service(spec: dict[str, Any], where: str):
+    return JSQdBatchService(_number(spec, "lam", where), service_from_spec(_require(spec, "service", where)),
+                            jnp.asarray(_numbers(spec, "service_batch_sizes", where), dtype=float),
+                            d=_choice_number(spec, where), K=_integer(spec, "K", where, None))
+
+
+def _batch_service_like(m, **changes):
+    kw = dict(lam=m.lam, service=m.service, service_batch_sizes=m.service_batch_sizes, d=m.choice, K=m.K)
+    return JSQdBatchService(**(kw | changes))
+
+
 def _retrial(spec: dict[str, Any], where: str):
     return RetrialJSQ(_number(spec, "lam", where), _number(spec, "theta", where),
                       d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
@@ -352,6 +365,11 @@ def _retrial_metrics(model, fp) -> dict[str, float]:
 
 
 def _service_text(model) -> str:
+    if isinstance(model, JSQdBatchService) and model.m == 1:
+        return f"service epochs: exponential, rate mu = {1.0 / float(model.service.mean):.6g}"
+    if isinstance(model, JSQdBatchService):
+        s = model.service
+        return f"service epochs: PH of order {s.order}, mean {float(s.mean):.6g}, SCV {float(s.scv):.6g}"
     if isinstance(model, JSQdClasses) and model.m == 1:
         return f"service: exponential, rate mu = {1.0 / float(model.service.mean):.6g}"
     if isinstance(model, (JSQdPH, JSQdClasses)):
@@ -457,6 +475,24 @@ FAMILIES: dict[str, Family] = {
                        "helper_rates": lambda m, h: _classes_like(m, helper_rates=list(m.helper_rates + h)),
                        "d": lambda m, h: _classes_like(m, d=[_shift_choice(c, h) for c in m.choices])},
         metrics=_classes_metrics,
+    ),
+    "jsq-batch-service": Family(
+        "jsq-batch-service", JSQdBatchService, frozenset({"lam", "d", "K", "service", "service_batch_sizes"}),
+        _jsq_batch_service,
+        parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean),
+                              "service_batch_sizes": [float(p) for p in m.service_batch_sizes]},
+        describe=lambda m: (f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}   service batches "
+                            f"1..{m.service_batch_sizes.shape[0]} (mean {float(m.mean_service_batch_size):.6g})"),
+        examples=lambda: {"batch-service-h2": JSQdBatchService(1.2, hyperexponential2(1.0, 2.0), jnp.array([0.5, 0.5]),
+                                                               d=2, K=32),
+                          "batch-service-exp-d3": JSQdBatchService(1.4, exponential(1.0), jnp.full(3, 1 / 3), d=3,
+                                                                   K=24)},
+        perturbations={"lam": lambda m, h: _batch_service_like(m, lam=m.lam + h),
+                       "service rate": lambda m, h: _batch_service_like(m, service=PH(m.service.alpha,
+                                                                                      m.service.T * (1 + h))),
+                       "service_batch_sizes": lambda m, h: _batch_service_like(
+                           m, service_batch_sizes=m.service_batch_sizes
+                           + h * jnp.zeros_like(m.service_batch_sizes).at[0].set(1.0).at[1].set(-1.0))},
     ),
     "retrial": Family(
         "retrial", RetrialJSQ, frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,
