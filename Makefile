@@ -56,6 +56,7 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/retrial/plot.py
 	$(BIN)/python experiments/repair/compute.py
 	$(BIN)/python experiments/repair/plot.py
+	$(BIN)/python experiments/framework/compute.py
 
 experiments-quick: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py --quick
@@ -69,6 +70,7 @@ experiments-quick: $(STAMP)
 	$(BIN)/python experiments/retrial/validate.py --quick
 	$(BIN)/python experiments/repair/compute.py --quick
 	$(BIN)/python experiments/repair/plot.py --quick
+	$(BIN)/python experiments/framework/compute.py --quick
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache
