@@ -87,10 +87,12 @@ class JSQdBatchService(AbstractDescribedModel):
 
     @property
     def m(self) -> int:
+        """Number of phases of a service epoch."""
         return self.service.order
 
     @property
     def d(self):
+        """Mean choice number E[D] (the integer d for a fixed choice)."""
         return self.choice.number
 
     @property

@@ -166,6 +166,7 @@ class JSQdClasses(AbstractDescribedModel):
 
     @property
     def n_classes(self) -> int:
+        """Number of arrival classes."""
         return self.lam.shape[0]
 
     @property
