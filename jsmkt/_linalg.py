@@ -246,12 +246,12 @@ class _Grid(NamedTuple):
     n: int
     K: int  # levels
     m: int  # slots per level
-    b: int  # levels per super-block: max(bandwidth, 1)
+    b: int  # levels per super-block (at least max(bandwidth, 1))
     N: int  # super-blocks
     B: int  # super-block size b * m
     src: np.ndarray  # (N*B,) the unknown in each slot; n for a dummy slot
     out_src: np.ndarray  # (n,) where unknown i is in [grid solution, border solution]
-    probes: np.ndarray  # ((2b+1) m, n) bool: probe c*m + j is column j of every interior level of colour c
+    probes: np.ndarray  # ((2 band + 1) m, n) bool: probe c*m + j is column j of every interior level of colour c
     band: np.ndarray  # (N, B, 3B) where [L_r, D_r, U_r] is in [products (flat), 0, 1] (see `_band_blocks`)
     border: np.ndarray  # (p,)
 
@@ -269,9 +269,11 @@ def _interior_sizes(levels, border) -> tuple[int, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=32)
-def _grid(levels: tuple[int, ...], bandwidth: int, border: tuple[int, ...]) -> _Grid:
+def _grid(levels: tuple[int, ...], bandwidth: int, border: tuple[int, ...], block_levels: int | None = None) -> _Grid:
     """The grid of the interior unknowns: border unknowns take no slot (their levels do not count), so a border
-    unknown on a level of its own or beside the unknowns of a level does not enlarge the grid."""
+    unknown on a level of its own or beside the unknowns of a level does not enlarge the grid. Super-blocks hold
+    `block_levels` levels (at least the bandwidth; by default the bandwidth): any such size makes the padded matrix
+    block tridiagonal, read off the same $(2b + 1) m$ products."""
     lv = np.asarray(levels, dtype=np.int64)
     n = lv.size
     border_arr = np.asarray(border, dtype=np.int64)
@@ -279,7 +281,10 @@ def _grid(levels: tuple[int, ...], bandwidth: int, border: tuple[int, ...]) -> _
     interior[border_arr] = False
     base, sizes = _interior_sizes(levels, border)
     K, m = sizes.size, int(sizes.max())
-    b = max(bandwidth, 1)
+    band = max(bandwidth, 1)
+    b = band if block_levels is None else block_levels
+    if b < band:
+        raise ValueError(f"block_levels={block_levels} must be at least the bandwidth {band}")
     N = -(-K // b)
     B, Kp = b * m, N * b
     first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -291,7 +296,7 @@ def _grid(levels: tuple[int, ...], bandwidth: int, border: tuple[int, ...]) -> _
     out_src = np.empty(n, dtype=np.int64)
     out_src[interior] = slot
     out_src[border_arr] = Kp * m + np.arange(border_arr.size)
-    colours = 2 * b + 1  # columns of levels 2b + 1 apart never meet in a row
+    colours = 2 * band + 1  # columns of levels 2 band + 1 apart never meet in a row
     probes = np.zeros((colours * m, n), dtype=bool)
     probes[(lv_in % colours) * m + offset, np.nonzero(interior)[0]] = True
     # Entry (row i of level r b + p, column j of level (r - 1) b + t) of super-block row r: entry (unknown of the
@@ -302,7 +307,7 @@ def _grid(levels: tuple[int, ...], bandwidth: int, border: tuple[int, ...]) -> _
     row_unknown = src[row_level * m + i]
     on_grid = (col_level >= 0) & (col_level < Kp)
     col_real = src[np.where(on_grid, col_level, 0) * m + j] < n
-    inside = (np.abs(col_level - row_level) <= b) & on_grid & col_real & (row_unknown < n)
+    inside = (np.abs(col_level - row_level) <= band) & on_grid & col_real & (row_unknown < n)
     P = colours * m
     band = np.where(inside, ((col_level % colours) * m + j) * n + row_unknown, P * n)
     band = np.where((row_unknown == n) & (col_level == row_level) & (j == i), P * n + 1, band)
@@ -374,12 +379,13 @@ class BlockBanded(lx.AbstractLinearSolver):
 
     levels: tuple[int, ...] = eqx.field(static=True, converter=_as_indices)
     bandwidth: int = eqx.field(static=True, converter=_index)
+    block_levels: int | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         _check_structure(self.levels, self.bandwidth)
 
     def _grid(self) -> _Grid:
-        return _grid(self.levels, self.bandwidth, ())
+        return _grid(self.levels, self.bandwidth, (), self.block_levels)
 
     def init(self, operator, options):
         del options
@@ -440,6 +446,7 @@ class Bordered(lx.AbstractLinearSolver):
     levels: tuple[int, ...] = eqx.field(static=True, converter=_as_indices)
     bandwidth: int = eqx.field(static=True, converter=_index)
     border: tuple[int, ...] = eqx.field(static=True, converter=_as_border)
+    block_levels: int | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         _check_structure(self.levels, self.bandwidth, self.border)
@@ -447,7 +454,7 @@ class Bordered(lx.AbstractLinearSolver):
             raise ValueError("Bordered needs at least one border unknown; without a border use BlockBanded")
 
     def _grid(self) -> _Grid:
-        return _grid(self.levels, self.bandwidth, self.border)
+        return _grid(self.levels, self.bandwidth, self.border, self.block_levels)
 
     def init(self, operator, options):
         del options

@@ -1,14 +1,41 @@
-import jax
-import jax.random as jr
-import pytest
+import os
+import pathlib
 
-import jsmkt  # noqa: F401  (enables float64)
+
+def _test_compiler_settings():
+    """Compilation dominates the suite, so the tests compile for speed of compilation: XLA's CPU backend at
+    optimisation level 0 (about a third less CPU time; the kernels run slower, which the tests do not measure), and
+    JAX's persistent compilation cache, so that a function compiled again after `jax.clear_caches` (below), or by
+    the slow suite after the default one, is read back instead. Each pytest-xdist worker has a cache of its own
+    (no two processes write one entry). `JSMKT_TEST_JAX_CACHE` moves the caches (`off`: none);
+    `JSMKT_TEST_XLA_OPT=default` keeps XLA's own optimisation level."""
+    if os.environ.get("JSMKT_TEST_XLA_OPT", "0") != "default" and "xla_backend_optimization_level" not in \
+            os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+    root = os.environ.get("JSMKT_TEST_JAX_CACHE", str(pathlib.Path(__file__).resolve().parents[1] / ".cache" / "jax"))
+    if root.lower() in ("off", "0", "none", ""):
+        return None
+    return pathlib.Path(root) / os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+_CACHE = _test_compiler_settings()  # before JAX starts its backend
+
+import jax  # noqa: E402
+import jax.random as jr  # noqa: E402
+import pytest  # noqa: E402
+
+import jsmkt  # noqa: E402, F401  (enables float64)
+from jsmkt import _maps  # noqa: E402
 
 
 jax.config.update("jax_enable_x64", True)
 # Strict promotion, as in the JAX libraries we build on: silent int/float or rank promotion hides bugs.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+if _CACHE is not None:
+    jax.config.update("jax_compilation_cache_dir", str(_CACHE))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture
@@ -22,11 +49,13 @@ def getkey():
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _fresh_compilation_caches():
-    """Drop JAX's compiled executables after each test module. XLA's CPU backend maps every compiled kernel into
-    memory separately (three maps each); holding all of the suite's executables took the process to about 64,300
-    memory maps, just under Linux's default limit of 65,530 (`vm.max_map_count`), past which the next compilation
-    crashes the process (`jsmkt._maps`). That was the rare crash of full test runs. Cleared per module, the suite
-    stays far below the limit."""
+def _bounded_compilation_caches():
+    """Drop JAX's compiled executables after a test module when the process holds more than a third of its
+    memory-map limit. XLA's CPU backend maps every compiled kernel into memory separately (three maps each);
+    holding all of the suite's executables took a process to about 64,300 memory maps, just under Linux's
+    default limit of 65,530 (`vm.max_map_count`), past which the next compilation crashes the process
+    (`jsmkt._maps`). Below a third of the limit the executables are kept, so that the next modules reuse them."""
     yield
-    jax.clear_caches()
+    usage = _maps.map_usage()
+    if usage is None or 3 * usage[0] > usage[1]:
+        jax.clear_caches()
