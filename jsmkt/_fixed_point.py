@@ -17,7 +17,6 @@ from jaxtyping import Array, PyTree
 
 from . import _maps
 from ._errors import all_finite, error_if, is_concrete
-from ._integrate import steady_state
 from ._linalg import NeverFails
 from ._models.base import AbstractSupermarketModel
 from ._models.structure import linear_solver as structure_solver
@@ -229,6 +228,8 @@ def solve_fixed_point(
         if newton_failed and x0 is None:
             # Newton did not converge from the model's initial guess (it diverged, stalled, met a singular or
             # non-finite linear system): start it from the ODE's steady state instead.
+            from ._integrate import steady_state  # Diffrax, imported only when needed (the CLI's start-up)
+
             y_ode, _ = steady_state(model, rtol=1e-8, atol=1e-10, throw=False)
             fp = _solve(model, y_ode, rtol, atol, max_steps, tail_tol, False, adjoint, linear_solver)
         if not (auto_K and fp.result == RESULTS.truncation_too_small and model.K < max_K):

@@ -5,7 +5,12 @@ jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--au
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
                [--max-queue Q] [--cpu-devices K] [--progress]
 ```
+Every command also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`).
 Bad specifications give one error line on stderr and exit code 2.
+
+JAX (about a second to import) is imported only once the spec and the options are checked (`_spec.parse_spec` reads
+a spec without it), so that `--help` and those errors answer at once; its compilation cache then spares later runs
+of the same model structure the compilations.
 """
 
 import argparse
@@ -18,10 +23,16 @@ import sys
 import warnings
 from typing import Any
 
-import numpy as np
-
-from ._choice import choice_support
-from ._spec import SpecError, describe_model, family_of, load_spec, model_from_spec, simulation_from_spec
+from ._spec import (
+    SpecError,
+    build_model,
+    describe_model,
+    family_of,
+    load_spec,
+    parse_simulation,
+    parse_spec,
+    simulation_from_spec,
+)
 
 
 _SEED_RANGE = (-(2**63), 2**63 - 1)  # what jax.random.PRNGKey accepts
@@ -77,8 +88,10 @@ def _simulated_service(spec: dict[str, Any], model, service) -> dict[str, Any]:
     return out
 
 
-def _trim(tails: np.ndarray, floor: float = 1e-300) -> list[float]:
+def _trim(tails, floor: float = 1e-300) -> list[float]:
     """Tails from k = 0 up to the last entry above `floor` (the rest is 0 to float64 precision)."""
+    import numpy as np
+
     keep = np.nonzero(tails > floor)[0]
     n = int(keep[-1]) + 1 if len(keep) else 1
     return [float(x) for x in tails[:n]]
@@ -99,11 +112,12 @@ def _auto_max_K(K: int) -> int:
     return max(_solver_default("max_K"), 16 * K)
 
 
-def _too_small(K: int, found: str, suggest: int | None, auto_K: bool, max_K: int) -> SpecError:
+def _too_small(K: int, found: str, suggest: int | None, grown_by: str | None, max_K: int) -> SpecError:
     """The error for a truncation level `K` that is too small; `suggest` is a larger K that works (None: none up to
-    `max_K` does; 0: not known)."""
+    `max_K` does; 0: not known); `grown_by` says what grew K up to `max_K` (`--auto-K`, or the default K of a
+    spec without one), None when K was not grown."""
     if suggest is None:
-        advice = (f"--auto-K stopped at K={max_K}: " if auto_K else "") + \
+        advice = (f"{grown_by} stopped at K={max_K}: " if grown_by else "") + \
             f"K would need to exceed {max_K} for this model (lower the load or the service SCV)"
     elif suggest == 0:
         advice = "raise K in the spec or pass --auto-K"
@@ -112,11 +126,20 @@ def _too_small(K: int, found: str, suggest: int | None, auto_K: bool, max_K: int
     return SpecError(f"K={K} is too small: {found}; {advice}")
 
 
+def _grown_by(args, K_given: bool) -> str | None:
+    """What grows K until the tail mass at K is negligible: `--auto-K`, or for a spec without K its default (a
+    heuristic, which the solver's check may find too small); None when the spec's K stands."""
+    return "--auto-K" if args.auto_K else None if K_given else "the default K"
+
+
 def _solve_exact(
-    model, auto_K: bool, servers: int | None = None, sampling: str = "with_replacement"
+    model, grown_by: str | None, servers: int | None = None, sampling: str = "with_replacement"
 ) -> tuple[dict[str, Any], Any]:
+    import numpy as np
+
     import jsmkt
 
+    auto_K = grown_by is not None
     try:
         fp = jsmkt.solve_fixed_point(model, auto_K=auto_K, max_K=_auto_max_K(model.K))
     except jsmkt.TruncationError as e:
@@ -129,7 +152,7 @@ def _solve_exact(
                 pass
             except (ValueError, RuntimeError):  # e.g. too large to solve: no K to suggest
                 enough = 0
-        raise _too_small(e.K, found, enough, e.auto_K, _auto_max_K(model.K)) from None
+        raise _too_small(e.K, found, enough, grown_by if e.auto_K else None, _auto_max_K(model.K)) from None
     model = fp.model
     s = np.asarray(jsmkt.tails(model, fp))
     out = {
@@ -160,6 +183,8 @@ def _solve_exact(
 
 def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
     """The 1/N-refined mean field with `n` servers (expected values to order 1/N)."""
+    import numpy as np
+
     import jsmkt
     from ._refined import _with_sampling_eps
 
@@ -205,8 +230,11 @@ def _outside_unit_interval(r: dict[str, Any]) -> list[str]:
     return [f"{name} = {v:.4g}" for name, v in values if not 0.0 <= v <= 1.0]
 
 
-def _published_tails(model, K: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The published s_0..s_K and, for PH service, the phase tails pi_1..pi_K."""
+def _published_tails(model, K: int):
+    """The published s_0..s_K and, for PH service, the phase tails pi_1..pi_K (NumPy arrays; None without
+    phases)."""
+    import numpy as np
+
     import jsmkt
     from ._models.jsqd_ph import JSQdPH
 
@@ -217,9 +245,10 @@ def _published_tails(model, K: int) -> tuple[np.ndarray, np.ndarray | None]:
     return np.asarray(pub.exponential_tails(model.lam, model.choice.d, model.mu, K)), None
 
 
-def _published_K(model, auto_K: bool) -> int:
-    """The spec's K, or with `auto_K` K doubled until the published s_K is at most the exact solver's `tail_tol`
-    (up to its `max_K`); a `SpecError` like the exact solver's when K is too small."""
+def _published_K(model, grown_by: str | None) -> int:
+    """The spec's K, or when `grown_by` says what grows it, K doubled until the published s_K is at most the exact
+    solver's `tail_tol` (up to its `max_K`); a `SpecError` like the exact solver's when K is too small."""
+    auto_K = grown_by is not None
     tol, max_K = _solver_default("tail_tol"), _auto_max_K(model.K)
     K = enough = model.K
     while (tail := float(_published_tails(model, enough)[0][-1])) > tol and enough < max_K:
@@ -227,10 +256,12 @@ def _published_K(model, auto_K: bool) -> int:
     if tail <= tol and (auto_K or enough == K):
         return enough
     found = f"the published s_K is {float(_published_tails(model, K)[0][-1]):.3g} > tail_tol={tol:.3g}"
-    raise _too_small(K, found, enough if tail <= tol else None, auto_K, max_K)
+    raise _too_small(K, found, enough if tail <= tol else None, grown_by, max_K)
 
 
-def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
+def _solve_published(model, grown_by: str | None = None) -> tuple[dict[str, Any], Any]:
+    import numpy as np
+
     import jsmkt
     from ._choice import FixedChoice
     from ._models.jsqd_ph import JSQdPH
@@ -242,7 +273,7 @@ def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
                 if whole is not None else "")
         raise SpecError(f"--as-published needs an integer d (the published formulas have no randomised d){hint}")
     d = model.choice.d
-    K = _published_K(model, auto_K)
+    K = _published_K(model, grown_by)
     if K != model.K:
         model = model.with_K(K)
     s, pi = _published_tails(model, model.K)
@@ -409,6 +440,10 @@ def _print_refined(r: dict[str, Any]) -> None:
 
 def _check_servers(model, n: int, sampling: str) -> None:
     """`--servers N` must be >= 1, and at least the largest choice number when sampling without replacement."""
+    import numpy as np
+
+    from ._choice import choice_support
+
     if n < 1:
         raise SpecError(f"--servers={n} must be >= 1")
     max_d = max((choice_support(np.asarray(disp.choice.weights())) or (1, 1))[1]
@@ -419,20 +454,24 @@ def _check_servers(model, n: int, sampling: str) -> None:
 
 
 def _cmd_solve(args) -> int:
-    spec = load_spec(args.spec)
-    model = model_from_spec(spec, where=args.spec)
-    sampling = simulation_from_spec(spec, where=args.spec).get("sampling", "with_replacement")  # as simulate samples
+    parsed = _parse(args)
+    sampling = parse_simulation(parsed.spec, where=args.spec).get("sampling", "with_replacement")  # as simulate
     if args.servers is not None:
         if args.as_published:
             raise SpecError("--servers (refined mean field) applies to the exact mean field, not --as-published")
-        _check_servers(model, args.servers, sampling)
+        if args.servers < 1:
+            raise SpecError(f"--servers={args.servers} must be >= 1")
+    if args.as_published and not parsed.family.published:
+        raise SpecError(f"--as-published: model = {parsed.family.name!r} has no published form in jsmkt; solve it "
+                        "without --as-published (the exact mean field)")
     if args.plot:
         _check_plot_path(args.plot)
-    if args.as_published and not family_of(model).published:
-        raise SpecError(f"--as-published: model = {family_of(model).name!r} has no published form in jsmkt; solve it "
-                        "without --as-published (the exact mean field)")
-    out, model = (_solve_published(model, args.auto_K) if args.as_published
-                  else _solve_exact(model, args.auto_K, args.servers, sampling))
+    model = _build(parsed, args)
+    if args.servers is not None:
+        _check_servers(model, args.servers, sampling)
+    grown_by = _grown_by(args, parsed.K_given)
+    out, model = (_solve_published(model, grown_by) if args.as_published
+                  else _solve_exact(model, grown_by, args.servers, sampling))
     if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
         _plot(out, args.plot, f"{_describe(model).splitlines()[0]} ({out['variant']})")
     if args.format == "json":
@@ -449,29 +488,30 @@ def _cmd_solve(args) -> int:
     return 0
 
 
-def _use_cpu_devices(requested: int | None) -> None:
-    """Expose the CPU's cores as `requested` JAX devices (default: all cores), so that `simulate` runs
-    replications on them in parallel."""
-    from ._config import max_cpu_devices, too_many_cpu_devices, use_cpu_cores
+def _check_cpu_devices(requested: int | None) -> None:
+    from ._config import max_cpu_devices, too_many_cpu_devices
 
     if requested is not None and requested < 1:
         raise SpecError(f"--cpu-devices={requested} must be >= 1")
     if requested is not None and requested > max_cpu_devices():
         raise SpecError(f"--cpu-devices={requested} exceeds {too_many_cpu_devices()}")
+
+
+def _use_cpu_devices(requested: int | None) -> None:
+    """Expose the CPU's cores as `requested` JAX devices (default: all cores), so that `simulate` runs
+    replications on them in parallel."""
+    from ._config import use_cpu_cores
+
+    _check_cpu_devices(requested)
     if not use_cpu_cores(requested) and requested is not None:
         print(f"jsmkt: note: --cpu-devices={requested} ignored, JAX's devices were already set up", file=sys.stderr)
 
 
 def _cmd_simulate(args) -> int:
-    _use_cpu_devices(args.cpu_devices)
-    import jax.random as jr
-
-    import jsmkt
-
-    spec = load_spec(args.spec)
-    model = model_from_spec(spec, where=args.spec)
-    kwargs = simulation_from_spec(spec, where=args.spec)
-    _check_servers(model, args.servers, kwargs.get("sampling", "with_replacement"))
+    parsed = _parse(args)
+    parse_simulation(parsed.spec, where=args.spec)
+    if args.servers < 1:
+        raise SpecError(f"--servers={args.servers} must be >= 1")
     if not (args.time > 0 and math.isfinite(args.time)):
         raise SpecError(f"--time={args.time} must be a positive finite time")
     if args.warmup is not None and not (math.isfinite(args.warmup) and 0 <= args.warmup < args.time):
@@ -483,6 +523,15 @@ def _cmd_simulate(args) -> int:
                         f"{_SEED_RANGE[1]}")
     if args.max_queue is not None and args.max_queue < 1:
         raise SpecError(f"--max-queue={args.max_queue} must be >= 1")
+    _check_cpu_devices(args.cpu_devices)
+    _use_cpu_devices(args.cpu_devices)  # before JAX's first computation
+    import jax.random as jr
+
+    import jsmkt
+
+    model = _build(parsed, args)
+    kwargs = simulation_from_spec(parsed.spec, where=args.spec)
+    _check_servers(model, args.servers, kwargs.get("sampling", "with_replacement"))
     options = lambda text: _SIMULATE_OPTIONS.sub(lambda m: _SIMULATE_OPTION_NAMES[m.group(1)], text)  # noqa: E731
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -496,7 +545,7 @@ def _cmd_simulate(args) -> int:
         raise SpecError(options(str(e))) from None
     for w in caught:  # one line each, in the options' names
         print(f"jsmkt: warning: {options(str(w.message))}", file=sys.stderr)
-    service = _simulated_service(spec, model, kwargs.get("service"))
+    service = _simulated_service(parsed.spec, model, kwargs.get("service"))
     out = res.to_dict()
     out = {"variant": "simulation", "model": type(model).__name__, "service": service, **out}
     if args.format == "json":
@@ -508,11 +557,82 @@ def _cmd_simulate(args) -> int:
     return 0
 
 
+CACHE_ENV = "JSMKT_CACHE_DIR"
+_CACHE_OFF = "off"
+# Every compilation is cached: the CLI's kernels compile in 0.01-2 s each, and a cached one loads in a few ms.
+_CACHE_MIN_COMPILE_SECONDS = 0.0
+
+
+def _cache_dir(args) -> str | None:
+    """jsmkt's cache folder for this run, `None` when the cache is off: `--no-cache` turns it off; else
+    `--cache-dir DIR`, else `$JSMKT_CACHE_DIR` (`off` turns it off), else the user's cache folder,
+    `$XDG_CACHE_HOME/jsmkt` or `~/.cache/jsmkt`. JAX's persistent compilation cache is its subfolder `jax`."""
+    if args.no_cache:
+        return None
+    path = args.cache_dir if args.cache_dir is not None else os.environ.get(CACHE_ENV)
+    if path is not None and path.strip().lower() == _CACHE_OFF:
+        return None
+    if not path:
+        root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(root, "jsmkt")
+    return os.path.expanduser(path)
+
+
+def _use_compilation_cache(args) -> None:
+    """Turn on JAX's persistent compilation cache in `_cache_dir(args)` (the library never does: only the CLI, whose
+    every run is a new process). A folder that cannot be written gives a warning, and the run goes on without the
+    cache. Without a jsmkt option or variable, a cache that JAX was told to use (`JAX_COMPILATION_CACHE_DIR`) is
+    left as it is."""
+    import jax
+
+    path = _cache_dir(args)
+    if path is None:
+        return
+    explicit = args.cache_dir is not None or os.environ.get(CACHE_ENV)
+    if not explicit and jax.config.jax_compilation_cache_dir:
+        return
+    folder = os.path.join(path, "jax")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as e:
+        print(f"jsmkt: warning: cannot use the compilation cache in {folder} ({e.strerror or e}); running without it "
+              f"(pass --cache-dir DIR, or --no-cache)", file=sys.stderr)
+        return
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", _CACHE_MIN_COMPILE_SECONDS)
+
+
+def _parse(args):
+    """The spec file `args.spec`, read and checked (family, keys, types) without importing JAX."""
+    return parse_spec(load_spec(args.spec), where=args.spec)
+
+
+def _build(parsed, args):
+    """The model of a checked spec. JAX is imported here: its compilation cache is set up first."""
+    _use_compilation_cache(args)
+    return build_model(parsed)
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every command takes."""
+    c = argparse.ArgumentParser(add_help=False)
+    g = c.add_argument_group("compilation cache")
+    g.add_argument("--cache-dir", metavar="DIR", default=None,
+                   help=f"keep JAX's compiled kernels in DIR/jax, so that later runs of the same model structure skip "
+                        f"compiling (default: ${CACHE_ENV}, else $XDG_CACHE_HOME/jsmkt or ~/.cache/jsmkt; "
+                        f"{CACHE_ENV}=off turns the cache off)")
+    g.add_argument("--no-cache", action="store_true", help="do not read or write the compilation cache")
+    return c
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jsmkt", description="Mean-field solver and simulator for supermarket models.")
     sub = p.add_subparsers(dest="command", required=True)
+    common = _common_options()
 
-    s = sub.add_parser("solve", help="solve the mean-field fixed point of a model spec (TOML)")
+    s = sub.add_parser("solve", parents=[common], help="solve the mean-field fixed point of a model spec (TOML)")
     s.add_argument("spec", help="TOML model specification (see examples/)")
     s.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     s.add_argument("--plot", metavar="FILE", help="write a plot of the tails to FILE (png, pdf, svg)")
@@ -522,7 +642,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also give the refined mean field (1/N correction) for N servers")
     s.set_defaults(func=_cmd_solve)
 
-    m = sub.add_parser("simulate", help="simulate the finite-N system of a model spec (TOML)")
+    m = sub.add_parser("simulate", parents=[common], help="simulate the finite-N system of a model spec (TOML)")
     m.add_argument("spec", help="TOML model specification (see examples/); an optional [simulation] table sets "
                    "sampling and may replace the service")
     m.add_argument("--servers", type=int, required=True, help="number of servers N")

@@ -1,8 +1,15 @@
+import os
+
 import jax
 import jax.random as jr
 import pytest
 
 import jsmkt  # noqa: F401  (enables float64)
+
+
+# The CLI's persistent compilation cache stays off in the tests (they call `jsmkt.cli.main` in this process, where it
+# would turn on JAX's cache for every later test); tests of the cache run the console script in a subprocess.
+os.environ["JSMKT_CACHE_DIR"] = "off"
 
 
 jax.config.update("jax_enable_x64", True)

@@ -336,18 +336,21 @@ def test_truncation_errors_point_to_the_spec_and_auto_K(tmp_path, capsys, monkey
                    "the load or the service SCV)\n")
 
 
-def test_auto_K_grows_a_default_K_above_max_K(tmp_path, capsys):
-    # Regression: M/M/1 at lam = 0.9999 gets a default K of 40281 (> max_K = 4096), too small; --auto-K did not
-    # grow it and said "K would need to exceed 40281", and the error without --auto-K suggested K=80562, too small.
+def test_a_default_K_that_is_too_small_grows(tmp_path, capsys):
+    """Issue 25: a spec without K failed with "raise K in the spec" when its default K (a heuristic) was too small;
+    it now grows, as with --auto-K, above the solver's max_K too. M/M/1 at lam = 0.9999 gets a default K of 40281,
+    too small (regressions: --auto-K did not grow a K above max_K = 4096, and the error suggested K=80562, too
+    small too). A K given in the spec stands: too small, it is an error that suggests the K that works."""
     spec = tmp_path / "m.toml"
     spec.write_text('model = "jsq"\nlam = 0.9999\nd = 1\n')
-    code, out, err = run(["solve", str(spec)], capsys)
-    assert code == 2 and err.startswith("jsmkt: error: K=40281 is too small") and "(e.g. K=161124)" in err
-    code, out, err = run(["solve", str(spec), "--auto-K", "--format", "json"], capsys)
+    code, out, err = run(["solve", str(spec), "--format", "json"], capsys)
     assert code == 0, err
     res = json.loads(out)
     assert res["K"] == 161124 and res["tail_mass_at_K"] <= 1e-10
     np.testing.assert_allclose(res["tail"][1:6], 0.9999 ** np.arange(1, 6), rtol=1e-9)  # M/M/1: s_k = lam^k
+    spec.write_text('model = "jsq"\nlam = 0.9999\nd = 1\nK = 40281\n')
+    code, out, err = run(["solve", str(spec)], capsys)
+    assert code == 2 and err.startswith("jsmkt: error: K=40281 is too small") and "(e.g. K=161124)" in err
 
 
 def test_refined_mean_field_out_of_range_is_flagged(tmp_path, capsys):

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import jax.random as jr
 import jax.scipy.linalg as jsl
 import numpy as np
-import scipy.linalg
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._errors import TINY as _TINY
@@ -106,6 +105,8 @@ def _check_scale(alpha: np.ndarray, T: np.ndarray) -> None:
     r"""Refuse a PH whose first two moments leave the normal float64 range (its SCV, variance and the solvers'
     truncation levels need them): $E[S] = \alpha(-T)^{-1}\mathbf1$ and $E[S^2] = 2\alpha(-T)^{-2}\mathbf1$ from every
     phase, so that no moment is 0 * inf (NaN)."""
+    import scipy.linalg  # here, not at the top: only PH constructions need it (the CLI's start-up)
+
     if not np.any(np.tril(T, -1)):  # Erlang, Coxian, hyperexponential: O(m^2) back substitution
         solve = functools.partial(scipy.linalg.solve_triangular, -T, check_finite=False)
     else:
