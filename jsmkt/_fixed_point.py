@@ -63,6 +63,8 @@ def _nan_derivatives_jvp(primals, tangents):
 
 @eqx.filter_jit
 def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None):
+    if y0 is None:  # the model's initial guess, Newton's starting point (no derivatives flow through it)
+        y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, model.initial_guess())
     y0, result = check_values(model, y0, throw)
     if adjoint is None:
         # With throw=False a failed entry must not raise inside jvp/grad (Lineax's default), which would sink a
@@ -92,13 +94,6 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None)
         y = _nan_derivatives(y, eqx.filter(model, eqx.is_inexact_array), poison)
     return FixedPoint(value=y, result=out, tail_mass=tail_mass, residual=residual, model=model,
                       stats={"num_steps": sol.stats["num_steps"]})
-
-
-@eqx.filter_jit
-def _initial_guess(model: AbstractSupermarketModel) -> PyTree[Array]:
-    """`model.initial_guess()`, compiled once per model structure (run eagerly, its `lax.scan` was traced and
-    compiled anew on every call: ~0.2 s)."""
-    return model.initial_guess()
 
 
 _MAX_LINEAR_SYSTEM_BYTES = 2**33  # 8 GiB: Newton's linear system (block diagonals or dense matrix) and its probes
@@ -215,14 +210,19 @@ def solve_fixed_point(
         y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, y0)
         return _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, linear_solver)
 
-    # Concrete inputs: plain Python errors with the offending values.
-    check_size(model, x0)
+    # Concrete inputs: plain Python errors with the offending values; the parameters first (one small compiled
+    # check), before anything the model's size or structure costs.
     if throw:
         model.check_values()
-    _maps.before_compiling("jsmkt.solve_fixed_point", ("fixed_point", _maps.signature((model, x0))))
     while True:
-        fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint,
-                    linear_solver)
+        check_size(model, x0)
+        _maps.before_compiling("jsmkt.solve_fixed_point", ("fixed_point", _maps.signature((model, x0))))
+        if linear_solver is None:
+            # The Jacobian's structure (detected, or a declared one checked, once per model structure) here rather
+            # than inside the trace of `_solve`, where its probe would run operation by operation.
+            structure_solver(model)
+        # With x0 None, `_solve` starts from the model's initial guess, computed in the same compiled call.
+        fp = _solve(model, x0, rtol, atol, max_steps, tail_tol, False, adjoint, linear_solver)
         newton_failed = fp.result not in (RESULTS.successful, RESULTS.unstable, RESULTS.invalid_parameters,
                                           RESULTS.truncation_too_small)
         if newton_failed and x0 is None:

@@ -31,6 +31,7 @@ Numbers are TOML integers or floats (finite), integer keys (`K`, `k`, an integer
 boolean.
 """
 
+import functools
 import math
 import tomllib
 from collections.abc import Callable
@@ -324,10 +325,10 @@ def _classes_like(m, **changes):
     return type(m)(**(kw | changes))
 
 
-def _classes_metrics(model, fp) -> dict[str, float]:
+def _classes_metrics(model, fp) -> dict[str, Any]:
     if model.n_classes == 1:
         return {}
-    return {f"prob_wait_class_{j + 1}": float(jsmkt.prob_wait(model, fp, stream=f"class {j + 1} arrival"))
+    return {f"prob_wait_class_{j + 1}": jsmkt.prob_wait(model, fp, stream=f"class {j + 1} arrival")
             for j in range(model.n_classes)}
 
 
@@ -347,12 +348,12 @@ def _batch_service_like(m, **changes):
     return type(m)(**(kw | changes))
 
 
-def _repairable_metrics(model, fp) -> dict[str, float]:
-    out = {"availability": float(jsmkt.availability(model, fp)),
-           "customers_at_failed_servers": float(jsmkt.customers_at_failed_servers(model, fp)),
-           "repairmen_utilisation": float(jsmkt.repairmen_utilisation(model, fp))}
+def _repairable_metrics(model, fp) -> dict[str, Any]:
+    out = {"availability": jsmkt.availability(model, fp),
+           "customers_at_failed_servers": jsmkt.customers_at_failed_servers(model, fp),
+           "repairmen_utilisation": jsmkt.repairmen_utilisation(model, fp)}
     if model.repair == "R3":
-        out["fraction_failed_waiting"] = float(jsmkt.fraction_failed_waiting(model, fp))
+        out["fraction_failed_waiting"] = jsmkt.fraction_failed_waiting(model, fp)
     return out
 
 
@@ -367,26 +368,39 @@ def _choice_text(model, choice=None) -> str:
     return str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
 
 
-def _retrial_metrics(model, fp) -> dict[str, float]:
-    out = {"mean_orbit_size": float(jsmkt.mean_orbit_size(model, fp)),
-           "prob_blocked": float(jsmkt.prob_blocked(model, fp)),
-           "prob_retrial_success": float(jsmkt.prob_retrial_success(model, fp))}
+def _retrial_metrics(model, fp) -> dict[str, Any]:
+    out = {"mean_orbit_size": jsmkt.mean_orbit_size(model, fp),
+           "prob_blocked": jsmkt.prob_blocked(model, fp),
+           "prob_retrial_success": jsmkt.prob_retrial_success(model, fp)}
     if model.retrial == "reprobe" and model.policy == "linear":
-        out["mean_sojourn_time_tagged"] = float(jsmkt.mean_sojourn_time_tagged(model, fp))
+        out["mean_sojourn_time_tagged"] = jsmkt.mean_sojourn_time_tagged(model, fp)
     return out
 
 
-def _service_text(model) -> str:
+@functools.cache
+def _load_and_service():
+    """`model -> (load, E[S], SCV)` (NaN moments without a PH service), compiled: computed one operation at a
+    time, each would compile on its own in every run of the CLI."""
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    def numbers(model):
+        if not hasattr(model, "service"):
+            return model.load(), jnp.nan, jnp.nan
+        return model.load(), model.service.mean, model.service.scv
+
+    return eqx.filter_jit(numbers)
+
+
+def _service_text(model, mean: float, scv: float) -> str:
     if isinstance(model, jsmkt.JSQdBatchService) and model.m == 1:
-        return f"service epochs: exponential, rate mu = {1.0 / float(model.service.mean):.6g}"
+        return f"service epochs: exponential, rate mu = {1.0 / mean:.6g}"
     if isinstance(model, jsmkt.JSQdBatchService):
-        s = model.service
-        return f"service epochs: PH of order {s.order}, mean {float(s.mean):.6g}, SCV {float(s.scv):.6g}"
+        return f"service epochs: PH of order {model.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
     if isinstance(model, jsmkt.JSQdClasses) and model.m == 1:
-        return f"service: exponential, rate mu = {1.0 / float(model.service.mean):.6g}"
+        return f"service: exponential, rate mu = {1.0 / mean:.6g}"
     if isinstance(model, (jsmkt.JSQdPH, jsmkt.JSQdClasses)):
-        s = model.service
-        return f"service: PH of order {s.order}, mean {float(s.mean):.6g}, SCV {float(s.scv):.6g}"
+        return f"service: PH of order {model.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
     return f"service: exponential, rate mu = {float(model.mu):.6g}"
 
 
@@ -405,7 +419,8 @@ class Family(NamedTuple):
     examples: Callable[[], dict[str, Any]]
     perturbations: dict[str, Callable[[Any, float], Any]]
     published: bool = False  # `jsmkt solve --as-published` applies
-    metrics: Callable[[Any, Any], dict[str, float]] | None = None  # the family's own metrics at a fixed point
+    metrics: Callable[[Any, Any], dict[str, Any]] | None = None  # the family's own metrics at a fixed point (arrays;
+    # traceable: the CLI computes them with the others in one compiled call)
     level: str = "Q"  # what a level counts, for the tables: "Q" (jobs at a server) or "orbit"
     utilisation: str = "utilisation s_1"  # the tables' label of the fraction of servers serving
 
@@ -569,7 +584,8 @@ def family_of(model) -> Family:
 def describe_model(model) -> str:
     """The CLI's two-line description of a model: its parameters, truncation and load; its service."""
     fam = family_of(model)
-    return (f"{fam.describe(model)}   K = {model.K}   load rho = {float(model.load()):.6g}\n{_service_text(model)}")
+    load, mean, scv = map(float, _load_and_service()(model))
+    return f"{fam.describe(model)}   K = {model.K}   load rho = {load:.6g}\n{_service_text(model, mean, scv)}"
 
 
 class ParsedSpec(NamedTuple):

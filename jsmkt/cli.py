@@ -14,6 +14,7 @@ of the same model structure the compilations.
 """
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -154,31 +155,57 @@ def _solve_exact(
                 enough = 0
         raise _too_small(e.K, found, enough, grown_by if e.auto_K else None, _auto_max_K(model.K)) from None
     model = fp.model
-    s = np.asarray(jsmkt.tails(model, fp))
+    fam = family_of(model)
+    values = {k: np.asarray(v) for k, v in _exact_values()(model, fp).items()}
     out = {
         "variant": "exact",
         "model": type(model).__name__,
-        "lam": float(model.arrival_rate),
-        **family_of(model).parameters(model),
+        "lam": float(values.pop("lam")),
+        **fam.parameters(model),
         "K": model.K,
-        "load": float(model.load()),
-        "mean_queue_length": float(jsmkt.mean_queue_length(model, fp)),
-        "mean_sojourn_time": float(jsmkt.mean_sojourn_time(model, fp)),
-        "mean_waiting_time": float(jsmkt.mean_waiting_time(model, fp)),
-        "prob_wait": float(jsmkt.prob_wait(model, fp)),
-        "utilisation": float(jsmkt.utilisation(model, fp)),
-        **(family_of(model).metrics(model, fp) if family_of(model).metrics else {}),
-        "tail": _trim(s),
+        "load": float(values.pop("load")),
+    }
+    tail, phase_tails = values.pop("tail"), values.pop("phase_tails", None)
+    out.update({k: float(v) for k, v in values.items()})
+    out.update({
+        "tail": _trim(tail),
         "tail_mass_at_K": float(fp.tail_mass),
         "newton_steps": int(fp.stats["num_steps"]),
         "residual": float(fp.residual),
-    }
-    if hasattr(model, "phase_tails"):
-        P = np.asarray(jsmkt.phase_tails(model, fp))
-        out["phase_tails"] = [[float(v) for v in row] for row in P[: max(len(out["tail"]) - 1, 0)]]
+    })
+    if phase_tails is not None:
+        out["phase_tails"] = [[float(v) for v in row] for row in phase_tails[: max(len(out["tail"]) - 1, 0)]]
     if servers is not None:
         out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling)
     return out, model
+
+
+@functools.cache
+def _exact_values():
+    """The metrics `jsmkt solve` prints, as one compiled function of `(model, fp)`: computed one by one, each metric
+    and its few operations would be traced, lowered and loaded from the cache on its own, in every run."""
+    import equinox as eqx
+
+    import jsmkt
+
+    def values(model, fp):
+        fam = family_of(model)
+        out = {
+            "lam": model.arrival_rate,
+            "load": model.load(),
+            "mean_queue_length": jsmkt.mean_queue_length(model, fp),
+            "mean_sojourn_time": jsmkt.mean_sojourn_time(model, fp),
+            "mean_waiting_time": jsmkt.mean_waiting_time(model, fp),
+            "prob_wait": jsmkt.prob_wait(model, fp),
+            "utilisation": jsmkt.utilisation(model, fp),
+            **(fam.metrics(model, fp) if fam.metrics else {}),
+            "tail": jsmkt.tails(model, fp),
+        }
+        if hasattr(model, "phase_tails"):
+            out["phase_tails"] = jsmkt.phase_tails(model, fp)
+        return out
+
+    return eqx.filter_jit(values)
 
 
 def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:

@@ -314,8 +314,16 @@ class AbstractDescribedModel(AbstractSupermarketModel):
     def unknown_levels(self) -> np.ndarray:
         from .description import reduced_index
 
-        desc = self.description()
-        return desc.cells.level[1:][reduced_index(desc)]
+        out = []
+
+        def levels():
+            desc = self.description()
+            out.append(desc.cells.level[1:][reduced_index(desc)])
+
+        # Under `eval_shape` the description's rates are traced, not computed (run eagerly, each of their operations
+        # would compile on its own); only its static tables are read.
+        jax.eval_shape(levels)
+        return out[0]
 
     def simulation_top(self, n: int) -> int | None:
         """The largest level the simulation of `n` servers keeps (its tables' truncation), or `None` (the default)

@@ -8,7 +8,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, named_choice, named_value_errors
-from .._distributions.ph import PH, exponential, not_a_ph
+from .._distributions.ph import PH, concrete_mean_scv, exponential, not_a_ph
 from .._errors import as_float_array, concrete_array
 from .base import AbstractDescribedModel, check_K, default_K, fmt, mph1_tail_decay
 from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, make_cells
@@ -144,7 +144,8 @@ class JSQdClasses(AbstractDescribedModel):
         w = conc[4 + len(self.batch_sizes):]
         mean_b = np.array([np.arange(1, q.size + 1) @ q for q in p])
         jobs = lam * mean_b
-        rate = 1.0 / float(self.service.mean) + float(nu.sum())
+        mean, scv = concrete_mean_scv(self.service)
+        rate = 1.0 / mean + float(nu.sum())
         rho = float(jobs.sum()) / rate
         if rho >= 1.0:
             return 8  # unstable: value_errors says so at the entry points
@@ -154,9 +155,9 @@ class JSQdClasses(AbstractDescribedModel):
         single = all(q.size == 1 for q in p)
         decay = None
         lam1 = float(sum(lam[j] * x[0] for j, x in enumerate(w)))
-        if single and nu.size == 0 and lam1 > 0 and lam1 * float(self.service.mean) < 1:
+        if single and nu.size == 0 and lam1 > 0 and lam1 * mean < 1:
             decay = mph1_tail_decay(lam1, conc[2], conc[3])
-        return int(np.ceil(default_K(rho, mix, float(self.service.scv), decay=decay) * spread))
+        return int(np.ceil(default_K(rho, mix, scv, decay=decay) * spread))
 
     # --- queueing quantities --------------------------------------------------------------------------------
     @property

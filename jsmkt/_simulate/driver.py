@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _maps
 from .._choice import choice_support
-from .._distributions.ph import PH, reachable_phases
+from .._distributions.ph import PH, concrete_mean_scv, reachable_phases
 from .._errors import staging
 from . import core, generic, jsq_tables
 from . import tables as tables_mod
@@ -200,13 +200,6 @@ def _check_sampler(service: GeneralService, key) -> None:
         )
 
 
-def _ph_mean_scv(alpha: np.ndarray, T: np.ndarray) -> tuple[float, float]:
-    v1 = np.linalg.solve(-T, np.ones(len(alpha)))
-    v2 = np.linalg.solve(-T, v1)
-    m1 = float(alpha @ v1)
-    return m1, 2.0 * float(alpha @ v2) / m1**2 - 1.0
-
-
 def _service_of(model, service):
     """(kind, PH arrays or GeneralService, mean, scv)."""
     if service is None:
@@ -219,7 +212,7 @@ def _service_of(model, service):
             raise ValueError(f"model={model!r} has no service rate `mu` or service distribution `service`")
     if isinstance(service, PH):
         alpha, T = _concrete("service.alpha", service.alpha), _concrete("service.T", service.T)
-        mean, scv = _ph_mean_scv(alpha, T)
+        mean, scv = concrete_mean_scv(service)
         return "ph", (alpha, T), mean, scv
     if isinstance(service, GeneralService):
         return "general", service, service.mean, service.scv
