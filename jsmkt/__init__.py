@@ -1,21 +1,21 @@
 """jsmkt: differentiable mean-field solver and finite-N simulator for supermarket (JSQ(d)) models.
 
-The public names are listed below, under `TYPE_CHECKING`, and imported when first used (a module `__getattr__`,
-PEP 562, the Scientific Python "lazy loading" pattern): `import jsmkt`, and the `jsmkt` console script's help and
-spec checks, then do not wait for JAX and the libraries built on it (about a second to import). `import jsmkt`
-still switches JAX to float64 at once (`jsmkt._config.use_float64`).
+The public names are listed below, under `typing.TYPE_CHECKING`, and imported when first used (a module
+`__getattr__`, PEP 562, the Scientific Python "lazy loading" pattern): `import jsmkt`, and the `jsmkt` console
+script's help and spec checks, then do not wait for JAX and the libraries built on it (a second or more to import).
+`import jsmkt` still switches JAX to float64 at once (`jsmkt._config.use_float64`).
 """
 
 import ast
 import importlib
 import pathlib
-from typing import TYPE_CHECKING
+import typing
 
 from . import _config
 from ._version import __version__ as __version__
 
 
-if TYPE_CHECKING:  # every public name; at run time each is imported on first use (`__getattr__` below)
+if typing.TYPE_CHECKING:  # every public name; at run time each is imported on first use (`__getattr__` below)
     from ._config import use_cpu_cores as use_cpu_cores
     from . import published as published
     from ._choice import AbstractChoice as AbstractChoice
@@ -84,10 +84,11 @@ if TYPE_CHECKING:  # every public name; at run time each is imported on first us
 
 
 def _public_names() -> dict[str, tuple[str, str | None]]:
-    """`name -> (module, attribute)` for every import under `if TYPE_CHECKING:` above (attribute `None`: the name is
-    a submodule), read from this file so that those lines are the one list of public names."""
+    """`name -> (module, attribute)` for every import under `if typing.TYPE_CHECKING:` above (attribute `None`: the
+    name is a submodule), read from this file so that those lines are the one list of public names."""
     tree = ast.parse(pathlib.Path(__file__).read_text(encoding="utf-8"))
-    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    block = next(node for node in tree.body
+                 if isinstance(node, ast.If) and ast.unparse(node.test) == "typing.TYPE_CHECKING")
     out: dict[str, tuple[str, str | None]] = {}
     for node in block.body:
         assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.unparse(node)

@@ -90,7 +90,11 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None)
     if throw:
         y = error_if(y, out != RESULTS.successful, out)
     else:
-        poison = jnp.where(out == RESULTS.successful, 0.0, jnp.nan)
+        # A failed entry's value is NaN, so that every metric of it is NaN (its result code says why), and so are
+        # its derivatives (`_nan_derivatives`: Newton's last iterate is still what the implicit adjoint sees).
+        ok = out == RESULTS.successful
+        y = jax.tree_util.tree_map(lambda v: jnp.where(ok, v, jnp.nan), y)
+        poison = jnp.where(ok, 0.0, jnp.nan)
         y = _nan_derivatives(y, eqx.filter(model, eqx.is_inexact_array), poison)
     return FixedPoint(value=y, result=out, tail_mass=tail_mass, residual=residual, model=model,
                       stats={"num_steps": sol.stats["num_steps"]})
@@ -178,9 +182,10 @@ def solve_fixed_point(
       or meets a singular or non-finite linear system), `solve_fixed_point` (outside `jit`) starts it again from
       the ODE's steady state (`jsmkt.steady_state`) before it reports a failure.
     - `tail_tol`: the largest acceptable fraction of servers at the truncation level `K`.
-    - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead: an entry
-      that failed keeps Newton's last iterate as its value, and its derivatives (`grad`, `jvp`) are NaN, while
-      the other entries of a batch are unaffected.
+    - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead: the `value`
+      of an entry that failed is NaN, so that its metrics and their derivatives (`grad`, `jvp`) are NaN, while
+      the other entries of a batch are unaffected (its `tail_mass` and `residual` are those of Newton's last
+      iterate).
     - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol`.
     - `max_K`: the largest `K` that `auto_K` tries.
     - `linear_solver`: Newton's linear solver (and the default adjoint's); by default chosen from the structure of

@@ -2,6 +2,7 @@
 
 ```
 jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--auto-K] [--servers N]
+jsmkt transient SPEC.toml --time T [--points N] [--format table|json] [--plot FILE] [--auto-K]
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
                [--max-queue Q] [--cpu-devices K] [--progress]
 ```
@@ -133,16 +134,14 @@ def _grown_by(args, K_given: bool) -> str | None:
     return "--auto-K" if args.auto_K else None if K_given else "the default K"
 
 
-def _solve_exact(
-    model, grown_by: str | None, servers: int | None = None, sampling: str = "with_replacement"
-) -> tuple[dict[str, Any], Any]:
-    import numpy as np
-
+def _fixed_point(model, grown_by: str | None):
+    """`jsmkt.solve_fixed_point(model)`, K grown when `grown_by` says what grows it; a too small K is a `SpecError`
+    that suggests the K that works."""
     import jsmkt
 
     auto_K = grown_by is not None
     try:
-        fp = jsmkt.solve_fixed_point(model, auto_K=auto_K, max_K=_auto_max_K(model.K))
+        return jsmkt.solve_fixed_point(model, auto_K=auto_K, max_K=_auto_max_K(model.K))
     except jsmkt.TruncationError as e:
         found = f"the fraction of servers with K jobs is {e.tail_mass:.3g} > tail_tol={e.tail_tol:.3g}"
         enough = None
@@ -154,6 +153,14 @@ def _solve_exact(
             except (ValueError, RuntimeError):  # e.g. too large to solve: no K to suggest
                 enough = 0
         raise _too_small(e.K, found, enough, grown_by if e.auto_K else None, _auto_max_K(model.K)) from None
+
+
+def _solve_exact(
+    model, grown_by: str | None, servers: int | None = None, sampling: str = "with_replacement"
+) -> tuple[dict[str, Any], Any]:
+    import numpy as np
+
+    fp = _fixed_point(model, grown_by)
     model = fp.model
     fam = family_of(model)
     values = {k: np.asarray(v) for k, v in _exact_values()(model, fp).items()}
@@ -411,33 +418,44 @@ def _check_plot_path(path: str) -> None:
 
 
 def _plot(out: dict[str, Any], path: str, title: str) -> None:
+    from .plotting import plot_phase_tails, plot_tails
+
+    def draw(fig):
+        ax = fig.subplots()
+        plot_tails(ax, out["tail"], label=f"$s_k$ ({out['variant']})", color="k")
+        if out.get("phase_tails"):
+            plot_phase_tails(ax, out["phase_tails"])
+        ax.set_title(title, fontsize=9)
+
+    _save_figure(draw, path, figsize=(6, 4.5))
+
+
+def _save_figure(draw, path: str, figsize: tuple[float, float]) -> None:
+    """A figure drawn by `draw(fig)`, written to `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plotting import plot_phase_tails, plot_tails
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    plot_tails(ax, out["tail"], label=f"$s_k$ ({out['variant']})", color="k")
-    if out.get("phase_tails"):
-        plot_phase_tails(ax, out["phase_tails"])
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    # Matplotlib's warnings and log messages (e.g. "The PostScript backend does not support transparency") are
-    # printed as one line each, in the CLI's format.
-    log, records = logging.getLogger("matplotlib"), []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    log.addHandler(handler)
+    fig = plt.figure(figsize=figsize)
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            fig.savefig(path)
-    except OSError as e:
-        raise SpecError(f"--plot={path}: cannot write the plot ({e.strerror or e})") from None
+        draw(fig)
+        fig.tight_layout()
+        # Matplotlib's warnings and log messages (e.g. "The PostScript backend does not support transparency") are
+        # printed as one line each, in the CLI's format.
+        log, records = logging.getLogger("matplotlib"), []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = records.append
+        log.addHandler(handler)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fig.savefig(path)
+        except OSError as e:
+            raise SpecError(f"--plot={path}: cannot write the plot ({e.strerror or e})") from None
+        finally:
+            log.removeHandler(handler)
     finally:
-        log.removeHandler(handler)
         plt.close(fig)
     for text in [str(w.message) for w in caught] + [r.getMessage() for r in records]:
         print(f"jsmkt: warning: --plot={path}: {text.strip().splitlines()[0]}", file=sys.stderr)
@@ -500,7 +518,9 @@ def _cmd_solve(args) -> int:
     out, model = (_solve_published(model, grown_by) if args.as_published
                   else _solve_exact(model, grown_by, args.servers, sampling))
     if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
-        _plot(out, args.plot, f"{_describe(model).splitlines()[0]} ({out['variant']})")
+        from .plotting import model_title
+
+        _plot(out, args.plot, model_title(model, "as published" if args.as_published else "exact mean field"))
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
@@ -513,6 +533,116 @@ def _cmd_solve(args) -> int:
         print(f"jsmkt: note: N={args.servers} servers is too small for the 1/N expansion: {shown} fall outside "
               '[0, 1] (refined "in_range" is false)', file=sys.stderr)
     return 0
+
+
+_TRANSIENT_LEVELS = 4  # the tails s_1..s_4 over time in the table and the plot
+
+
+@functools.cache
+def _transient_values():
+    """`(model, ys, fp) ->` the tails and E[Q] at each saved time, their distance to the fixed point (the largest
+    |s_k(t) - s_k*|), and the fixed point's, as one compiled function."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    import jsmkt
+
+    def values(model, ys, fp):
+        tails = jax.vmap(lambda y: jsmkt.tails(model, y))(ys)
+        star = jsmkt.tails(model, fp)
+        return {"tails": tails, "mean_queue_length": jax.vmap(lambda y: jsmkt.mean_queue_length(model, y))(ys),
+                "distance": jnp.max(jnp.abs(tails - star), axis=1), "tail_star": star,
+                "mean_queue_length_star": jsmkt.mean_queue_length(model, fp)}
+
+    return eqx.filter_jit(values)
+
+
+def _cmd_transient(args) -> int:
+    parsed = _parse(args)
+    if not (args.time > 0 and math.isfinite(args.time)):
+        raise SpecError(f"--time={args.time} must be a positive finite time")
+    if args.points < 2:
+        raise SpecError(f"--points={args.points} must be >= 2 (the times 0 and --time at least)")
+    if args.plot:
+        _check_plot_path(args.plot)
+    model = _build(parsed, args)
+    import numpy as np
+
+    import jsmkt
+
+    # The fixed point first: its K (grown when the spec gives none) is deep enough for the whole transient, which
+    # starts from empty servers and rises towards it.
+    fp = _fixed_point(model, _grown_by(args, parsed.K_given))
+    model = fp.model
+    ts = np.linspace(0.0, args.time, args.points)
+    traj = jsmkt.integrate(model, args.time, ts=ts)
+    values = {k: np.asarray(v) for k, v in _transient_values()(model, traj.ys, fp).items()}
+    n = len(_trim(values["tail_star"]))
+    out = {
+        "variant": "transient",
+        "model": type(model).__name__,
+        "lam": float(model.arrival_rate),
+        **family_of(model).parameters(model),
+        "K": model.K,
+        "time": float(args.time),
+        "start": "empty",
+        "times": [float(t) for t in ts],
+        "mean_queue_length": [float(v) for v in values["mean_queue_length"]],
+        "tails": [[float(v) for v in row[:n]] for row in values["tails"]],
+        "distance_to_fixed_point": [float(v) for v in values["distance"]],
+        "fixed_point": {"mean_queue_length": float(values["mean_queue_length_star"]),
+                        "tail": [float(v) for v in values["tail_star"][:n]]},
+    }
+    if args.plot:
+        from .plotting import model_title
+
+        _plot_transient(out, args.plot, model_title(model, "transient from empty servers"),
+                        family_of(model).level)
+    if args.format == "json":
+        print(json.dumps(out, indent=2))
+    else:
+        _print_transient(out, "jsmkt transient: from empty servers to t = " + f"{args.time:g}\n" + _describe(model),
+                         family_of(model).level)
+    return 0
+
+
+def _print_transient(out: dict[str, Any], header: str, level: str) -> None:
+    print(header)
+    levels = range(1, min(_TRANSIENT_LEVELS, len(out["fixed_point"]["tail"]) - 1) + 1)
+    print(f"  {'t':>10}  {'E[Q](t)':>12}" + "".join(f"  {f's_{k}(t)':>12}" for k in levels)
+          + f"  {'max_k |s_k(t) - s_k*|':>22}")
+    for i, t in enumerate(out["times"]):
+        row = out["tails"][i]
+        print(f"  {t:>10.4g}  {out['mean_queue_length'][i]:>12.6g}" + "".join(f"  {row[k]:>12.6g}" for k in levels)
+              + f"  {out['distance_to_fixed_point'][i]:>22.3e}")
+    star = out["fixed_point"]
+    print(f"  {'fixed pt':>10}  {star['mean_queue_length']:>12.6g}"
+          + "".join(f"  {star['tail'][k]:>12.6g}" for k in levels))
+    print(f"  (s_k(t) = P({level} >= k) at time t; E[Q] counts the jobs at a server)")
+
+
+def _plot_transient(out: dict[str, Any], path: str, title: str, level: str) -> None:
+    import numpy as np
+
+    from .plotting import plot_trajectory
+
+    def draw(fig):
+        left, right = fig.subplots(1, 2)
+        tails = np.asarray(out["tails"])
+        levels = list(range(1, min(_TRANSIENT_LEVELS, tails.shape[1] - 1) + 1))
+        plot_trajectory(left, out["times"], tails, levels=levels)
+        for k, line in zip(levels, left.lines, strict=True):
+            left.axhline(out["fixed_point"]["tail"][k], color=line.get_color(), linestyle=":", linewidth=1)
+        left.set_ylabel(f"$s_k(t) = P({level} \\geq k)$ (dotted: fixed point)")
+        dist = np.asarray(out["distance_to_fixed_point"])
+        keep = dist > 0
+        right.semilogy(np.asarray(out["times"])[keep], dist[keep], color="k")
+        right.set_xlabel("time")
+        right.set_ylabel(r"distance to the fixed point, $\max_k |s_k(t) - s_k^*|$")
+        fig.suptitle(title, fontsize=9)
+
+    _save_figure(draw, path, figsize=(10, 4))
 
 
 def _check_cpu_devices(requested: int | None) -> None:
@@ -668,6 +798,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--servers", type=int, default=None, metavar="N",
                    help="also give the refined mean field (1/N correction) for N servers")
     s.set_defaults(func=_cmd_solve)
+
+    t = sub.add_parser("transient", parents=[common],
+                       help="integrate the mean-field ODE of a model spec (TOML) from empty servers over time")
+    t.add_argument("spec", help="TOML model specification (see examples/)")
+    t.add_argument("--time", type=float, required=True, help="the final time T")
+    t.add_argument("--points", type=int, default=11, metavar="N",
+                   help="report N equally spaced times from 0 to T (default: 11)")
+    t.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    t.add_argument("--plot", metavar="FILE", help="write plots of s_k(t) and of the distance to the fixed point to "
+                                                  "FILE (png, pdf, svg)")
+    t.add_argument("--auto-K", action="store_true", help="grow K until the tail mass at K is negligible")
+    t.set_defaults(func=_cmd_transient)
 
     m = sub.add_parser("simulate", parents=[common], help="simulate the finite-N system of a model spec (TOML)")
     m.add_argument("spec", help="TOML model specification (see examples/); an optional [simulation] table sets "

@@ -520,7 +520,7 @@ def test_retrial_solve_and_simulate(tmp_path, capsys):
     assert code == 0, err
     assert json.loads(out)["mean_orbit_size"] == pytest.approx(0.25 / 0.5 + 0.25 / 0.5, rel=1e-10)
     for text, message in (('retrial = "orbit"', "retrial='orbit' is not one of 'reprobe', 'own'"),
-                          ("theta = 0.0", "theta=0.0 must be positive"), ("lam = 1.5", "lam=1.5 >= mu=1.0"),
+                          ("theta = 0.0", "theta=0.0 must be positive"), ("lam = 1.5", "unstable: lam=1.5 >= mu=1 (load rho=1.5)"),
                           ("d2 = 0", "d2=0 must be >= 1"), ('policy = "x"', "policy='x' is not one of")):
         key = text.split(" = ")[0]
         lines = [ln for ln in spec.read_text().splitlines() if not ln.startswith(key + " ")]
@@ -554,3 +554,105 @@ def test_repairable_solve_and_simulate(tmp_path, capsys):
         code, _, err = run(["solve", str(spec)], capsys)
         assert code == 2 and message in err, (text, err)
         spec.write_text('model = "repairable"\nlam = 0.5\nalpha = 0.2\nbeta = 0.5\narrival = "A2"\nK = 40\n')
+
+
+def _family_specs() -> dict[str, pathlib.Path]:
+    """The first example spec of each registered family (every family has one: `test_every_example_solves`)."""
+    import tomllib
+
+    from jsmkt._spec import FAMILIES
+
+    out = {}
+    for path in sorted(EXAMPLES.glob("*.toml")):
+        out.setdefault(tomllib.loads(path.read_text())["model"], path)
+    assert set(out) == set(FAMILIES)
+    return out
+
+
+FAMILY_SPECS = _family_specs()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SPECS))
+def test_transient_runs_for_every_family(family, capsys):
+    """`jsmkt transient`: from empty servers at t = 0 (s_k = 0 for k >= 1, E[Q] = 0, at distance s_1* from the fixed
+    point) towards the fixed point that `jsmkt solve` gives (same K). The example specs share their solves with
+    `test_every_example_solves`."""
+    spec = str(FAMILY_SPECS[family])
+    code, out, err = run(["transient", spec, "--time", "3", "--points", "4", "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    solved = json.loads(run(["solve", spec, "--format", "json"], capsys)[1])
+    assert res["K"] == solved["K"] and res["times"] == [0.0, 1.0, 2.0, 3.0]
+    star = res["fixed_point"]
+    np.testing.assert_allclose(star["tail"], solved["tail"], rtol=1e-12, atol=1e-300)
+    assert star["mean_queue_length"] == pytest.approx(solved["mean_queue_length"], rel=1e-12)
+    tails = np.array(res["tails"])
+    assert tails.shape == (4, len(star["tail"])) and np.all(tails[:, 0] == 1.0)
+    assert np.all(tails[0, 1:] == 0.0) and res["mean_queue_length"][0] == 0.0
+    assert res["distance_to_fixed_point"][0] == pytest.approx(star["tail"][1], rel=1e-12)
+    assert np.all(np.diff(tails, axis=1) <= 1e-12) and np.all(tails >= -1e-12)  # tails fall with k
+    assert res["distance_to_fixed_point"][-1] < res["distance_to_fixed_point"][0]
+    code, out, err = run(["transient", spec, "--time", "3", "--points", "4"], capsys)
+    assert code == 0 and "max_k |s_k(t) - s_k*|" in out and "fixed pt" in out
+
+
+def test_transient_matches_the_mm1_forward_equations(tmp_path, capsys):
+    """JSQ(1) is the M/M/1 queue: its mean-field transient from empty is P(Q(t) >= k) of one M/M/1 queue started
+    empty, here from the matrix exponential of its generator (truncated far above the levels compared)."""
+    import scipy.linalg
+
+    spec = tmp_path / "mm1.toml"
+    spec.write_text('model = "jsq"\nlam = 0.7\nd = 1\nK = 60\n')
+    png = tmp_path / "transient.png"
+    code, out, err = run(["transient", str(spec), "--time", "4", "--points", "5", "--format", "json", "--plot",
+                          str(png)], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    n = 200
+    Q = np.diag(np.full(n - 1, 0.7), 1) + np.diag(np.full(n - 1, 1.0), -1)
+    Q -= np.diag(Q.sum(axis=1))
+    for t, row in zip(res["times"], res["tails"], strict=True):
+        p = scipy.linalg.expm(Q.T * t)[:, 0]  # the law of Q(t) from Q(0) = 0
+        tail = p[::-1].cumsum()[::-1]
+        np.testing.assert_allclose(row[1:8], tail[1:8], atol=1e-9)
+    assert png.stat().st_size > 5000
+    for args, needle in ((["--time", "0"], "--time=0.0 must be a positive finite time"),
+                         (["--time", "1", "--points", "1"], "--points=1 must be >= 2")):
+        code, _, err = run(["transient", str(spec), *args], capsys)
+        assert code == 2 and needle in err
+
+
+def _unstable_spec(path: pathlib.Path) -> str:
+    """A family's example spec with its arrival rates multiplied by 4 (unstable), as TOML."""
+    import tomllib
+
+    spec = tomllib.loads(path.read_text())
+    for table in [spec, *spec.get("classes", [])]:
+        for key in ("lam", "batch_rate"):
+            if key in table:
+                table[key] *= 4
+    lines = []
+    for key, v in spec.items():
+        if not isinstance(v, (dict, list)) or (isinstance(v, list) and not isinstance(v[0], dict)):
+            lines.append(f"{key} = {json.dumps(v)}")
+    for key, v in spec.items():
+        if isinstance(v, dict):
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {json.dumps(x)}" for k, x in v.items()]
+        elif isinstance(v, list) and isinstance(v[0], dict):
+            for table in v:
+                lines.append(f"[[{key}]]")
+                lines += [f"{k} = {json.dumps(x)}" for k, x in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SPECS))
+def test_solve_and_simulate_word_instability_alike(family, tmp_path, capsys):
+    """Issue 25: `simulate` and `solve` worded the same instability differently. Each family's example at four
+    times its arrival rate: the same `jsmkt: error: unstable: ...` line from both commands."""
+    spec = tmp_path / "unstable.toml"
+    spec.write_text(_unstable_spec(FAMILY_SPECS[family]))
+    code, out, solve_err = run(["solve", str(spec)], capsys)
+    assert code == 2 and out == "" and solve_err.startswith("jsmkt: error: ") and "unstable: " in solve_err
+    code, out, simulate_err = run(["simulate", str(spec), "--servers", "10", "--time", "10"], capsys)
+    assert code == 2 and out == "" and simulate_err == solve_err

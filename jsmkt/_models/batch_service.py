@@ -206,5 +206,5 @@ class JSQdBatchService(AbstractDescribedModel):
             (~(rho < 1.0), "unstable: " + fmt("lam={a} >= capacity E[B]/E[S]={b} jobs per server (load rho={rho})",
                                               a=self.lam, b=self.mean_service_batch_size / self.service.mean,
                                               rho=rho, default="lam >= capacity E[B]/E[S] (load >= 1)")
-             + "; no fixed point exists: lower lam, or raise the service rate or batch sizes"),
+             + "; no steady state exists: lower lam, or raise the service rate or batch sizes"),
         ]

@@ -227,5 +227,5 @@ class JSQdPH(AbstractDescribedModel):
              "unstable: " + fmt("lam={lam} >= capacity 1/E[S]={cap} per server (load rho=lam*E[S]={rho})",
                                 lam=self.lam, cap=1.0 / self.service.mean, rho=self.load(),
                                 default="lam >= capacity 1/E[S] per server (load rho = lam*E[S] >= 1)")
-             + "; no fixed point exists: lower lam or speed up service"),
+             + "; no steady state exists: lower lam or speed up service"),
         ]
