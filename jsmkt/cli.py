@@ -2,7 +2,7 @@
 
 ```
 jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--auto-K] [--servers N]
-jsmkt transient SPEC.toml --time T [--points N] [--format table|json] [--plot FILE] [--auto-K]
+jsmkt transient SPEC.toml --time T [--points N] [--format table|json] [--plot FILE] [--auto-K] [--solver S]
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
                [--max-queue Q] [--cpu-devices K] [--progress]
 ```
@@ -53,8 +53,11 @@ def _whole_float_d(model) -> int | None:
     randomised d); None otherwise."""
     from ._choice import InterpolatedChoice
 
-    d = model.choice.number
-    return int(d) if isinstance(model.choice, InterpolatedChoice) and float(d).is_integer() else None
+    choice = getattr(model, "choice", None)  # families with several choice numbers have none
+    if not isinstance(choice, InterpolatedChoice):
+        return None
+    d = choice.number
+    return int(d) if float(d).is_integer() else None
 
 
 def _describe(model, simulated: dict[str, Any] | None = None) -> str:
@@ -552,7 +555,7 @@ def _transient_values():
         tails = jax.vmap(lambda y: jsmkt.tails(model, y))(ys)
         star = jsmkt.tails(model, fp)
         return {"tails": tails, "mean_queue_length": jax.vmap(lambda y: jsmkt.mean_queue_length(model, y))(ys),
-                "distance": jnp.max(jnp.abs(tails - star), axis=1), "tail_star": star,
+                "distance": jnp.max(jnp.abs(tails - star[None, :]), axis=1), "tail_star": star,
                 "mean_queue_length_star": jsmkt.mean_queue_length(model, fp)}
 
     return eqx.filter_jit(values)
@@ -576,7 +579,7 @@ def _cmd_transient(args) -> int:
     fp = _fixed_point(model, _grown_by(args, parsed.K_given))
     model = fp.model
     ts = np.linspace(0.0, args.time, args.points)
-    traj = jsmkt.integrate(model, args.time, ts=ts)
+    traj = jsmkt.integrate(model, args.time, ts=ts, solver=_ode_solver(args.solver))
     values = {k: np.asarray(v) for k, v in _transient_values()(model, traj.ys, fp).items()}
     n = len(_trim(values["tail_star"]))
     out = {
@@ -605,6 +608,18 @@ def _cmd_transient(args) -> int:
         _print_transient(out, "jsmkt transient: from empty servers to t = " + f"{args.time:g}\n" + _describe(model),
                          family_of(model).level)
     return 0
+
+
+_ODE_SOLVERS = ("kvaerno5", "tsit5")
+
+
+def _ode_solver(name: str):
+    """`--solver`: Diffrax's Kvaerno5 (implicit, L-stable: `jsmkt.integrate`'s default, for stiff fast PH phases)
+    or Tsit5 (explicit: no Jacobian to build or factor, quicker to compile and per step when the rates are of one
+    scale)."""
+    import diffrax as dfx
+
+    return {"kvaerno5": dfx.Kvaerno5, "tsit5": dfx.Tsit5}[name]()
 
 
 def _print_transient(out: dict[str, Any], header: str, level: str) -> None:
@@ -809,6 +824,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--plot", metavar="FILE", help="write plots of s_k(t) and of the distance to the fixed point to "
                                                   "FILE (png, pdf, svg)")
     t.add_argument("--auto-K", action="store_true", help="grow K until the tail mass at K is negligible")
+    t.add_argument("--solver", choices=_ODE_SOLVERS, default="kvaerno5",
+                   help="the ODE solver: kvaerno5 (implicit, for stiff models, e.g. fast PH phases; the default) or "
+                        "tsit5 (explicit: quicker when the rates are of one scale)")
     t.set_defaults(func=_cmd_transient)
 
     m = sub.add_parser("simulate", parents=[common], help="simulate the finite-N system of a model spec (TOML)")

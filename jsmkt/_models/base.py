@@ -295,10 +295,12 @@ class AbstractDescribedModel(AbstractSupermarketModel):
         return derived_reduce(self.description(), x)
 
     def vector_field(self, t, y, args=None):
+        """The derived drift of the reduced state, in the shape of `y` (a family's reduced state flattens to the
+        derived one, e.g. phase tails of shape `(K, m)`: an ODE solver needs `dy/dt` shaped like `y`)."""
         from .description import derived_vector_field
 
         del t, args
-        return derived_vector_field(self.description(), y)
+        return jnp.reshape(derived_vector_field(self.description(), y), jnp.shape(y))
 
     def initial_state(self):
         """The empty system (under a saturated pool, the pool's units held by empty servers)."""
