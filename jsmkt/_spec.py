@@ -29,6 +29,10 @@ scv = 2.0
 ```
 Numbers are TOML integers or floats (finite), integer keys (`K`, `k`, an integer `d`) TOML integers, `clip` a
 boolean.
+
+A spec is read in two steps: `parse_spec` checks its family, keys and value types and gives the constructor's
+arguments, without importing JAX (the CLI answers a bad spec at once), then `build_model` builds the model (the
+constructor checks the values). `model_from_spec` does both.
 """
 
 import functools
@@ -393,14 +397,12 @@ def _load_and_service():
 
 
 def _service_text(model, mean: float, scv: float) -> str:
-    if isinstance(model, jsmkt.JSQdBatchService) and model.m == 1:
-        return f"service epochs: exponential, rate mu = {1.0 / mean:.6g}"
-    if isinstance(model, jsmkt.JSQdBatchService):
-        return f"service epochs: PH of order {model.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
-    if isinstance(model, jsmkt.JSQdClasses) and model.m == 1:
-        return f"service: exponential, rate mu = {1.0 / mean:.6g}"
-    if isinstance(model, (jsmkt.JSQdPH, jsmkt.JSQdClasses)):
-        return f"service: PH of order {model.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
+    family = family_of(model).name  # by name: the other families' modules stay unimported
+    what = "service epochs" if family == "jsq-batch-service" else "service"
+    if family in ("jsq-batch-service", "jsq-classes") and model.m == 1:
+        return f"{what}: exponential, rate mu = {1.0 / mean:.6g}"
+    if family in ("jsq-batch-service", "jsq-classes", "jsq-ph"):
+        return f"{what}: PH of order {model.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
     return f"service: exponential, rate mu = {float(model.mu):.6g}"
 
 

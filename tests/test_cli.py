@@ -663,20 +663,22 @@ def test_solve_and_simulate_word_instability_alike(family, tmp_path, capsys):
 
 def test_help_spec_and_option_errors_import_no_jax(tmp_path):
     """Issue 25: `jsmkt --help` took 4.6 s, spec and option errors as long: the CLI imported every model and JAX
-    first. These now answer before JAX (or NumPy) is imported."""
+    first. These now answer before JAX is imported (and NumPy too, but where Matplotlib checks a --plot file)."""
     bad = tmp_path / "bad.toml"
     bad.write_text('model = "jsq"\nlam = 0.5\nspeed = 2\n')
     ok = EXAMPLES / "jsq2_h2.toml"
     calls = [["--help"], ["solve", "--help"], ["solve", str(bad)], ["solve", str(tmp_path / "missing.toml")],
-             ["solve", str(ok), "--servers", "0"], ["solve", str(ok), "--plot", str(tmp_path / "t.xyz")],
+             ["solve", str(ok), "--servers", "0"],
              ["simulate", str(ok), "--servers", "10", "--time", "-1"], ["transient", str(ok), "--time", "0"],
              ["simulate", str(ok), "--servers", "10", "--time", "5", "--cpu-devices", "0"], ["solve"]]
     code = ("import sys\nfrom jsmkt.cli import main\n"
             f"for argv in {calls!r}:\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'equinox', 'numpy'}))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.stdout.splitlines()[-1] == "[]", proc.stdout + proc.stderr
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'equinox', 'numpy'}))\n"
+            f"main(['solve', {str(ok)!r}, '--plot', 'x.xyz'])\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'equinox'}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.stdout.splitlines()[-2:] == ["[]", "[]"], proc.stdout[-500:] + proc.stderr
     for needle in ("unknown key(s) 'speed'", "missing.toml: no such file", "--servers=0 must be >= 1",
                    "file type .xyz is not supported", "--time=-1.0 must be a positive", "--time=0.0 must be a positive",
                    "--cpu-devices=0 must be >= 1", "the following arguments are required: spec"):
@@ -729,3 +731,13 @@ def test_compilation_cache_is_written_and_reused(tmp_path):
     plain = subprocess.run([*cli, "--cache-dir", str(off), "--no-cache"], capture_output=True, text=True,
                            env={**env, "XDG_CACHE_HOME": str(off)}, timeout=600)
     assert plain.stdout == first.stdout and not off.exists()
+
+
+def test_spec_words_agree_with_the_models():
+    """The spec reads `retrial`, `policy`, `arrival` and `repair` without importing the models (JAX): its word lists
+    must be the models' own."""
+    from jsmkt import _spec
+    from jsmkt._models import repairable, retrial
+
+    assert (_spec.RETRIALS, _spec.POLICIES) == (retrial.RETRIALS, retrial.POLICIES)
+    assert (_spec.ARRIVALS, _spec.REPAIRS) == (repairable.ARRIVALS, repairable.REPAIRS)
