@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/general_service.py
 	$(BIN)/python benchmarks/banded_solve.py
 	$(BIN)/python benchmarks/batch_solve.py
+	$(BIN)/python benchmarks/cli.py --profile
 
 experiments: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py

@@ -132,7 +132,7 @@ class FixedChoice(AbstractChoice):
         return self.d
 
     def weights(self) -> Array:
-        return jnp.zeros(self.d).at[self.d - 1].set(1.0)
+        return jnp.asarray(np.eye(1, self.d, self.d - 1)[0])  # a constant, not operations run one by one
 
     def pgf(self, s: ArrayLike) -> Array:
         return jnp.asarray(s) ** self.d
@@ -271,7 +271,8 @@ def as_choice(d, d_max: int | None = None) -> AbstractChoice:
         if d < 1:
             raise ValueError(f"d={int(d)!r} must be >= 1 (the number of servers sampled)")
         return FixedChoice(int(d))
-    arr = jnp.asarray(d) if not hasattr(d, "ndim") else d
+    # Anything else must be a real number or a vector of them (strings, objects, complex numbers are refused, naming d).
+    arr = d if isinstance(d, jax.core.Tracer) else as_float_array("d", d)
     if arr.ndim == 0:
         return InterpolatedChoice(arr, d_max=d_max)
     if arr.ndim == 1:

@@ -1,13 +1,38 @@
-"""Package-wide configuration: jsmkt works in float64 throughout; `use_cpu_cores` exposes a CPU's cores as JAX
-devices, over which `jsmkt.simulate` splits its replications."""
+"""Package-wide configuration: jsmkt works in float64 throughout (`use_float64`); `use_cpu_cores` exposes a CPU's
+cores as JAX devices, over which `jsmkt.simulate` splits its replications.
+
+Nothing here imports JAX at import time: `import jsmkt` and the console script's help and spec checks stay fast.
+"""
 
 import numbers
 import os
+import sys
 
-import jax
+
+_X64_ENV = "JAX_ENABLE_X64"
+_UNSET = object()
+_env_before: object = _UNSET  # JAX_ENABLE_X64 before `use_float64` set it (None: it was not set)
 
 
-jax.config.update("jax_enable_x64", True)
+def use_float64() -> None:
+    """Make JAX compute in float64. Once JAX is imported, this is `jax.config.update("jax_enable_x64", True)`, and
+    the environment variable below is put back as it was. Before, it sets `JAX_ENABLE_X64=1`, which JAX reads
+    when it is imported, so that arrays made before jsmkt's first public name is used are float64 too."""
+    global _env_before
+    if "jax" not in sys.modules:
+        if _env_before is _UNSET:
+            _env_before = os.environ.get(_X64_ENV)
+        os.environ[_X64_ENV] = "1"
+        return
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    if _env_before is not _UNSET:
+        if _env_before is None:
+            os.environ.pop(_X64_ENV, None)
+        else:
+            os.environ[_X64_ENV] = _env_before  # type: ignore[assignment]
+        _env_before = _UNSET
 
 
 def max_cpu_devices() -> int:
@@ -38,6 +63,9 @@ def use_cpu_cores(n: int | None = None) -> bool:
         raise ValueError(f"n={n!r} must be an integer >= 1 (the number of CPU cores to use)")
     if n > max_cpu_devices():
         raise ValueError(f"n={n!r} exceeds {too_many_cpu_devices()}")
+    import jax
+
+    use_float64()
     try:
         jax.config.update("jax_num_cpu_devices", int(n))
     except RuntimeError:  # the backends are initialised already

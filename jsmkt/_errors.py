@@ -72,6 +72,8 @@ def as_float_array(name: str, x: Any, ndim: int | None = None, scale: bool = Fal
         raise ValueError(f"{name}={x!r} is not a number; give a real number or an array of real numbers")
     if _dtype_kind(x) == "b":
         raise ValueError(f"{name}={x!r} is boolean; give a real number or an array of real numbers")
+    if _dtype_kind(x) == "c" or isinstance(x, complex):
+        raise ValueError(f"{name}={x!r} is complex; give a real number or an array of real numbers")
     if isinstance(x, jax.core.Tracer):
         arr = x.astype(jnp.result_type(float)) if not jnp.issubdtype(x.dtype, jnp.inexact) else x
     else:

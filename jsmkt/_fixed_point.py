@@ -17,7 +17,6 @@ from jaxtyping import Array, PyTree
 
 from . import _maps
 from ._errors import all_finite, error_if, is_concrete
-from ._integrate import steady_state
 from ._linalg import NeverFails
 from ._models.base import AbstractSupermarketModel
 from ._models.structure import linear_solver as structure_solver
@@ -64,6 +63,8 @@ def _nan_derivatives_jvp(primals, tangents):
 
 @eqx.filter_jit
 def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None):
+    if y0 is None:  # the model's initial guess, Newton's starting point (no derivatives flow through it)
+        y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, model.initial_guess())
     y0, result = check_values(model, y0, throw)
     if adjoint is None:
         # With throw=False a failed entry must not raise inside jvp/grad (Lineax's default), which would sink a
@@ -89,17 +90,14 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None)
     if throw:
         y = error_if(y, out != RESULTS.successful, out)
     else:
-        poison = jnp.where(out == RESULTS.successful, 0.0, jnp.nan)
+        # A failed entry's value is NaN, so that every metric of it is NaN (its result code says why), and so are
+        # its derivatives (`_nan_derivatives`: Newton's last iterate is still what the implicit adjoint sees).
+        ok = out == RESULTS.successful
+        y = jax.tree_util.tree_map(lambda v: jnp.where(ok, v, jnp.nan), y)
+        poison = jnp.where(ok, 0.0, jnp.nan)
         y = _nan_derivatives(y, eqx.filter(model, eqx.is_inexact_array), poison)
     return FixedPoint(value=y, result=out, tail_mass=tail_mass, residual=residual, model=model,
                       stats={"num_steps": sol.stats["num_steps"]})
-
-
-@eqx.filter_jit
-def _initial_guess(model: AbstractSupermarketModel) -> PyTree[Array]:
-    """`model.initial_guess()`, compiled once per model structure (run eagerly, its `lax.scan` was traced and
-    compiled anew on every call: ~0.2 s)."""
-    return model.initial_guess()
 
 
 _MAX_LINEAR_SYSTEM_BYTES = 2**33  # 8 GiB: Newton's linear system (block diagonals or dense matrix) and its probes
@@ -184,9 +182,10 @@ def solve_fixed_point(
       or meets a singular or non-finite linear system), `solve_fixed_point` (outside `jit`) starts it again from
       the ODE's steady state (`jsmkt.steady_state`) before it reports a failure.
     - `tail_tol`: the largest acceptable fraction of servers at the truncation level `K`.
-    - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead: an entry
-      that failed keeps Newton's last iterate as its value, and its derivatives (`grad`, `jvp`) are NaN, while
-      the other entries of a batch are unaffected.
+    - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead: the `value`
+      of an entry that failed is NaN, so that its metrics and their derivatives (`grad`, `jvp`) are NaN, while
+      the other entries of a batch are unaffected (its `tail_mass` and `residual` are those of Newton's last
+      iterate).
     - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol`.
     - `max_K`: the largest `K` that `auto_K` tries.
     - `linear_solver`: Newton's linear solver (and the default adjoint's); by default chosen from the structure of
@@ -216,19 +215,26 @@ def solve_fixed_point(
         y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, y0)
         return _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, linear_solver)
 
-    # Concrete inputs: plain Python errors with the offending values.
-    check_size(model, x0)
+    # Concrete inputs: plain Python errors with the offending values; the parameters first (one small compiled
+    # check), before anything the model's size or structure costs.
     if throw:
         model.check_values()
-    _maps.before_compiling("jsmkt.solve_fixed_point", ("fixed_point", _maps.signature((model, x0))))
     while True:
-        fp = _solve(model, _initial_guess(model) if x0 is None else x0, rtol, atol, max_steps, tail_tol, False, adjoint,
-                    linear_solver)
+        check_size(model, x0)
+        _maps.before_compiling("jsmkt.solve_fixed_point", ("fixed_point", _maps.signature((model, x0))))
+        if linear_solver is None:
+            # The Jacobian's structure (detected, or a declared one checked, once per model structure) here rather
+            # than inside the trace of `_solve`, where its probe would run operation by operation.
+            structure_solver(model)
+        # With x0 None, `_solve` starts from the model's initial guess, computed in the same compiled call.
+        fp = _solve(model, x0, rtol, atol, max_steps, tail_tol, False, adjoint, linear_solver)
         newton_failed = fp.result not in (RESULTS.successful, RESULTS.unstable, RESULTS.invalid_parameters,
                                           RESULTS.truncation_too_small)
         if newton_failed and x0 is None:
             # Newton did not converge from the model's initial guess (it diverged, stalled, met a singular or
             # non-finite linear system): start it from the ODE's steady state instead.
+            from ._integrate import steady_state  # Diffrax, imported only when needed (the CLI's start-up)
+
             y_ode, _ = steady_state(model, rtol=1e-8, atol=1e-10, throw=False)
             fp = _solve(model, y_ode, rtol, atol, max_steps, tail_tol, False, adjoint, linear_solver)
         if not (auto_K and fp.result == RESULTS.truncation_too_small and model.K < max_K):

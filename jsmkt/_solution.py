@@ -1,36 +1,47 @@
 """Result codes and solution containers."""
 
+import dataclasses
+import warnings
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
+import numpy as np
 import optimistix as optx
 from jaxtyping import Array, Float, PyTree
 
 from ._models.base import AbstractSupermarketModel
 
 
-class RESULTS(optx.RESULTS):  # pyright: ignore
-    """Outcomes of jsmkt's solvers; each value is the message shown to the user."""
+# Equinox warns when an enumeration gives an inherited entry a new message: `successful` gets one on purpose.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Enumeration has duplicate incompatible values for successful")
 
-    invalid_parameters = "invalid parameters (see the message above for which one); fix the model's inputs"
-    unstable = (
-        "the model is unstable: the load rho = lam * E[S] is >= 1 (service capacity per server). No fixed point "
-        "exists; lower `lam` or speed up service."
-    )
-    truncation_too_small = (
-        "the truncation level K is too small: the fraction of servers with K jobs exceeds `tail_tol`. Raise `K` "
-        "(e.g. model.with_K(2 * model.K)) or call solve_fixed_point(..., auto_K=True)."
-    )
-    nonfinite_solution = "the solver produced non-finite values; check the parameters or raise K"
-    integration_failed = (
-        "the ODE integration did not reach t1 (step size or max_steps); raise `max_steps`, or integrate to a "
-        "smaller `t1`"
-    )
-    steady_state_failed = (
-        "the ODE integration did not reach a steady state within `max_steps` steps; raise `max_steps`, or use "
-        "solve_fixed_point"
-    )
+    class RESULTS(optx.RESULTS):  # pyright: ignore
+        """Outcomes of jsmkt's solvers; each value is the message shown to the user. A code prints as
+        `jsmkt.RESULTS<message>`, e.g. `jsmkt.RESULTS<successful>`."""
+
+        __module__ = "jsmkt"  # how it prints (and where it is public)
+        successful = "successful"
+        invalid_parameters = "invalid parameters (see the message above for which one); fix the model's inputs"
+        unstable = (
+            "the model is unstable: the load rho = lam * E[S] is >= 1 (service capacity per server). No steady "
+            "state exists; lower `lam` or speed up service."
+        )
+        truncation_too_small = (
+            "the truncation level K is too small: the fraction of servers with K jobs exceeds `tail_tol`. Raise `K` "
+            "(e.g. model.with_K(2 * model.K)) or call solve_fixed_point(..., auto_K=True)."
+        )
+        nonfinite_solution = "the solver produced non-finite values; check the parameters or raise K"
+        integration_failed = (
+            "the ODE integration did not reach t1 (step size or max_steps); raise `max_steps`, or integrate to a "
+            "smaller `t1`"
+        )
+        steady_state_failed = (
+            "the ODE integration did not reach a steady state within `max_steps` steps; raise `max_steps`, or use "
+            "solve_fixed_point"
+        )
 
 
 class FixedPoint(eqx.Module):
@@ -38,10 +49,12 @@ class FixedPoint(eqx.Module):
 
     **Attributes:**
 
-    - `value`: the reduced state at the fixed point (tails `S_1..S_K`).
-    - `result`: a `jsmkt.RESULTS` code; `RESULTS.successful` when every check passed.
-    - `tail_mass`: `s_K`, fraction of servers at the truncation level (truncation error indicator).
-    - `residual`: max-norm of the vector field at `value`.
+    - `value`: the reduced state at the fixed point (tails `S_1..S_K`); NaN where the solve failed (with
+      `throw=False`), so that every metric of a failed solve is NaN.
+    - `result`: a `jsmkt.RESULTS` code; `RESULTS.successful` when every check passed, else what failed.
+    - `tail_mass`: `s_K`, fraction of servers at the truncation level (truncation error indicator), of Newton's
+      last iterate.
+    - `residual`: max-norm of the vector field at Newton's last iterate.
     - `model`: the model solved (its `K` may have grown with `auto_K=True`).
     - `stats`: solver statistics (`num_steps`).
     """
@@ -52,6 +65,12 @@ class FixedPoint(eqx.Module):
     residual: Float[Array, ""]
     model: AbstractSupermarketModel
     stats: dict[str, Any]
+
+    def __repr__(self) -> str:
+        if not _concrete_scalar(self.result._value):  # a batch (from vmap) or traced: shapes only
+            return eqx.Module.__repr__(self)
+        return (f"FixedPoint({_short(self.model)}: {self.result!r}, newton_steps={_short(self.stats['num_steps'])}, "
+                f"residual={_short(self.residual)}, tail_mass={_short(self.tail_mass)}, value={_short(self.value)})")
 
 
 class Trajectory(eqx.Module):
@@ -71,6 +90,32 @@ class Trajectory(eqx.Module):
     result: RESULTS
     model: AbstractSupermarketModel
     stats: dict[str, Any]
+
+    def __repr__(self) -> str:
+        if not _concrete_scalar(self.result._value):
+            return eqx.Module.__repr__(self)
+        return f"Trajectory({_short(self.model)}: {self.result!r}, ts={_short(self.ts)}, ys={_short(self.ys)})"
+
+
+def _concrete_scalar(x) -> bool:
+    return not isinstance(x, jax.core.Tracer) and np.ndim(x) == 0
+
+
+def _short(x) -> str:
+    """`x` in a line: concrete scalars and short vectors by their values (6 digits), larger or traced arrays by
+    dtype and shape (`f64[30]`), Modules by their fields."""
+    if isinstance(x, eqx.Module):
+        fields = ", ".join(f"{f.name}={_short(getattr(x, f.name))}" for f in dataclasses.fields(x))
+        return f"{type(x).__name__}({fields})"
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        if not isinstance(x, jax.core.Tracer) and np.ndim(x) <= 1 and np.size(x) <= 8:
+            v = np.asarray(x)
+            fmt = (lambda a: f"{a:.6g}") if v.dtype.kind == "f" else str  # noqa: E731
+            return fmt(v.item()) if v.ndim == 0 else "[" + ", ".join(fmt(a) for a in v.tolist()) + "]"
+        return f"{jnp.dtype(x.dtype).name.replace('float', 'f').replace('int', 'i')}[{','.join(map(str, x.shape))}]"
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(map(_short, x)) + "]"
+    return repr(x)
 
 
 def check_values(model: AbstractSupermarketModel, token, throw: bool):

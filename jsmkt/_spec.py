@@ -29,25 +29,19 @@ scv = 2.0
 ```
 Numbers are TOML integers or floats (finite), integer keys (`K`, `k`, an integer `d`) TOML integers, `clip` a
 boolean.
+
+A spec is read in two steps: `parse_spec` checks its family, keys and value types and gives the constructor's
+arguments, without importing JAX (the CLI answers a bad spec at once), then `build_model` builds the model (the
+constructor checks the values). `model_from_spec` does both.
 """
 
+import functools
 import math
 import tomllib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import jax.numpy as jnp
-
-from ._distributions.fit import fit_ph2_three_moments
-from ._distributions.ph import PH, coxian, coxian2, erlang, exponential, hyperexponential, hyperexponential2
-from ._models.batch import JSQdBatch
-from ._models.batch_service import JSQdBatchService
-from ._models.classes import JSQdClasses
-from ._models.jsqd import JSQd
-from ._models.jsqd_ph import JSQdPH
-from ._models.repairable import ARRIVALS, REPAIRS, RepairableJSQ
-from ._models.retrial import POLICIES, RETRIALS, RetrialJSQ
-from ._simulate.service import GeneralService, deterministic, lognormal
+import jsmkt
 
 
 class SpecError(ValueError):
@@ -158,70 +152,89 @@ def _numbers(table: dict, key: str, where: str, *, matrix: bool = False) -> list
     return v
 
 
-def service_from_spec(table: dict[str, Any], where: str = "[service]") -> PH:
-    """Build a PH distribution from a `[service]` table."""
+class ServiceSpec(NamedTuple):
+    """A checked `[service]` (or `[simulation.service]`) table: the jsmkt constructor `kind` calls for, with its
+    arguments. `build()` makes the distribution (it imports JAX, which checking the table does not)."""
+
+    kind: str
+    args: tuple
+    where: str
+    clip: bool = False
+
+    def build(self):
+        """The distribution (a `jsmkt.PH`, or a `jsmkt.GeneralService` for the simulation-only kinds); a
+        `SpecError` naming the table when the values are not a valid distribution."""
+        make = {"exponential": "exponential", "erlang": "erlang", "h2": "hyperexponential2",
+                "hyperexponential": "hyperexponential", "coxian": "coxian", "coxian2": "coxian2", "ph": "PH",
+                "moments": "fit_ph2_three_moments", "deterministic": "deterministic", "lognormal": "lognormal"}
+        try:
+            if self.kind == "moments" and self.clip:
+                return jsmkt.fit_ph2_three_moments(*self.args, clip=True)[0]
+            return getattr(jsmkt, make[self.kind])(*self.args)
+        except (ValueError, TypeError, ArithmeticError) as e:
+            raise SpecError(f"{self.where}: {e}".replace("pass clip=True", "set clip = true in the table")) from None
+
+
+def parse_service(table: Any, where: str = "[service]") -> ServiceSpec:
+    """Check a `[service]` table (keys, types; without JAX) and say how to build its PH distribution."""
     if not isinstance(table, dict):
         raise SpecError(f"{where} must be a table (got {show(table)})")
     if "kind" not in table and "alpha" in table and "T" in table:
         kind = "ph"  # the explicit form, `alpha` and `T`, needs no kind
     else:
         kind = _require(table, "kind", where)
-    try:
-        if kind == "exponential":
-            _allowed(table, {"kind", "mean", "rate"}, where)
-            if "rate" in table and "mean" in table:
-                raise SpecError(f"{where}: rate={show(table['rate'])} and mean={show(table['mean'])} are both "
-                                "given; give one of them (rate = 1 / mean)")
-            if "rate" in table:
-                return exponential(_number(table, "rate", where))
-            return exponential(1.0 / _number(table, "mean", where, 1.0, positive=True))
-        if kind == "erlang":
-            _allowed(table, {"kind", "k", "mean"}, where)
-            return erlang(_integer(table, "k", where), _number(table, "mean", where, 1.0))
-        if kind == "h2":
-            _allowed(table, {"kind", "mean", "scv"}, where)
-            return hyperexponential2(_number(table, "mean", where, 1.0), _number(table, "scv", where))
-        if kind == "hyperexponential":
-            _allowed(table, {"kind", "probs", "rates"}, where)
-            return hyperexponential(_numbers(table, "probs", where), _numbers(table, "rates", where))
-        if kind == "coxian":
-            _allowed(table, {"kind", "rates", "probs"}, where)
-            return coxian(_numbers(table, "rates", where), _numbers(table, "probs", where))
-        if kind == "coxian2":
-            _allowed(table, {"kind", "mean", "scv"}, where)
-            return coxian2(_number(table, "mean", where, 1.0), _number(table, "scv", where))
-        if kind == "ph":
-            _allowed(table, {"kind", "alpha", "T"} if "kind" in table else {"alpha", "T"}, where)
-            return PH(_numbers(table, "alpha", where), _numbers(table, "T", where, matrix=True))
-        if kind == "moments":
-            _allowed(table, {"kind", "m1", "m2", "m3", "clip"}, where)
-            m = [_number(table, k, where) for k in ("m1", "m2", "m3")]
-            clip = table.get("clip", False)
-            if not isinstance(clip, bool):
-                raise SpecError(f"{where}: clip={show(clip)} must be true or false")
-            if clip:
-                return fit_ph2_three_moments(*m, clip=True)[0]
-            try:
-                return fit_ph2_three_moments(*m)
-            except ValueError as e:
-                raise SpecError(f"{where}: {e}".replace("pass clip=True", "set clip = true in the table")) from None
-    except SpecError:
-        raise
-    except (ValueError, TypeError, ArithmeticError) as e:
-        raise SpecError(f"{where}: {e}") from None
+    if kind == "exponential":
+        _allowed(table, {"kind", "mean", "rate"}, where)
+        if "rate" in table and "mean" in table:
+            raise SpecError(f"{where}: rate={show(table['rate'])} and mean={show(table['mean'])} are both "
+                            "given; give one of them (rate = 1 / mean)")
+        if "rate" in table:
+            return ServiceSpec(kind, (_number(table, "rate", where),), where)
+        return ServiceSpec(kind, (1.0 / _number(table, "mean", where, 1.0, positive=True),), where)
+    if kind == "erlang":
+        _allowed(table, {"kind", "k", "mean"}, where)
+        return ServiceSpec(kind, (_integer(table, "k", where), _number(table, "mean", where, 1.0)), where)
+    if kind in ("h2", "coxian2"):
+        _allowed(table, {"kind", "mean", "scv"}, where)
+        return ServiceSpec(kind, (_number(table, "mean", where, 1.0), _number(table, "scv", where)), where)
+    if kind == "hyperexponential":
+        _allowed(table, {"kind", "probs", "rates"}, where)
+        return ServiceSpec(kind, (_numbers(table, "probs", where), _numbers(table, "rates", where)), where)
+    if kind == "coxian":
+        _allowed(table, {"kind", "rates", "probs"}, where)
+        return ServiceSpec(kind, (_numbers(table, "rates", where), _numbers(table, "probs", where)), where)
+    if kind == "ph":
+        _allowed(table, {"kind", "alpha", "T"} if "kind" in table else {"alpha", "T"}, where)
+        return ServiceSpec(kind, (_numbers(table, "alpha", where), _numbers(table, "T", where, matrix=True)), where)
+    if kind == "moments":
+        _allowed(table, {"kind", "m1", "m2", "m3", "clip"}, where)
+        m = tuple(_number(table, k, where) for k in ("m1", "m2", "m3"))
+        clip = table.get("clip", False)
+        if not isinstance(clip, bool):
+            raise SpecError(f"{where}: clip={show(clip)} must be true or false")
+        return ServiceSpec(kind, m, where, clip)
     raise SpecError(f"{where}: kind={show(kind)} is not one of {', '.join(SERVICE_KINDS)}")
+
+
+def service_from_spec(table: dict[str, Any], where: str = "[service]"):
+    """Build a PH distribution from a `[service]` table."""
+    return parse_service(table, where).build()
 
 
 def _choice_number(spec: dict[str, Any], where: str, key: str = "d"):
     d = spec.get(key, 2)
     if isinstance(d, list):
-        return jnp.asarray(_numbers(spec, key, where), dtype=float)
+        return [float(x) for x in _numbers(spec, key, where)]
     if not _is_number(d):
         raise SpecError(f"{where}: {key}={show(d)} must be an integer, a real number >= 1 or a list of probabilities "
                         "of sampling 1, 2, ... servers")
     if isinstance(d, float):
         return _number(spec, key, where)
     return d
+
+
+def _floats(table: dict[str, Any], key: str, where: str) -> list[float]:
+    return [float(x) for x in _numbers(table, key, where)]
 
 
 def _word(spec: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str) -> str:
@@ -231,20 +244,28 @@ def _word(spec: dict[str, Any], key: str, where: str, choices: tuple[str, ...], 
     return v
 
 
-def _jsq(spec: dict[str, Any], where: str):
-    lam, d, K = _number(spec, "lam", where), _choice_number(spec, where), _integer(spec, "K", where, None)
-    return JSQd(lam, d=d, mu=_number(spec, "mu", where, 1.0), K=K)
+# The words of the retrial and repairable families (the same tuples as in their modules, which import JAX; a test
+# checks that they agree).
+RETRIALS, POLICIES = ("reprobe", "own"), ("linear", "constant")
+ARRIVALS, REPAIRS = ("A1", "A2"), ("R1", "R2", "R3")
 
 
-def _jsq_ph(spec: dict[str, Any], where: str):
-    lam, d, K = _number(spec, "lam", where), _choice_number(spec, where), _integer(spec, "K", where, None)
-    return JSQdPH(lam, service_from_spec(_require(spec, "service", where)), d=d, K=K)
+# --- each family's keys: the constructor's arguments, checked without JAX -----------------------------------------
 
 
-def _jsq_batch(spec: dict[str, Any], where: str):
-    return JSQdBatch(_number(spec, "batch_rate", where), jnp.asarray(_numbers(spec, "batch_sizes", where), dtype=float),
-                     d=_choice_number(spec, where), mu=_number(spec, "mu", where, 1.0),
-                     K=_integer(spec, "K", where, None))
+def _jsq(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    return dict(lam=_number(spec, "lam", where), d=_choice_number(spec, where), mu=_number(spec, "mu", where, 1.0),
+                K=_integer(spec, "K", where, None))
+
+
+def _jsq_ph(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    return dict(lam=_number(spec, "lam", where), service=parse_service(_require(spec, "service", where)),
+                d=_choice_number(spec, where), K=_integer(spec, "K", where, None))
+
+
+def _jsq_batch(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    return dict(batch_rate=_number(spec, "batch_rate", where), batch_sizes=_floats(spec, "batch_sizes", where),
+                d=_choice_number(spec, where), mu=_number(spec, "mu", where, 1.0), K=_integer(spec, "K", where, None))
 
 
 def _table_list(spec: dict[str, Any], key: str, where: str, required: bool) -> list[dict]:
@@ -257,15 +278,14 @@ def _table_list(spec: dict[str, Any], key: str, where: str, required: bool) -> l
     return v
 
 
-def _jsq_classes(spec: dict[str, Any], where: str):
+def _jsq_classes(spec: dict[str, Any], where: str) -> dict[str, Any]:
     lam, d, batches = [], [], []
     for j, table in enumerate(_table_list(spec, "classes", where, True)):
         at = f"[[classes]] {j + 1}"
         _allowed(table, {"lam", "d", "batch_sizes"}, at)
         lam.append(_number(table, "lam", at))
         d.append(_choice_number(table, at))
-        batches.append(jnp.asarray(_numbers(table, "batch_sizes", at), dtype=float) if "batch_sizes" in table
-                       else None)
+        batches.append(_floats(table, "batch_sizes", at) if "batch_sizes" in table else None)
     rates, f = [], []
     for l, table in enumerate(_table_list(spec, "helpers", where, False)):
         at = f"[[helpers]] {l + 1}"
@@ -274,23 +294,45 @@ def _jsq_classes(spec: dict[str, Any], where: str):
         f.append(_choice_number(table, at, "f"))
     if "service" in spec and "mu" in spec:
         raise SpecError(f"{where}: mu={show(spec['mu'])} and [service] are both given; give one of them")
-    service = service_from_spec(spec["service"]) if "service" in spec else None
-    return JSQdClasses(lam, d=d, batch_sizes=batches, mu=None if service is not None else _number(spec, "mu", where, 1.0),
-                       service=service, helper_rates=rates, f=f, K=_integer(spec, "K", where, None))
+    service = parse_service(spec["service"]) if "service" in spec else None
+    return dict(lam=lam, d=d, batch_sizes=batches, mu=None if service is not None else _number(spec, "mu", where, 1.0),
+                service=service, helper_rates=rates, f=f, K=_integer(spec, "K", where, None))
+
+
+def _jsq_batch_service(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    return dict(lam=_number(spec, "lam", where), service=parse_service(_require(spec, "service", where)),
+                service_batch_sizes=_floats(spec, "service_batch_sizes", where), d=_choice_number(spec, where),
+                K=_integer(spec, "K", where, None))
+
+
+def _retrial(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    return dict(lam=_number(spec, "lam", where), theta=_number(spec, "theta", where),
+                d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
+                mu=_number(spec, "mu", where, 1.0), retrial=_word(spec, "retrial", where, RETRIALS, "reprobe"),
+                policy=_word(spec, "policy", where, POLICIES, "linear"), K=_integer(spec, "K", where, None))
+
+
+def _repairable(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    return dict(lam=_number(spec, "lam", where), alpha=_number(spec, "alpha", where),
+                beta=_number(spec, "beta", where), d1=_choice_number(spec, where, "d1"),
+                d2=_choice_number(spec, where, "d2"), mu=_number(spec, "mu", where, 1.0),
+                arrival=_word(spec, "arrival", where, ARRIVALS, "A1"), repair=_word(spec, "repair", where, REPAIRS, "R1"),
+                j=_number(spec, "j", where, None), K=_integer(spec, "K", where, None))
+
+
+# --- what the CLI shows of a model (these run on built models, JAX imported) ----------------------------------------
 
 
 def _classes_like(m, **changes):
     kw = dict(lam=m.lam, d=list(m.choices), batch_sizes=list(m.batch_sizes), service=m.service,
               helper_rates=list(m.helper_rates), f=list(m.helper_choices), K=m.K)
-    return JSQdClasses(**(kw | changes))
+    return type(m)(**(kw | changes))
 
 
-def _classes_metrics(model, fp) -> dict[str, float]:
-    import jsmkt
-
+def _classes_metrics(model, fp) -> dict[str, Any]:
     if model.n_classes == 1:
         return {}
-    return {f"prob_wait_class_{j + 1}": float(jsmkt.prob_wait(model, fp, stream=f"class {j + 1} arrival"))
+    return {f"prob_wait_class_{j + 1}": jsmkt.prob_wait(model, fp, stream=f"class {j + 1} arrival")
             for j in range(model.n_classes)}
 
 
@@ -305,47 +347,24 @@ def _classes_text(m) -> str:
     return "   ".join(parts)
 
 
-def _jsq_batch_service(spec: dict[str, Any], where: str):
-    return JSQdBatchService(_number(spec, "lam", where), service_from_spec(_require(spec, "service", where)),
-                            jnp.asarray(_numbers(spec, "service_batch_sizes", where), dtype=float),
-                            d=_choice_number(spec, where), K=_integer(spec, "K", where, None))
-
-
 def _batch_service_like(m, **changes):
     kw = dict(lam=m.lam, service=m.service, service_batch_sizes=m.service_batch_sizes, d=m.choice, K=m.K)
-    return JSQdBatchService(**(kw | changes))
+    return type(m)(**(kw | changes))
 
 
-def _retrial(spec: dict[str, Any], where: str):
-    return RetrialJSQ(_number(spec, "lam", where), _number(spec, "theta", where),
-                      d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
-                      mu=_number(spec, "mu", where, 1.0), retrial=_word(spec, "retrial", where, RETRIALS, "reprobe"),
-                      policy=_word(spec, "policy", where, POLICIES, "linear"), K=_integer(spec, "K", where, None))
-
-
-def _repairable(spec: dict[str, Any], where: str):
-    return RepairableJSQ(_number(spec, "lam", where), _number(spec, "alpha", where), _number(spec, "beta", where),
-                         d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
-                         mu=_number(spec, "mu", where, 1.0), arrival=_word(spec, "arrival", where, ARRIVALS, "A1"),
-                         repair=_word(spec, "repair", where, REPAIRS, "R1"), j=_number(spec, "j", where, None),
-                         K=_integer(spec, "K", where, None))
-
-
-def _repairable_metrics(model, fp) -> dict[str, float]:
-    import jsmkt
-
-    out = {"availability": float(jsmkt.availability(model, fp)),
-           "customers_at_failed_servers": float(jsmkt.customers_at_failed_servers(model, fp)),
-           "repairmen_utilisation": float(jsmkt.repairmen_utilisation(model, fp))}
+def _repairable_metrics(model, fp) -> dict[str, Any]:
+    out = {"availability": jsmkt.availability(model, fp),
+           "customers_at_failed_servers": jsmkt.customers_at_failed_servers(model, fp),
+           "repairmen_utilisation": jsmkt.repairmen_utilisation(model, fp)}
     if model.repair == "R3":
-        out["fraction_failed_waiting"] = float(jsmkt.fraction_failed_waiting(model, fp))
+        out["fraction_failed_waiting"] = jsmkt.fraction_failed_waiting(model, fp)
     return out
 
 
 def _repairable_like(m, **changes):
     kw = dict(lam=m.lam, alpha=m.alpha, beta=m.beta, d1=m.choice1, d2=m.choice2, mu=m.mu, arrival=m.arrival,
               repair=m.repair, j=m.j, K=m.K, saturated=m.saturated if m.repair == "R3" else None)
-    return RepairableJSQ(**(kw | changes))
+    return type(m)(**(kw | changes))
 
 
 def _choice_text(model, choice=None) -> str:
@@ -353,109 +372,127 @@ def _choice_text(model, choice=None) -> str:
     return str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
 
 
-def _retrial_metrics(model, fp) -> dict[str, float]:
-    import jsmkt
-
-    out = {"mean_orbit_size": float(jsmkt.mean_orbit_size(model, fp)),
-           "prob_blocked": float(jsmkt.prob_blocked(model, fp)),
-           "prob_retrial_success": float(jsmkt.prob_retrial_success(model, fp))}
+def _retrial_metrics(model, fp) -> dict[str, Any]:
+    out = {"mean_orbit_size": jsmkt.mean_orbit_size(model, fp),
+           "prob_blocked": jsmkt.prob_blocked(model, fp),
+           "prob_retrial_success": jsmkt.prob_retrial_success(model, fp)}
     if model.retrial == "reprobe" and model.policy == "linear":
-        out["mean_sojourn_time_tagged"] = float(jsmkt.mean_sojourn_time_tagged(model, fp))
+        out["mean_sojourn_time_tagged"] = jsmkt.mean_sojourn_time_tagged(model, fp)
     return out
 
 
-def _service_text(model) -> str:
-    if isinstance(model, JSQdBatchService) and model.m == 1:
-        return f"service epochs: exponential, rate mu = {1.0 / float(model.service.mean):.6g}"
-    if isinstance(model, JSQdBatchService):
-        s = model.service
-        return f"service epochs: PH of order {s.order}, mean {float(s.mean):.6g}, SCV {float(s.scv):.6g}"
-    if isinstance(model, JSQdClasses) and model.m == 1:
-        return f"service: exponential, rate mu = {1.0 / float(model.service.mean):.6g}"
-    if isinstance(model, (JSQdPH, JSQdClasses)):
-        s = model.service
-        return f"service: PH of order {s.order}, mean {float(s.mean):.6g}, SCV {float(s.scv):.6g}"
+@functools.cache
+def _load_and_service():
+    """`model -> (load, E[S], SCV)` (NaN moments without a PH service), compiled: computed one operation at a
+    time, each would compile on its own in every run of the CLI."""
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    def numbers(model):
+        if not hasattr(model, "service"):
+            return model.load(), jnp.nan, jnp.nan
+        return model.load(), model.service.mean, model.service.scv
+
+    return eqx.filter_jit(numbers)
+
+
+def _service_text(model, mean: float, scv: float) -> str:
+    family = family_of(model).name  # by name: the other families' modules stay unimported
+    what = "service epochs" if family == "jsq-batch-service" else "service"
+    if family in ("jsq-batch-service", "jsq-classes") and model.m == 1:
+        return f"{what}: exponential, rate mu = {1.0 / mean:.6g}"
+    if family in ("jsq-batch-service", "jsq-classes", "jsq-ph"):
+        return f"{what}: PH of order {model.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
     return f"service: exponential, rate mu = {float(model.mu):.6g}"
 
 
 class Family(NamedTuple):
-    """A registered model family: its TOML name, class, spec keys and builder, how the CLI describes it, and small
-    instances (`examples`) with the parameter perturbations (`perturbations`: name -> `(model, h) -> model`) that
-    the contract tests run on every family."""
+    """A registered model family: its TOML name, the name of its class in `jsmkt` (`model` is the class itself,
+    imported on first use), spec keys and their parser (the constructor's arguments, checked without JAX), how the
+    CLI describes it, and small instances (`examples`) with the parameter perturbations (`perturbations`:
+    name -> `(model, h) -> model`) that the contract tests run on every family."""
 
     name: str
-    model: type
+    class_name: str
     keys: frozenset[str]
-    build: Callable[[dict[str, Any], str], Any]
+    parse: Callable[[dict[str, Any], str], dict[str, Any]]  # the constructor's keyword arguments (services unbuilt)
     parameters: Callable[[Any], dict[str, Any]]  # the model's parameters for the JSON output
     describe: Callable[[Any], str]  # one line of parameters (the CLI's header)
     examples: Callable[[], dict[str, Any]]
     perturbations: dict[str, Callable[[Any, float], Any]]
     published: bool = False  # `jsmkt solve --as-published` applies
-    metrics: Callable[[Any, Any], dict[str, float]] | None = None  # the family's own metrics at a fixed point
+    metrics: Callable[[Any, Any], dict[str, Any]] | None = None  # the family's own metrics at a fixed point (arrays;
+    # traceable: the CLI computes them with the others in one compiled call)
     level: str = "Q"  # what a level counts, for the tables: "Q" (jobs at a server) or "orbit"
     utilisation: str = "utilisation s_1"  # the tables' label of the fraction of servers serving
+
+    @property
+    def model(self) -> type:
+        """The family's class (`jsmkt.<class_name>`)."""
+        return getattr(jsmkt, self.class_name)
 
 
 def _retrial_like(m, **changes):
     kw = dict(lam=m.lam, theta=m.theta, d1=m.choice1, d2=m.choice2, mu=m.mu, retrial=m.retrial, policy=m.policy, K=m.K)
-    return RetrialJSQ(**(kw | changes))
+    return type(m)(**(kw | changes))
 
 
 def _shift_choice(choice, h):
     """A real choice number moved by `h`; an integer one moved by `h` as the real `d + h` (`InterpolatedChoice`,
     whose derivative at an integer is one-sided: the perturbations then move up from it)."""
-    from ._choice import InterpolatedChoice
-
-    if isinstance(choice, InterpolatedChoice):
-        return InterpolatedChoice(choice.d + h, d_max=choice.d_max)
+    if isinstance(choice, jsmkt.InterpolatedChoice):
+        return jsmkt.InterpolatedChoice(choice.d + h, d_max=choice.d_max)
     return choice
 
 
 def _scale_service(model, h):
     s = model.service
-    return JSQdPH(model.lam, PH(s.alpha, s.T * (1.0 + h)), d=model.choice, K=model.K)
+    return type(model)(model.lam, type(s)(s.alpha, s.T * (1.0 + h)), d=model.choice, K=model.K)
+
+
+def _to_size_one(p, h):
+    """Batch-size probabilities `p` with `h` moved from size 2 to size 1 (unchanged with one size)."""
+    return p if p.shape[0] < 2 else p.at[0].add(h).at[1].add(-h)
 
 
 FAMILIES: dict[str, Family] = {
     "jsq": Family(
-        "jsq", JSQd, frozenset({"lam", "d", "K", "mu"}), _jsq,
+        "jsq", "JSQd", frozenset({"lam", "d", "K", "mu"}), _jsq,
         parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean), "mu": float(m.mu)},
         describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
-        examples=lambda: {"jsq2": JSQd(0.7, d=2, K=14), "jsq-mixed": JSQd(0.8, d=jnp.array([0.2, 0.3, 0.5]), K=24),
-                          "jsq-real-d": JSQd(0.8, d=2.5, K=14)},
-        perturbations={"lam": lambda m, h: JSQd(m.lam + h, d=m.choice, mu=m.mu, K=m.K),
-                       "mu": lambda m, h: JSQd(m.lam, d=m.choice, mu=m.mu + h, K=m.K)},
+        examples=lambda: {"jsq2": jsmkt.JSQd(0.7, d=2, K=14), "jsq-mixed": jsmkt.JSQd(0.8, d=[0.2, 0.3, 0.5], K=24),
+                          "jsq-real-d": jsmkt.JSQd(0.8, d=2.5, K=14)},
+        perturbations={"lam": lambda m, h: type(m)(m.lam + h, d=m.choice, mu=m.mu, K=m.K),
+                       "mu": lambda m, h: type(m)(m.lam, d=m.choice, mu=m.mu + h, K=m.K)},
         published=True,
     ),
     "jsq-ph": Family(
-        "jsq-ph", JSQdPH, frozenset({"lam", "d", "K", "service"}), _jsq_ph,
+        "jsq-ph", "JSQdPH", frozenset({"lam", "d", "K", "service"}), _jsq_ph,
         parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean)},
         describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
-        examples=lambda: {"jsq2-h2": JSQdPH(0.8, hyperexponential2(1.0, 4.0), d=2, K=24),
-                          "jsq-erlang-real-d": JSQdPH(0.7, erlang(3), d=2.5, K=12)},
-        perturbations={"lam": lambda m, h: JSQdPH(m.lam + h, m.service, d=m.choice, K=m.K),
+        examples=lambda: {"jsq2-h2": jsmkt.JSQdPH(0.8, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=24),
+                          "jsq-erlang-real-d": jsmkt.JSQdPH(0.7, jsmkt.erlang(3), d=2.5, K=12)},
+        perturbations={"lam": lambda m, h: type(m)(m.lam + h, m.service, d=m.choice, K=m.K),
                        "service rate": _scale_service},
         published=True,
     ),
     "jsq-batch": Family(
-        "jsq-batch", JSQdBatch, frozenset({"batch_rate", "batch_sizes", "d", "K", "mu"}), _jsq_batch,
+        "jsq-batch", "JSQdBatch", frozenset({"batch_rate", "batch_sizes", "d", "K", "mu"}), _jsq_batch,
         parameters=lambda m: {"batch_rate": float(m.batch_rate),
                               "batch_sizes": [float(p) for p in m.batch_sizes], "d": float(m.choice.mean),
                               "mu": float(m.mu), "lam": float(m.arrival_rate)},
         describe=lambda m: (f"batch_rate = {float(m.batch_rate):.6g}   batch sizes 1..{m.batch_sizes.shape[0]} "
                             f"(mean {float(m.mean_batch_size):.6g})   d = {_choice_text(m)}"),
-        examples=lambda: {"batch-halves": JSQdBatch(0.6, jnp.array([0.5, 0.5]), d=2, K=40),
-                          "batch-uniform4-d3": JSQdBatch(0.3, jnp.full(4, 0.25), d=3, K=40)},
-        perturbations={"batch_rate": lambda m, h: JSQdBatch(m.batch_rate + h, m.batch_sizes, d=m.choice, mu=m.mu,
-                                                             K=m.K),
-                       "mu": lambda m, h: JSQdBatch(m.batch_rate, m.batch_sizes, d=m.choice, mu=m.mu + h, K=m.K),
-                       "batch_sizes": lambda m, h: JSQdBatch(  # move probability from size 2 to size 1
-                           m.batch_rate, m.batch_sizes + h * jnp.zeros_like(m.batch_sizes).at[0].set(1.0).at[1].set(-1.0),
-                           d=m.choice, mu=m.mu, K=m.K)},
+        examples=lambda: {"batch-halves": jsmkt.JSQdBatch(0.6, [0.5, 0.5], d=2, K=40),
+                          "batch-uniform4-d3": jsmkt.JSQdBatch(0.3, [0.25] * 4, d=3, K=40)},
+        perturbations={"batch_rate": lambda m, h: type(m)(m.batch_rate + h, m.batch_sizes, d=m.choice, mu=m.mu,
+                                                           K=m.K),
+                       "mu": lambda m, h: type(m)(m.batch_rate, m.batch_sizes, d=m.choice, mu=m.mu + h, K=m.K),
+                       "batch_sizes": lambda m, h: type(m)(m.batch_rate, _to_size_one(m.batch_sizes, h), d=m.choice,
+                                                           mu=m.mu, K=m.K)},
     ),
     "jsq-classes": Family(
-        "jsq-classes", JSQdClasses, frozenset({"classes", "helpers", "mu", "service", "K"}), _jsq_classes,
+        "jsq-classes", "JSQdClasses", frozenset({"classes", "helpers", "mu", "service", "K"}), _jsq_classes,
         parameters=lambda m: {"classes": [{"lam": float(m.lam[j]), "d": float(m.choices[j].mean),
                                            "batch_sizes": [float(p) for p in m.batch_sizes[j]]}
                                           for j in range(m.n_classes)],
@@ -463,48 +500,47 @@ FAMILIES: dict[str, Family] = {
                                           for r, c in zip(m.helper_rates, m.helper_choices, strict=True)],
                               "lam": float(m.arrival_rate)},
         describe=_classes_text,
-        examples=lambda: {"classes-h2-batch-helpers": JSQdClasses(
-                              [0.3, 0.2], d=[2, 1.5], batch_sizes=[None, jnp.array([0.5, 0.5])],
-                              service=hyperexponential2(1.0, 2.0), helper_rates=[0.2], f=[2], K=32),
-                          "classes-d1-d3": JSQdClasses([0.3, 0.4], d=[1, 3], K=24)},
-        perturbations={"lam": lambda m, h: _classes_like(m, lam=m.lam + h * jnp.array([1.0] + [0.5] * (m.n_classes - 1))),
-                       "service rate": lambda m, h: _classes_like(m, service=PH(m.service.alpha, m.service.T * (1 + h))),
-                       "batch_sizes": lambda m, h: _classes_like(m, batch_sizes=[
-                           p if p.shape[0] < 2 else p + h * jnp.zeros_like(p).at[0].set(1.0).at[1].set(-1.0)
-                           for p in m.batch_sizes]),
+        examples=lambda: {"classes-h2-batch-helpers": jsmkt.JSQdClasses(
+                              [0.3, 0.2], d=[2, 1.5], batch_sizes=[None, [0.5, 0.5]],
+                              service=jsmkt.hyperexponential2(1.0, 2.0), helper_rates=[0.2], f=[2], K=32),
+                          "classes-d1-d3": jsmkt.JSQdClasses([0.3, 0.4], d=[1, 3], K=24)},
+        perturbations={"lam": lambda m, h: _classes_like(m, lam=m.lam.at[0].add(h).at[1:].add(0.5 * h)),
+                       "service rate": lambda m, h: _classes_like(m, service=type(m.service)(m.service.alpha,
+                                                                                              m.service.T * (1 + h))),
+                       "batch_sizes": lambda m, h: _classes_like(m, batch_sizes=[_to_size_one(p, h)
+                                                                                 for p in m.batch_sizes]),
                        "helper_rates": lambda m, h: _classes_like(m, helper_rates=list(m.helper_rates + h)),
                        "d": lambda m, h: _classes_like(m, d=[_shift_choice(c, h) for c in m.choices])},
         metrics=_classes_metrics,
     ),
     "jsq-batch-service": Family(
-        "jsq-batch-service", JSQdBatchService, frozenset({"lam", "d", "K", "service", "service_batch_sizes"}),
+        "jsq-batch-service", "JSQdBatchService", frozenset({"lam", "d", "K", "service", "service_batch_sizes"}),
         _jsq_batch_service,
         parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean),
                               "service_batch_sizes": [float(p) for p in m.service_batch_sizes]},
         describe=lambda m: (f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}   service batches "
                             f"1..{m.service_batch_sizes.shape[0]} (mean {float(m.mean_service_batch_size):.6g})"),
-        examples=lambda: {"batch-service-h2": JSQdBatchService(1.2, hyperexponential2(1.0, 2.0), jnp.array([0.5, 0.5]),
-                                                               d=2, K=32),
-                          "batch-service-exp-d3": JSQdBatchService(1.4, exponential(1.0), jnp.full(3, 1 / 3), d=3,
-                                                                   K=24)},
+        examples=lambda: {"batch-service-h2": jsmkt.JSQdBatchService(1.2, jsmkt.hyperexponential2(1.0, 2.0),
+                                                                     [0.5, 0.5], d=2, K=32),
+                          "batch-service-exp-d3": jsmkt.JSQdBatchService(1.4, jsmkt.exponential(1.0), [1 / 3] * 3,
+                                                                         d=3, K=24)},
         perturbations={"lam": lambda m, h: _batch_service_like(m, lam=m.lam + h),
-                       "service rate": lambda m, h: _batch_service_like(m, service=PH(m.service.alpha,
-                                                                                      m.service.T * (1 + h))),
+                       "service rate": lambda m, h: _batch_service_like(m, service=type(m.service)(
+                           m.service.alpha, m.service.T * (1 + h))),
                        "service_batch_sizes": lambda m, h: _batch_service_like(
-                           m, service_batch_sizes=m.service_batch_sizes
-                           + h * jnp.zeros_like(m.service_batch_sizes).at[0].set(1.0).at[1].set(-1.0))},
+                           m, service_batch_sizes=_to_size_one(m.service_batch_sizes, h))},
     ),
     "retrial": Family(
-        "retrial", RetrialJSQ, frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,
+        "retrial", "RetrialJSQ", frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,
         parameters=lambda m: {"lam": float(m.lam), "theta": float(m.theta), "d1": float(m.choice1.mean),
                               "d2": float(m.choice2.mean), "mu": float(m.mu), "retrial": m.retrial,
                               "policy": m.policy},
         describe=lambda m: (f"lam = {float(m.lam):.6g}   theta = {float(m.theta):.6g}   d1 = {_choice_text(m)}   "
                             + (f"d2 = {_choice_text(m, m.choice2)}   " if m.retrial == "reprobe" else "")
                             + f"retrial = {m.retrial}   policy = {m.policy}"),
-        examples=lambda: {"retrial-reprobe-real-d": RetrialJSQ(0.7, 1.0, d1=1.5, d2=2.5, K=16),
-                          "retrial-own-constant-real-d": RetrialJSQ(0.6, 2.0, d1=2.5, retrial="own",
-                                                                    policy="constant", K=16)},
+        examples=lambda: {"retrial-reprobe-real-d": jsmkt.RetrialJSQ(0.7, 1.0, d1=1.5, d2=2.5, K=16),
+                          "retrial-own-constant-real-d": jsmkt.RetrialJSQ(0.6, 2.0, d1=2.5, retrial="own",
+                                                                          policy="constant", K=16)},
         perturbations={"lam": lambda m, h: _retrial_like(m, lam=m.lam + h),
                        "theta": lambda m, h: _retrial_like(m, theta=m.theta + h),
                        "mu": lambda m, h: _retrial_like(m, mu=m.mu + h),
@@ -513,7 +549,7 @@ FAMILIES: dict[str, Family] = {
         metrics=_retrial_metrics, level="orbit", utilisation="utilisation (busy)",
     ),
     "repairable": Family(
-        "repairable", RepairableJSQ,
+        "repairable", "RepairableJSQ",
         frozenset({"lam", "mu", "alpha", "beta", "d1", "d2", "arrival", "repair", "j", "K"}), _repairable,
         parameters=lambda m: {"lam": float(m.lam), "alpha": float(m.alpha), "beta": float(m.beta),
                               "d1": float(m.choice1.mean), "d2": float(m.choice2.mean), "mu": float(m.mu),
@@ -524,9 +560,9 @@ FAMILIES: dict[str, Family] = {
                             + (f"d2 = {_choice_text(m, m.choice2)}   " if m.repair != "R1" else "")
                             + f"arrival = {m.arrival}   repair = {m.repair}"
                             + (f"   j = {float(m.j):.6g}" if m.j is not None else "")),
-        examples=lambda: {"model-II-real-d": RepairableJSQ(0.5, 0.2, 0.5, d1=1.5, d2=2.5, repair="R2", K=48),
-                          "R3-saturated-A2": RepairableJSQ(0.5, 0.2, 0.5, arrival="A2", repair="R3", j=0.1,
-                                                           K=24)},
+        examples=lambda: {"model-II-real-d": jsmkt.RepairableJSQ(0.5, 0.2, 0.5, d1=1.5, d2=2.5, repair="R2", K=48),
+                          "R3-saturated-A2": jsmkt.RepairableJSQ(0.5, 0.2, 0.5, arrival="A2", repair="R3", j=0.1,
+                                                                 K=24)},
         perturbations={"lam": lambda m, h: _repairable_like(m, lam=m.lam + h),
                        "alpha": lambda m, h: _repairable_like(m, alpha=m.alpha + h),
                        "beta": lambda m, h: _repairable_like(m, beta=m.beta + h),
@@ -542,7 +578,7 @@ MODELS = tuple(FAMILIES)
 def family_of(model) -> Family:
     """The registered family of `model` (by its exact type); `ValueError` otherwise."""
     for fam in FAMILIES.values():
-        if type(model) is fam.model:
+        if type(model).__name__ == fam.class_name and type(model) is fam.model:
             return fam
     raise ValueError(f"{type(model).__name__} is not a registered model family ({', '.join(MODELS)})")
 
@@ -550,56 +586,81 @@ def family_of(model) -> Family:
 def describe_model(model) -> str:
     """The CLI's two-line description of a model: its parameters, truncation and load; its service."""
     fam = family_of(model)
-    return (f"{fam.describe(model)}   K = {model.K}   load rho = {float(model.load()):.6g}\n{_service_text(model)}")
+    load, mean, scv = map(float, _load_and_service()(model))
+    return f"{fam.describe(model)}   K = {model.K}   load rho = {load:.6g}\n{_service_text(model, mean, scv)}"
 
 
-def model_from_spec(spec: dict[str, Any], where: str = "spec"):
-    """Build a model from a parsed TOML spec (`model` names a registered family)."""
+class ParsedSpec(NamedTuple):
+    """A spec whose keys and types are checked (without JAX): its family, the constructor's arguments (`[service]`
+    tables as `ServiceSpec`s, `K` None when the spec gives none), where it comes from and the TOML table itself."""
+
+    family: Family
+    kwargs: dict[str, Any]
+    where: str
+    spec: dict[str, Any]
+
+    @property
+    def K_given(self) -> bool:
+        """Whether the spec sets the truncation level `K`."""
+        return self.kwargs.get("K") is not None
+
+
+def parse_spec(spec: dict[str, Any], where: str = "spec") -> ParsedSpec:
+    """Check a parsed TOML spec's family, keys and value types (no JAX is imported): a `SpecError` names the key."""
     name = _require(spec, "model", where)
     if name not in FAMILIES:
         raise SpecError(f"{where}: model={show(name)} is not one of {', '.join(map(show, MODELS))}")
     fam = FAMILIES[name]
     _allowed(spec, set(fam.keys) | {"model", "simulation"}, where)
+    return ParsedSpec(fam, fam.parse(spec, where), where, spec)
+
+
+def build_model(parsed: ParsedSpec):
+    """The model of a checked spec (imports JAX); a `SpecError` for values the constructor refuses."""
+    kwargs = {k: v.build() if isinstance(v, ServiceSpec) else v for k, v in parsed.kwargs.items()}
     try:
-        return fam.build(spec, where)
-    except SpecError:
-        raise
+        return parsed.family.model(**kwargs)
     except (ValueError, TypeError, ArithmeticError) as e:
-        raise SpecError(f"{where}: {e}") from None
+        raise SpecError(f"{parsed.where}: {e}") from None
 
 
-def _simulation_service(table: Any, where: str) -> PH | GeneralService:
+def model_from_spec(spec: dict[str, Any], where: str = "spec"):
+    """Build a model from a parsed TOML spec (`model` names a registered family)."""
+    return build_model(parse_spec(spec, where))
+
+
+def _simulation_service(table: Any, where: str) -> ServiceSpec:
     if not isinstance(table, dict):
         raise SpecError(f"{where} must be a table (got {show(table)})")
     kind = _require(table, "kind", where)
     if kind not in SIMULATION_KINDS + SERVICE_KINDS:
         raise SpecError(f"{where}: kind={show(kind)} is not one of {', '.join(SIMULATION_KINDS + SERVICE_KINDS)}")
-    try:
-        if kind == "deterministic":
-            _allowed(table, {"kind", "mean"}, where)
-            return deterministic(_number(table, "mean", where, 1.0))
-        if kind == "lognormal":
-            _allowed(table, {"kind", "mean", "scv"}, where)
-            return lognormal(_number(table, "mean", where, 1.0), _number(table, "scv", where))
-    except SpecError:
-        raise
-    except ValueError as e:
-        raise SpecError(f"{where}: {e}") from None
-    return service_from_spec(table, where)
+    if kind == "deterministic":
+        _allowed(table, {"kind", "mean"}, where)
+        return ServiceSpec(kind, (_number(table, "mean", where, 1.0),), where)
+    if kind == "lognormal":
+        _allowed(table, {"kind", "mean", "scv"}, where)
+        return ServiceSpec(kind, (_number(table, "mean", where, 1.0), _number(table, "scv", where)), where)
+    return parse_service(table, where)
 
 
-def simulation_from_spec(spec: dict[str, Any], where: str = "spec") -> dict[str, Any]:
-    """Keyword arguments for `jsmkt.simulate` (`sampling`, `service`) from the optional `[simulation]` table."""
+def parse_simulation(spec: dict[str, Any], where: str = "spec") -> dict[str, Any]:
+    """The optional `[simulation]` table, checked without JAX: `sampling` and, unbuilt, `service`."""
     sim = spec.get("simulation", {})
     if not isinstance(sim, dict):
         raise SpecError(f"{where}: [simulation] must be a table (got simulation = {show(sim)})")
     _allowed(sim, {"sampling", "service"}, "[simulation]")
-    kwargs: dict[str, Any] = {}
+    out: dict[str, Any] = {}
     if "sampling" in sim:
         if sim["sampling"] not in SAMPLING:
             raise SpecError(f"[simulation]: sampling={show(sim['sampling'])} is not one of "
                             f"{', '.join(map(show, SAMPLING))}")
-        kwargs["sampling"] = sim["sampling"]
+        out["sampling"] = sim["sampling"]
     if "service" in sim:
-        kwargs["service"] = _simulation_service(sim["service"], "[simulation.service]")
-    return kwargs
+        out["service"] = _simulation_service(sim["service"], "[simulation.service]")
+    return out
+
+
+def simulation_from_spec(spec: dict[str, Any], where: str = "spec") -> dict[str, Any]:
+    """Keyword arguments for `jsmkt.simulate` (`sampling`, `service`) from the optional `[simulation]` table."""
+    return {k: v.build() if isinstance(v, ServiceSpec) else v for k, v in parse_simulation(spec, where).items()}

@@ -2,13 +2,20 @@
 
 ```
 jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--auto-K] [--servers N]
+jsmkt transient SPEC.toml --time T [--points N] [--format table|json] [--plot FILE] [--auto-K] [--solver S]
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
                [--max-queue Q] [--cpu-devices K] [--progress]
 ```
+Every command also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`).
 Bad specifications give one error line on stderr and exit code 2.
+
+JAX (about a second to import) is imported only once the spec and the options are checked (`_spec.parse_spec` reads
+a spec without it), so that `--help` and those errors answer at once; its compilation cache then spares later runs
+of the same model structure the compilations.
 """
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -18,10 +25,16 @@ import sys
 import warnings
 from typing import Any
 
-import numpy as np
-
-from ._choice import choice_support
-from ._spec import SpecError, describe_model, family_of, load_spec, model_from_spec, simulation_from_spec
+from ._spec import (
+    SpecError,
+    build_model,
+    describe_model,
+    family_of,
+    load_spec,
+    parse_simulation,
+    parse_spec,
+    simulation_from_spec,
+)
 
 
 _SEED_RANGE = (-(2**63), 2**63 - 1)  # what jax.random.PRNGKey accepts
@@ -40,8 +53,11 @@ def _whole_float_d(model) -> int | None:
     randomised d); None otherwise."""
     from ._choice import InterpolatedChoice
 
-    d = model.choice.number
-    return int(d) if isinstance(model.choice, InterpolatedChoice) and float(d).is_integer() else None
+    choice = getattr(model, "choice", None)  # families with several choice numbers have none
+    if not isinstance(choice, InterpolatedChoice):
+        return None
+    d = choice.number
+    return int(d) if float(d).is_integer() else None
 
 
 def _describe(model, simulated: dict[str, Any] | None = None) -> str:
@@ -77,8 +93,10 @@ def _simulated_service(spec: dict[str, Any], model, service) -> dict[str, Any]:
     return out
 
 
-def _trim(tails: np.ndarray, floor: float = 1e-300) -> list[float]:
+def _trim(tails, floor: float = 1e-300) -> list[float]:
     """Tails from k = 0 up to the last entry above `floor` (the rest is 0 to float64 precision)."""
+    import numpy as np
+
     keep = np.nonzero(tails > floor)[0]
     n = int(keep[-1]) + 1 if len(keep) else 1
     return [float(x) for x in tails[:n]]
@@ -99,11 +117,12 @@ def _auto_max_K(K: int) -> int:
     return max(_solver_default("max_K"), 16 * K)
 
 
-def _too_small(K: int, found: str, suggest: int | None, auto_K: bool, max_K: int) -> SpecError:
+def _too_small(K: int, found: str, suggest: int | None, grown_by: str | None, max_K: int) -> SpecError:
     """The error for a truncation level `K` that is too small; `suggest` is a larger K that works (None: none up to
-    `max_K` does; 0: not known)."""
+    `max_K` does; 0: not known); `grown_by` says what grew K up to `max_K` (`--auto-K`, or the default K of a
+    spec without one), None when K was not grown."""
     if suggest is None:
-        advice = (f"--auto-K stopped at K={max_K}: " if auto_K else "") + \
+        advice = (f"{grown_by} stopped at K={max_K}: " if grown_by else "") + \
             f"K would need to exceed {max_K} for this model (lower the load or the service SCV)"
     elif suggest == 0:
         advice = "raise K in the spec or pass --auto-K"
@@ -112,13 +131,20 @@ def _too_small(K: int, found: str, suggest: int | None, auto_K: bool, max_K: int
     return SpecError(f"K={K} is too small: {found}; {advice}")
 
 
-def _solve_exact(
-    model, auto_K: bool, servers: int | None = None, sampling: str = "with_replacement"
-) -> tuple[dict[str, Any], Any]:
+def _grown_by(args, K_given: bool) -> str | None:
+    """What grows K until the tail mass at K is negligible: `--auto-K`, or for a spec without K its default (a
+    heuristic, which the solver's check may find too small); None when the spec's K stands."""
+    return "--auto-K" if args.auto_K else None if K_given else "the default K"
+
+
+def _fixed_point(model, grown_by: str | None):
+    """`jsmkt.solve_fixed_point(model)`, K grown when `grown_by` says what grows it; a too small K is a `SpecError`
+    that suggests the K that works."""
     import jsmkt
 
+    auto_K = grown_by is not None
     try:
-        fp = jsmkt.solve_fixed_point(model, auto_K=auto_K, max_K=_auto_max_K(model.K))
+        return jsmkt.solve_fixed_point(model, auto_K=auto_K, max_K=_auto_max_K(model.K))
     except jsmkt.TruncationError as e:
         found = f"the fraction of servers with K jobs is {e.tail_mass:.3g} > tail_tol={e.tail_tol:.3g}"
         enough = None
@@ -129,37 +155,73 @@ def _solve_exact(
                 pass
             except (ValueError, RuntimeError):  # e.g. too large to solve: no K to suggest
                 enough = 0
-        raise _too_small(e.K, found, enough, e.auto_K, _auto_max_K(model.K)) from None
+        raise _too_small(e.K, found, enough, grown_by if e.auto_K else None, _auto_max_K(model.K)) from None
+
+
+def _solve_exact(
+    model, grown_by: str | None, servers: int | None = None, sampling: str = "with_replacement"
+) -> tuple[dict[str, Any], Any]:
+    import numpy as np
+
+    fp = _fixed_point(model, grown_by)
     model = fp.model
-    s = np.asarray(jsmkt.tails(model, fp))
+    fam = family_of(model)
+    values = {k: np.asarray(v) for k, v in _exact_values()(model, fp).items()}
     out = {
         "variant": "exact",
         "model": type(model).__name__,
-        "lam": float(model.arrival_rate),
-        **family_of(model).parameters(model),
+        "lam": float(values.pop("lam")),
+        **fam.parameters(model),
         "K": model.K,
-        "load": float(model.load()),
-        "mean_queue_length": float(jsmkt.mean_queue_length(model, fp)),
-        "mean_sojourn_time": float(jsmkt.mean_sojourn_time(model, fp)),
-        "mean_waiting_time": float(jsmkt.mean_waiting_time(model, fp)),
-        "prob_wait": float(jsmkt.prob_wait(model, fp)),
-        "utilisation": float(jsmkt.utilisation(model, fp)),
-        **(family_of(model).metrics(model, fp) if family_of(model).metrics else {}),
-        "tail": _trim(s),
+        "load": float(values.pop("load")),
+    }
+    tail, phase_tails = values.pop("tail"), values.pop("phase_tails", None)
+    out.update({k: float(v) for k, v in values.items()})
+    out.update({
+        "tail": _trim(tail),
         "tail_mass_at_K": float(fp.tail_mass),
         "newton_steps": int(fp.stats["num_steps"]),
         "residual": float(fp.residual),
-    }
-    if hasattr(model, "phase_tails"):
-        P = np.asarray(jsmkt.phase_tails(model, fp))
-        out["phase_tails"] = [[float(v) for v in row] for row in P[: max(len(out["tail"]) - 1, 0)]]
+    })
+    if phase_tails is not None:
+        out["phase_tails"] = [[float(v) for v in row] for row in phase_tails[: max(len(out["tail"]) - 1, 0)]]
     if servers is not None:
         out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling)
     return out, model
 
 
+@functools.cache
+def _exact_values():
+    """The metrics `jsmkt solve` prints, as one compiled function of `(model, fp)`: computed one by one, each metric
+    and its few operations would be traced, lowered and loaded from the cache on its own, in every run."""
+    import equinox as eqx
+
+    import jsmkt
+
+    def values(model, fp):
+        fam = family_of(model)
+        out = {
+            "lam": model.arrival_rate,
+            "load": model.load(),
+            "mean_queue_length": jsmkt.mean_queue_length(model, fp),
+            "mean_sojourn_time": jsmkt.mean_sojourn_time(model, fp),
+            "mean_waiting_time": jsmkt.mean_waiting_time(model, fp),
+            "prob_wait": jsmkt.prob_wait(model, fp),
+            "utilisation": jsmkt.utilisation(model, fp),
+            **(fam.metrics(model, fp) if fam.metrics else {}),
+            "tail": jsmkt.tails(model, fp),
+        }
+        if hasattr(model, "phase_tails"):
+            out["phase_tails"] = jsmkt.phase_tails(model, fp)
+        return out
+
+    return eqx.filter_jit(values)
+
+
 def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
     """The 1/N-refined mean field with `n` servers (expected values to order 1/N)."""
+    import numpy as np
+
     import jsmkt
     from ._refined import _with_sampling_eps
 
@@ -205,8 +267,11 @@ def _outside_unit_interval(r: dict[str, Any]) -> list[str]:
     return [f"{name} = {v:.4g}" for name, v in values if not 0.0 <= v <= 1.0]
 
 
-def _published_tails(model, K: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The published s_0..s_K and, for PH service, the phase tails pi_1..pi_K."""
+def _published_tails(model, K: int):
+    """The published s_0..s_K and, for PH service, the phase tails pi_1..pi_K (NumPy arrays; None without
+    phases)."""
+    import numpy as np
+
     import jsmkt
     from ._models.jsqd_ph import JSQdPH
 
@@ -217,9 +282,10 @@ def _published_tails(model, K: int) -> tuple[np.ndarray, np.ndarray | None]:
     return np.asarray(pub.exponential_tails(model.lam, model.choice.d, model.mu, K)), None
 
 
-def _published_K(model, auto_K: bool) -> int:
-    """The spec's K, or with `auto_K` K doubled until the published s_K is at most the exact solver's `tail_tol`
-    (up to its `max_K`); a `SpecError` like the exact solver's when K is too small."""
+def _published_K(model, grown_by: str | None) -> int:
+    """The spec's K, or when `grown_by` says what grows it, K doubled until the published s_K is at most the exact
+    solver's `tail_tol` (up to its `max_K`); a `SpecError` like the exact solver's when K is too small."""
+    auto_K = grown_by is not None
     tol, max_K = _solver_default("tail_tol"), _auto_max_K(model.K)
     K = enough = model.K
     while (tail := float(_published_tails(model, enough)[0][-1])) > tol and enough < max_K:
@@ -227,10 +293,12 @@ def _published_K(model, auto_K: bool) -> int:
     if tail <= tol and (auto_K or enough == K):
         return enough
     found = f"the published s_K is {float(_published_tails(model, K)[0][-1]):.3g} > tail_tol={tol:.3g}"
-    raise _too_small(K, found, enough if tail <= tol else None, auto_K, max_K)
+    raise _too_small(K, found, enough if tail <= tol else None, grown_by, max_K)
 
 
-def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
+def _solve_published(model, grown_by: str | None = None) -> tuple[dict[str, Any], Any]:
+    import numpy as np
+
     import jsmkt
     from ._choice import FixedChoice
     from ._models.jsqd_ph import JSQdPH
@@ -242,7 +310,7 @@ def _solve_published(model, auto_K: bool = False) -> tuple[dict[str, Any], Any]:
                 if whole is not None else "")
         raise SpecError(f"--as-published needs an integer d (the published formulas have no randomised d){hint}")
     d = model.choice.d
-    K = _published_K(model, auto_K)
+    K = _published_K(model, grown_by)
     if K != model.K:
         model = model.with_K(K)
     s, pi = _published_tails(model, model.K)
@@ -353,33 +421,44 @@ def _check_plot_path(path: str) -> None:
 
 
 def _plot(out: dict[str, Any], path: str, title: str) -> None:
+    from .plotting import plot_phase_tails, plot_tails
+
+    def draw(fig):
+        ax = fig.subplots()
+        plot_tails(ax, out["tail"], label=f"$s_k$ ({out['variant']})", color="k")
+        if out.get("phase_tails"):
+            plot_phase_tails(ax, out["phase_tails"])
+        ax.set_title(title, fontsize=9)
+
+    _save_figure(draw, path, figsize=(6, 4.5))
+
+
+def _save_figure(draw, path: str, figsize: tuple[float, float]) -> None:
+    """A figure drawn by `draw(fig)`, written to `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plotting import plot_phase_tails, plot_tails
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    plot_tails(ax, out["tail"], label=f"$s_k$ ({out['variant']})", color="k")
-    if out.get("phase_tails"):
-        plot_phase_tails(ax, out["phase_tails"])
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    # Matplotlib's warnings and log messages (e.g. "The PostScript backend does not support transparency") are
-    # printed as one line each, in the CLI's format.
-    log, records = logging.getLogger("matplotlib"), []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    log.addHandler(handler)
+    fig = plt.figure(figsize=figsize)
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            fig.savefig(path)
-    except OSError as e:
-        raise SpecError(f"--plot={path}: cannot write the plot ({e.strerror or e})") from None
+        draw(fig)
+        fig.tight_layout()
+        # Matplotlib's warnings and log messages (e.g. "The PostScript backend does not support transparency") are
+        # printed as one line each, in the CLI's format.
+        log, records = logging.getLogger("matplotlib"), []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = records.append
+        log.addHandler(handler)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fig.savefig(path)
+        except OSError as e:
+            raise SpecError(f"--plot={path}: cannot write the plot ({e.strerror or e})") from None
+        finally:
+            log.removeHandler(handler)
     finally:
-        log.removeHandler(handler)
         plt.close(fig)
     for text in [str(w.message) for w in caught] + [r.getMessage() for r in records]:
         print(f"jsmkt: warning: --plot={path}: {text.strip().splitlines()[0]}", file=sys.stderr)
@@ -409,6 +488,10 @@ def _print_refined(r: dict[str, Any]) -> None:
 
 def _check_servers(model, n: int, sampling: str) -> None:
     """`--servers N` must be >= 1, and at least the largest choice number when sampling without replacement."""
+    import numpy as np
+
+    from ._choice import choice_support
+
     if n < 1:
         raise SpecError(f"--servers={n} must be >= 1")
     max_d = max((choice_support(np.asarray(disp.choice.weights())) or (1, 1))[1]
@@ -419,22 +502,28 @@ def _check_servers(model, n: int, sampling: str) -> None:
 
 
 def _cmd_solve(args) -> int:
-    spec = load_spec(args.spec)
-    model = model_from_spec(spec, where=args.spec)
-    sampling = simulation_from_spec(spec, where=args.spec).get("sampling", "with_replacement")  # as simulate samples
+    parsed = _parse(args)
+    sampling = parse_simulation(parsed.spec, where=args.spec).get("sampling", "with_replacement")  # as simulate
     if args.servers is not None:
         if args.as_published:
             raise SpecError("--servers (refined mean field) applies to the exact mean field, not --as-published")
-        _check_servers(model, args.servers, sampling)
+        if args.servers < 1:
+            raise SpecError(f"--servers={args.servers} must be >= 1")
+    if args.as_published and not parsed.family.published:
+        raise SpecError(f"--as-published: model = {parsed.family.name!r} has no published form in jsmkt; solve it "
+                        "without --as-published (the exact mean field)")
     if args.plot:
         _check_plot_path(args.plot)
-    if args.as_published and not family_of(model).published:
-        raise SpecError(f"--as-published: model = {family_of(model).name!r} has no published form in jsmkt; solve it "
-                        "without --as-published (the exact mean field)")
-    out, model = (_solve_published(model, args.auto_K) if args.as_published
-                  else _solve_exact(model, args.auto_K, args.servers, sampling))
+    model = _build(parsed, args)
+    if args.servers is not None:
+        _check_servers(model, args.servers, sampling)
+    grown_by = _grown_by(args, parsed.K_given)
+    out, model = (_solve_published(model, grown_by) if args.as_published
+                  else _solve_exact(model, grown_by, args.servers, sampling))
     if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
-        _plot(out, args.plot, f"{_describe(model).splitlines()[0]} ({out['variant']})")
+        from .plotting import model_title
+
+        _plot(out, args.plot, model_title(model, "as published" if args.as_published else "exact mean field"))
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
@@ -449,29 +538,152 @@ def _cmd_solve(args) -> int:
     return 0
 
 
-def _use_cpu_devices(requested: int | None) -> None:
-    """Expose the CPU's cores as `requested` JAX devices (default: all cores), so that `simulate` runs
-    replications on them in parallel."""
-    from ._config import max_cpu_devices, too_many_cpu_devices, use_cpu_cores
+_TRANSIENT_LEVELS = 4  # the tails s_1..s_4 over time in the table and the plot
+
+
+@functools.cache
+def _transient_values():
+    """`(model, ys, fp) ->` the tails and E[Q] at each saved time, their distance to the fixed point (the largest
+    |s_k(t) - s_k*|), and the fixed point's, as one compiled function."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    import jsmkt
+
+    def values(model, ys, fp):
+        tails = jax.vmap(lambda y: jsmkt.tails(model, y))(ys)
+        star = jsmkt.tails(model, fp)
+        return {"tails": tails, "mean_queue_length": jax.vmap(lambda y: jsmkt.mean_queue_length(model, y))(ys),
+                "distance": jnp.max(jnp.abs(tails - star[None, :]), axis=1), "tail_star": star,
+                "mean_queue_length_star": jsmkt.mean_queue_length(model, fp)}
+
+    return eqx.filter_jit(values)
+
+
+def _cmd_transient(args) -> int:
+    parsed = _parse(args)
+    if not (args.time > 0 and math.isfinite(args.time)):
+        raise SpecError(f"--time={args.time} must be a positive finite time")
+    if args.points < 2:
+        raise SpecError(f"--points={args.points} must be >= 2 (the times 0 and --time at least)")
+    if args.plot:
+        _check_plot_path(args.plot)
+    model = _build(parsed, args)
+    import numpy as np
+
+    import jsmkt
+
+    # The fixed point first: its K (grown when the spec gives none) is deep enough for the whole transient, which
+    # starts from empty servers and rises towards it.
+    fp = _fixed_point(model, _grown_by(args, parsed.K_given))
+    model = fp.model
+    ts = np.linspace(0.0, args.time, args.points)
+    traj = jsmkt.integrate(model, args.time, ts=ts, solver=_ode_solver(args.solver))
+    values = {k: np.asarray(v) for k, v in _transient_values()(model, traj.ys, fp).items()}
+    n = len(_trim(values["tail_star"]))
+    out = {
+        "variant": "transient",
+        "model": type(model).__name__,
+        "lam": float(model.arrival_rate),
+        **family_of(model).parameters(model),
+        "K": model.K,
+        "time": float(args.time),
+        "start": "empty",
+        "times": [float(t) for t in ts],
+        "mean_queue_length": [float(v) for v in values["mean_queue_length"]],
+        "tails": [[float(v) for v in row[:n]] for row in values["tails"]],
+        "distance_to_fixed_point": [float(v) for v in values["distance"]],
+        "fixed_point": {"mean_queue_length": float(values["mean_queue_length_star"]),
+                        "tail": [float(v) for v in values["tail_star"][:n]]},
+    }
+    if args.plot:
+        from .plotting import model_title
+
+        _plot_transient(out, args.plot, model_title(model, "transient from empty servers"),
+                        family_of(model).level)
+    if args.format == "json":
+        print(json.dumps(out, indent=2))
+    else:
+        _print_transient(out, "jsmkt transient: from empty servers to t = " + f"{args.time:g}\n" + _describe(model),
+                         family_of(model).level)
+    return 0
+
+
+_ODE_SOLVERS = ("kvaerno5", "tsit5")
+
+
+def _ode_solver(name: str):
+    """`--solver`: Diffrax's Kvaerno5 (implicit, L-stable: `jsmkt.integrate`'s default, for stiff fast PH phases)
+    or Tsit5 (explicit: no Jacobian to build or factor, quicker to compile and per step when the rates are of one
+    scale)."""
+    import diffrax as dfx
+
+    return {"kvaerno5": dfx.Kvaerno5, "tsit5": dfx.Tsit5}[name]()
+
+
+def _print_transient(out: dict[str, Any], header: str, level: str) -> None:
+    print(header)
+    levels = range(1, min(_TRANSIENT_LEVELS, len(out["fixed_point"]["tail"]) - 1) + 1)
+    print(f"  {'t':>10}  {'E[Q](t)':>12}" + "".join(f"  {f's_{k}(t)':>12}" for k in levels)
+          + f"  {'max_k |s_k(t) - s_k*|':>22}")
+    for i, t in enumerate(out["times"]):
+        row = out["tails"][i]
+        print(f"  {t:>10.4g}  {out['mean_queue_length'][i]:>12.6g}" + "".join(f"  {row[k]:>12.6g}" for k in levels)
+              + f"  {out['distance_to_fixed_point'][i]:>22.3e}")
+    star = out["fixed_point"]
+    print(f"  {'fixed pt':>10}  {star['mean_queue_length']:>12.6g}"
+          + "".join(f"  {star['tail'][k]:>12.6g}" for k in levels))
+    print(f"  (s_k(t) = P({level} >= k) at time t; E[Q] counts the jobs at a server)")
+
+
+def _plot_transient(out: dict[str, Any], path: str, title: str, level: str) -> None:
+    import numpy as np
+
+    from .plotting import plot_trajectory
+
+    def draw(fig):
+        left, right = fig.subplots(1, 2)
+        tails = np.asarray(out["tails"])
+        levels = list(range(1, min(_TRANSIENT_LEVELS, tails.shape[1] - 1) + 1))
+        plot_trajectory(left, out["times"], tails, levels=levels)
+        for k, line in zip(levels, left.lines, strict=True):
+            left.axhline(out["fixed_point"]["tail"][k], color=line.get_color(), linestyle=":", linewidth=1)
+        left.set_ylabel(f"$s_k(t) = P({level} \\geq k)$ (dotted: fixed point)")
+        dist = np.asarray(out["distance_to_fixed_point"])
+        keep = dist > 0
+        right.semilogy(np.asarray(out["times"])[keep], dist[keep], color="k")
+        right.set_xlabel("time")
+        right.set_ylabel(r"distance to the fixed point, $\max_k |s_k(t) - s_k^*|$")
+        fig.suptitle(title, fontsize=9)
+
+    _save_figure(draw, path, figsize=(10, 4))
+
+
+def _check_cpu_devices(requested: int | None) -> None:
+    from ._config import max_cpu_devices, too_many_cpu_devices
 
     if requested is not None and requested < 1:
         raise SpecError(f"--cpu-devices={requested} must be >= 1")
     if requested is not None and requested > max_cpu_devices():
         raise SpecError(f"--cpu-devices={requested} exceeds {too_many_cpu_devices()}")
+
+
+def _use_cpu_devices(requested: int | None) -> None:
+    """Expose the CPU's cores as `requested` JAX devices (default: all cores), so that `simulate` runs
+    replications on them in parallel."""
+    from ._config import use_cpu_cores
+
+    _check_cpu_devices(requested)
     if not use_cpu_cores(requested) and requested is not None:
         print(f"jsmkt: note: --cpu-devices={requested} ignored, JAX's devices were already set up", file=sys.stderr)
 
 
 def _cmd_simulate(args) -> int:
-    _use_cpu_devices(args.cpu_devices)
-    import jax.random as jr
-
-    import jsmkt
-
-    spec = load_spec(args.spec)
-    model = model_from_spec(spec, where=args.spec)
-    kwargs = simulation_from_spec(spec, where=args.spec)
-    _check_servers(model, args.servers, kwargs.get("sampling", "with_replacement"))
+    parsed = _parse(args)
+    parse_simulation(parsed.spec, where=args.spec)
+    if args.servers < 1:
+        raise SpecError(f"--servers={args.servers} must be >= 1")
     if not (args.time > 0 and math.isfinite(args.time)):
         raise SpecError(f"--time={args.time} must be a positive finite time")
     if args.warmup is not None and not (math.isfinite(args.warmup) and 0 <= args.warmup < args.time):
@@ -483,6 +695,15 @@ def _cmd_simulate(args) -> int:
                         f"{_SEED_RANGE[1]}")
     if args.max_queue is not None and args.max_queue < 1:
         raise SpecError(f"--max-queue={args.max_queue} must be >= 1")
+    _check_cpu_devices(args.cpu_devices)
+    _use_cpu_devices(args.cpu_devices)  # before JAX's first computation
+    import jax.random as jr
+
+    import jsmkt
+
+    model = _build(parsed, args)
+    kwargs = simulation_from_spec(parsed.spec, where=args.spec)
+    _check_servers(model, args.servers, kwargs.get("sampling", "with_replacement"))
     options = lambda text: _SIMULATE_OPTIONS.sub(lambda m: _SIMULATE_OPTION_NAMES[m.group(1)], text)  # noqa: E731
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -496,7 +717,7 @@ def _cmd_simulate(args) -> int:
         raise SpecError(options(str(e))) from None
     for w in caught:  # one line each, in the options' names
         print(f"jsmkt: warning: {options(str(w.message))}", file=sys.stderr)
-    service = _simulated_service(spec, model, kwargs.get("service"))
+    service = _simulated_service(parsed.spec, model, kwargs.get("service"))
     out = res.to_dict()
     out = {"variant": "simulation", "model": type(model).__name__, "service": service, **out}
     if args.format == "json":
@@ -508,11 +729,82 @@ def _cmd_simulate(args) -> int:
     return 0
 
 
+CACHE_ENV = "JSMKT_CACHE_DIR"
+_CACHE_OFF = "off"
+# Every compilation is cached: the CLI's kernels compile in 0.01-2 s each, and a cached one loads in a few ms.
+_CACHE_MIN_COMPILE_SECONDS = 0.0
+
+
+def _cache_dir(args) -> str | None:
+    """jsmkt's cache folder for this run, `None` when the cache is off: `--no-cache` turns it off; else
+    `--cache-dir DIR`, else `$JSMKT_CACHE_DIR` (`off` turns it off), else the user's cache folder,
+    `$XDG_CACHE_HOME/jsmkt` or `~/.cache/jsmkt`. JAX's persistent compilation cache is its subfolder `jax`."""
+    if args.no_cache:
+        return None
+    path = args.cache_dir if args.cache_dir is not None else os.environ.get(CACHE_ENV)
+    if path is not None and path.strip().lower() == _CACHE_OFF:
+        return None
+    if not path:
+        root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(root, "jsmkt")
+    return os.path.expanduser(path)
+
+
+def _use_compilation_cache(args) -> None:
+    """Turn on JAX's persistent compilation cache in `_cache_dir(args)` (the library never does: only the CLI, whose
+    every run is a new process). A folder that cannot be written gives a warning, and the run goes on without the
+    cache. Without a jsmkt option or variable, a cache that JAX was told to use (`JAX_COMPILATION_CACHE_DIR`) is
+    left as it is."""
+    import jax
+
+    path = _cache_dir(args)
+    if path is None:
+        return
+    explicit = args.cache_dir is not None or os.environ.get(CACHE_ENV)
+    if not explicit and jax.config.jax_compilation_cache_dir:
+        return
+    folder = os.path.join(path, "jax")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as e:
+        print(f"jsmkt: warning: cannot use the compilation cache in {folder} ({e.strerror or e}); running without it "
+              f"(pass --cache-dir DIR, or --no-cache)", file=sys.stderr)
+        return
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", _CACHE_MIN_COMPILE_SECONDS)
+
+
+def _parse(args):
+    """The spec file `args.spec`, read and checked (family, keys, types) without importing JAX."""
+    return parse_spec(load_spec(args.spec), where=args.spec)
+
+
+def _build(parsed, args):
+    """The model of a checked spec. JAX is imported here: its compilation cache is set up first."""
+    _use_compilation_cache(args)
+    return build_model(parsed)
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every command takes."""
+    c = argparse.ArgumentParser(add_help=False)
+    g = c.add_argument_group("compilation cache")
+    g.add_argument("--cache-dir", metavar="DIR", default=None,
+                   help=f"keep JAX's compiled kernels in DIR/jax, so that later runs of the same model structure skip "
+                        f"compiling (default: ${CACHE_ENV}, else $XDG_CACHE_HOME/jsmkt or ~/.cache/jsmkt; "
+                        f"{CACHE_ENV}=off turns the cache off)")
+    g.add_argument("--no-cache", action="store_true", help="do not read or write the compilation cache")
+    return c
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jsmkt", description="Mean-field solver and simulator for supermarket models.")
     sub = p.add_subparsers(dest="command", required=True)
+    common = _common_options()
 
-    s = sub.add_parser("solve", help="solve the mean-field fixed point of a model spec (TOML)")
+    s = sub.add_parser("solve", parents=[common], help="solve the mean-field fixed point of a model spec (TOML)")
     s.add_argument("spec", help="TOML model specification (see examples/)")
     s.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     s.add_argument("--plot", metavar="FILE", help="write a plot of the tails to FILE (png, pdf, svg)")
@@ -522,7 +814,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also give the refined mean field (1/N correction) for N servers")
     s.set_defaults(func=_cmd_solve)
 
-    m = sub.add_parser("simulate", help="simulate the finite-N system of a model spec (TOML)")
+    t = sub.add_parser("transient", parents=[common],
+                       help="integrate the mean-field ODE of a model spec (TOML) from empty servers over time")
+    t.add_argument("spec", help="TOML model specification (see examples/)")
+    t.add_argument("--time", type=float, required=True, help="the final time T")
+    t.add_argument("--points", type=int, default=11, metavar="N",
+                   help="report N equally spaced times from 0 to T (default: 11)")
+    t.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    t.add_argument("--plot", metavar="FILE", help="write plots of s_k(t) and of the distance to the fixed point to "
+                                                  "FILE (png, pdf, svg)")
+    t.add_argument("--auto-K", action="store_true", help="grow K until the tail mass at K is negligible")
+    t.add_argument("--solver", choices=_ODE_SOLVERS, default="kvaerno5",
+                   help="the ODE solver: kvaerno5 (implicit, for stiff models, e.g. fast PH phases; the default) or "
+                        "tsit5 (explicit: quicker when the rates are of one scale)")
+    t.set_defaults(func=_cmd_transient)
+
+    m = sub.add_parser("simulate", parents=[common], help="simulate the finite-N system of a model spec (TOML)")
     m.add_argument("spec", help="TOML model specification (see examples/); an optional [simulation] table sets "
                    "sampling and may replace the service")
     m.add_argument("--servers", type=int, required=True, help="number of servers N")

@@ -28,6 +28,12 @@ import jsmkt  # noqa: E402, F401  (enables float64)
 from jsmkt import _maps  # noqa: E402
 
 
+# The CLI's own compilation cache stays off in the tests (they call `jsmkt.cli.main` in this process, where it would
+# move JAX's cache to the user's folder for every later test); tests of the cache run the console script in a
+# subprocess.
+os.environ["JSMKT_CACHE_DIR"] = "off"
+
+
 jax.config.update("jax_enable_x64", True)
 # Strict promotion, as in the JAX libraries we build on: silent int/float or rank promotion hides bugs.
 jax.config.update("jax_numpy_rank_promotion", "raise")

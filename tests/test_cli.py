@@ -336,18 +336,21 @@ def test_truncation_errors_point_to_the_spec_and_auto_K(tmp_path, capsys, monkey
                    "the load or the service SCV)\n")
 
 
-def test_auto_K_grows_a_default_K_above_max_K(tmp_path, capsys):
-    # Regression: M/M/1 at lam = 0.9999 gets a default K of 40281 (> max_K = 4096), too small; --auto-K did not
-    # grow it and said "K would need to exceed 40281", and the error without --auto-K suggested K=80562, too small.
+def test_a_default_K_that_is_too_small_grows(tmp_path, capsys):
+    """Issue 25: a spec without K failed with "raise K in the spec" when its default K (a heuristic) was too small;
+    it now grows, as with --auto-K, above the solver's max_K too. M/M/1 at lam = 0.9999 gets a default K of 40281,
+    too small (regressions: --auto-K did not grow a K above max_K = 4096, and the error suggested K=80562, too
+    small too). A K given in the spec stands: too small, it is an error that suggests the K that works."""
     spec = tmp_path / "m.toml"
     spec.write_text('model = "jsq"\nlam = 0.9999\nd = 1\n')
-    code, out, err = run(["solve", str(spec)], capsys)
-    assert code == 2 and err.startswith("jsmkt: error: K=40281 is too small") and "(e.g. K=161124)" in err
-    code, out, err = run(["solve", str(spec), "--auto-K", "--format", "json"], capsys)
+    code, out, err = run(["solve", str(spec), "--format", "json"], capsys)
     assert code == 0, err
     res = json.loads(out)
     assert res["K"] == 161124 and res["tail_mass_at_K"] <= 1e-10
     np.testing.assert_allclose(res["tail"][1:6], 0.9999 ** np.arange(1, 6), rtol=1e-9)  # M/M/1: s_k = lam^k
+    spec.write_text('model = "jsq"\nlam = 0.9999\nd = 1\nK = 40281\n')
+    code, out, err = run(["solve", str(spec)], capsys)
+    assert code == 2 and err.startswith("jsmkt: error: K=40281 is too small") and "(e.g. K=161124)" in err
 
 
 def test_refined_mean_field_out_of_range_is_flagged(tmp_path, capsys):
@@ -517,7 +520,7 @@ def test_retrial_solve_and_simulate(tmp_path, capsys):
     assert code == 0, err
     assert json.loads(out)["mean_orbit_size"] == pytest.approx(0.25 / 0.5 + 0.25 / 0.5, rel=1e-10)
     for text, message in (('retrial = "orbit"', "retrial='orbit' is not one of 'reprobe', 'own'"),
-                          ("theta = 0.0", "theta=0.0 must be positive"), ("lam = 1.5", "lam=1.5 >= mu=1.0"),
+                          ("theta = 0.0", "theta=0.0 must be positive"), ("lam = 1.5", "unstable: lam=1.5 >= mu=1 (load rho=1.5)"),
                           ("d2 = 0", "d2=0 must be >= 1"), ('policy = "x"', "policy='x' is not one of")):
         key = text.split(" = ")[0]
         lines = [ln for ln in spec.read_text().splitlines() if not ln.startswith(key + " ")]
@@ -551,3 +554,190 @@ def test_repairable_solve_and_simulate(tmp_path, capsys):
         code, _, err = run(["solve", str(spec)], capsys)
         assert code == 2 and message in err, (text, err)
         spec.write_text('model = "repairable"\nlam = 0.5\nalpha = 0.2\nbeta = 0.5\narrival = "A2"\nK = 40\n')
+
+
+def _family_specs() -> dict[str, pathlib.Path]:
+    """The first example spec of each registered family (every family has one: `test_every_example_solves`)."""
+    import tomllib
+
+    from jsmkt._spec import FAMILIES
+
+    out = {}
+    for path in sorted(EXAMPLES.glob("*.toml")):
+        out.setdefault(tomllib.loads(path.read_text())["model"], path)
+    assert set(out) == set(FAMILIES)
+    return out
+
+
+FAMILY_SPECS = _family_specs()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SPECS))
+def test_transient_runs_for_every_family(family, capsys):
+    """`jsmkt transient`: from empty servers at t = 0 (s_k = 0 for k >= 1, E[Q] = 0, at distance s_1* from the fixed
+    point) towards the fixed point that `jsmkt solve` gives (same K). The example specs share their solves with
+    `test_every_example_solves`."""
+    spec = str(FAMILY_SPECS[family])
+    # Tsit5 (explicit) compiles in a fraction of Kvaerno5's time; the default solver is checked against the M/M/1
+    # queue below.
+    code, out, err = run(["transient", spec, "--time", "3", "--points", "4", "--format", "json", "--solver", "tsit5"],
+                         capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    solved = json.loads(run(["solve", spec, "--format", "json"], capsys)[1])
+    assert res["K"] == solved["K"] and res["times"] == [0.0, 1.0, 2.0, 3.0]
+    star = res["fixed_point"]
+    np.testing.assert_allclose(star["tail"], solved["tail"], rtol=1e-12, atol=1e-300)
+    assert star["mean_queue_length"] == pytest.approx(solved["mean_queue_length"], rel=1e-12)
+    tails = np.array(res["tails"])
+    assert tails.shape == (4, len(star["tail"])) and np.all(tails[:, 0] == 1.0)
+    assert np.all(tails[0, 1:] == 0.0) and res["mean_queue_length"][0] == 0.0
+    assert res["distance_to_fixed_point"][0] == pytest.approx(star["tail"][1], rel=1e-12)
+    assert np.all(np.diff(tails, axis=1) <= 1e-12) and np.all(tails >= -1e-12)  # tails fall with k
+    assert res["distance_to_fixed_point"][-1] < res["distance_to_fixed_point"][0]
+    code, out, err = run(["transient", spec, "--time", "3", "--points", "4", "--solver", "tsit5"], capsys)
+    assert code == 0 and "max_k |s_k(t) - s_k*|" in out and "fixed pt" in out, err
+
+
+def test_transient_matches_the_mm1_forward_equations(tmp_path, capsys):
+    """JSQ(1) is the M/M/1 queue: its mean-field transient from empty is P(Q(t) >= k) of one M/M/1 queue started
+    empty, here from the matrix exponential of its generator (truncated far above the levels compared)."""
+    import scipy.linalg
+
+    spec = tmp_path / "mm1.toml"
+    spec.write_text('model = "jsq"\nlam = 0.7\nd = 1\nK = 80\n')
+    png = tmp_path / "transient.png"
+    code, out, err = run(["transient", str(spec), "--time", "4", "--points", "5", "--format", "json", "--plot",
+                          str(png)], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    n = 200
+    Q = np.diag(np.full(n - 1, 0.7), 1) + np.diag(np.full(n - 1, 1.0), -1)
+    Q -= np.diag(Q.sum(axis=1))
+    for t, row in zip(res["times"], res["tails"], strict=True):
+        p = scipy.linalg.expm(Q.T * t)[:, 0]  # the law of Q(t) from Q(0) = 0
+        tail = p[::-1].cumsum()[::-1]
+        np.testing.assert_allclose(row[1:8], tail[1:8], rtol=1e-6, atol=1e-9)  # integrate's rtol is 1e-8 per step
+    assert png.stat().st_size > 5000
+    for args, needle in ((["--time", "0"], "--time=0.0 must be a positive finite time"),
+                         (["--time", "1", "--points", "1"], "--points=1 must be >= 2")):
+        code, _, err = run(["transient", str(spec), *args], capsys)
+        assert code == 2 and needle in err
+
+
+def _unstable_spec(path: pathlib.Path) -> str:
+    """A family's example spec with its arrival rates multiplied by 4 (unstable), as TOML."""
+    import tomllib
+
+    spec = tomllib.loads(path.read_text())
+    for table in [spec, *spec.get("classes", [])]:
+        for key in ("lam", "batch_rate"):
+            if key in table:
+                table[key] *= 4
+    lines = []
+    for key, v in spec.items():
+        if not isinstance(v, (dict, list)) or (isinstance(v, list) and not isinstance(v[0], dict)):
+            lines.append(f"{key} = {json.dumps(v)}")
+    for key, v in spec.items():
+        if isinstance(v, dict):
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {json.dumps(x)}" for k, x in v.items()]
+        elif isinstance(v, list) and isinstance(v[0], dict):
+            for table in v:
+                lines.append(f"[[{key}]]")
+                lines += [f"{k} = {json.dumps(x)}" for k, x in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SPECS))
+def test_solve_and_simulate_word_instability_alike(family, tmp_path, capsys):
+    """Issue 25: `simulate` and `solve` worded the same instability differently. Each family's example at four
+    times its arrival rate: the same `jsmkt: error: unstable: ...` line from both commands."""
+    spec = tmp_path / "unstable.toml"
+    spec.write_text(_unstable_spec(FAMILY_SPECS[family]))
+    code, out, solve_err = run(["solve", str(spec)], capsys)
+    assert code == 2 and out == "" and solve_err.startswith("jsmkt: error: ") and "unstable: " in solve_err
+    code, out, simulate_err = run(["simulate", str(spec), "--servers", "10", "--time", "10"], capsys)
+    assert code == 2 and out == "" and simulate_err == solve_err
+
+
+def test_help_spec_and_option_errors_import_no_jax(tmp_path):
+    """Issue 25: `jsmkt --help` took 4.6 s, spec and option errors as long: the CLI imported every model and JAX
+    first. These now answer before JAX is imported (and NumPy too, but where Matplotlib checks a --plot file)."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text('model = "jsq"\nlam = 0.5\nspeed = 2\n')
+    ok = EXAMPLES / "jsq2_h2.toml"
+    calls = [["--help"], ["solve", "--help"], ["solve", str(bad)], ["solve", str(tmp_path / "missing.toml")],
+             ["solve", str(ok), "--servers", "0"],
+             ["simulate", str(ok), "--servers", "10", "--time", "-1"], ["transient", str(ok), "--time", "0"],
+             ["simulate", str(ok), "--servers", "10", "--time", "5", "--cpu-devices", "0"], ["solve"]]
+    code = ("import sys\nfrom jsmkt.cli import main\n"
+            f"for argv in {calls!r}:\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'equinox', 'numpy'}))\n"
+            f"main(['solve', {str(ok)!r}, '--plot', 'x.xyz'])\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'equinox'}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.stdout.splitlines()[-2:] == ["[]", "[]"], proc.stdout[-500:] + proc.stderr
+    for needle in ("unknown key(s) 'speed'", "missing.toml: no such file", "--servers=0 must be >= 1",
+                   "file type .xyz is not supported", "--time=-1.0 must be a positive", "--time=0.0 must be a positive",
+                   "--cpu-devices=0 must be >= 1", "the following arguments are required: spec"):
+        assert needle in proc.stderr, needle
+
+
+def test_cache_folder_follows_the_options_and_the_environment(monkeypatch, tmp_path):
+    """`--no-cache` > `--cache-dir` > `$JSMKT_CACHE_DIR` (`off` turns it off) > `$XDG_CACHE_HOME/jsmkt` >
+    `~/.cache/jsmkt`; the library itself never turns JAX's compilation cache on."""
+    import jax
+
+    from jsmkt.cli import _cache_dir, build_parser
+
+    def folder(*options):
+        return _cache_dir(build_parser().parse_args(["solve", "s.toml", *options]))
+
+    monkeypatch.delenv("JSMKT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert folder() == str(tmp_path / "xdg" / "jsmkt")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert folder() == str(tmp_path / "home" / ".cache" / "jsmkt")
+    monkeypatch.setenv("JSMKT_CACHE_DIR", str(tmp_path / "env"))
+    assert folder() == str(tmp_path / "env")
+    assert folder("--cache-dir", str(tmp_path / "opt")) == str(tmp_path / "opt")
+    assert folder("--cache-dir", str(tmp_path / "opt"), "--no-cache") is None
+    monkeypatch.setenv("JSMKT_CACHE_DIR", "off")
+    assert folder() is None and folder("--cache-dir", "OFF") is None
+    assert jax.config.jax_compilation_cache_dir is None  # nothing in this process turned it on
+
+
+@pytest.mark.slow
+def test_compilation_cache_is_written_and_reused(tmp_path):
+    """A run with the cache writes compiled kernels to DIR/jax and prints what a run without it prints; a run with
+    --no-cache or JSMKT_CACHE_DIR=off writes nothing."""
+    import os
+
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.7\nd = 2\nK = 12\n')
+    env = {k: v for k, v in os.environ.items() if k != "JSMKT_CACHE_DIR"}
+    cli = [sys.executable, "-m", "jsmkt.cli", "solve", str(spec), "--format", "json"]
+    cache = tmp_path / "cache"
+    first = subprocess.run([*cli, "--cache-dir", str(cache)], capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr
+    written = sorted(p.name for p in (cache / "jax").iterdir())
+    assert len(written) >= 3  # the value checks, the structure's probe, the solve, the metrics, ...
+    again = subprocess.run([*cli, "--cache-dir", str(cache)], capture_output=True, text=True, env=env, timeout=600)
+    assert again.stdout == first.stdout
+    off = tmp_path / "off"
+    plain = subprocess.run([*cli, "--cache-dir", str(off), "--no-cache"], capture_output=True, text=True,
+                           env={**env, "XDG_CACHE_HOME": str(off)}, timeout=600)
+    assert plain.stdout == first.stdout and not off.exists()
+
+
+def test_spec_words_agree_with_the_models():
+    """The spec reads `retrial`, `policy`, `arrival` and `repair` without importing the models (JAX): its word lists
+    must be the models' own."""
+    from jsmkt import _spec
+    from jsmkt._models import repairable, retrial
+
+    assert (_spec.RETRIALS, _spec.POLICIES) == (retrial.RETRIALS, retrial.POLICIES)
+    assert (_spec.ARRIVALS, _spec.REPAIRS) == (repairable.ARRIVALS, repairable.REPAIRS)

@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming the argument and value; never a silent NaN."""
 
 import math
+import re
 
 import diffrax as dfx
 import equinox as eqx
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import jsmkt
+from jsmkt._spec import FAMILIES
 
 
 def test_unstable_load_python():
@@ -326,3 +328,108 @@ def test_subnormal_probabilities_are_read_as_zero():
     # Rates are scales: the offending entry is named.
     with pytest.raises(ValueError, match=r"^rates\[1\]=1e-310 is nonzero but below 2\.22507e-308"):
         jsmkt.hyperexponential([0.5, 0.5], [1.0, 1e-310])
+
+
+# --- issue 25: consistent results ---------------------------------------------------------------------------------
+
+
+def test_failed_entries_have_nan_metrics():
+    """Issue 25: in a vmapped sweep with throw=False, an entry flagged as failed (lam = 1.0) still returned
+    E[T] = 35.01 (Newton's last iterate). Its value, hence every metric, is NaN now; the result code says why, and
+    the stable entries keep Mitzenmacher's E[T] = sum_k lam^(2^k - 2). A K that is too small gives NaN too (also
+    outside jit), its tail mass at K is still reported."""
+
+    def solve(lam):
+        m = jsmkt.JSQd(lam, d=2, K=40)
+        fp = jsmkt.solve_fixed_point(m, throw=False)
+        return jsmkt.mean_sojourn_time(m, fp), jsmkt.tails(m, fp), fp.result == jsmkt.RESULTS.unstable
+
+    lams = np.array([0.5, 0.9, 1.0, 1.1])
+    ET, s, unstable = map(np.asarray, jax.vmap(solve)(jnp.asarray(lams)))
+    assert unstable.tolist() == [False, False, True, True]
+    assert np.all(np.isnan(ET[2:])) and np.all(np.isnan(s[2:, 1:]))
+    k = np.arange(1, 40)
+    np.testing.assert_allclose(ET[:2], [np.sum(lam ** (2.0**k - 2)) for lam in lams[:2]], rtol=1e-10)
+    fp = jsmkt.solve_fixed_point(jsmkt.JSQd(0.9, d=2, K=4), throw=False)
+    assert fp.result == jsmkt.RESULTS.truncation_too_small and float(fp.tail_mass) > 1e-10
+    assert math.isnan(float(jsmkt.mean_sojourn_time(fp.model, fp)))
+
+
+def _first_numbers(kwargs):
+    """(argument name, a copy of `kwargs` with that number or list of numbers given as text) for each number."""
+    for key, v in kwargs.items():
+        if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and key != "K"):
+            yield key, {**kwargs, key: str(v)}
+        elif isinstance(v, list) and v and all(isinstance(x, float) for x in v):
+            yield key, {**kwargs, key: [str(x) for x in v]}
+            yield f"{key}[0]", {**kwargs, key: [str(v[0]), *v[1:]]}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_constructors_refuse_text_naming_the_argument(family):
+    """Issue 25: `JSQd('0.9')` and the like: every number a family's constructor takes, given as a string (or a list
+    of strings), is refused with a ValueError naming the argument. The arguments come from the family's example spec
+    (its TOML parser), so every registered family is covered."""
+    import pathlib
+    import tomllib
+
+    from jsmkt._spec import ServiceSpec, parse_spec
+
+    examples = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glob("*.toml"))
+    spec = next(s for p in examples if (s := tomllib.loads(p.read_text()))["model"] == family)
+    kwargs = {k: v.build() if isinstance(v, ServiceSpec) else v for k, v in parse_spec(spec).kwargs.items()}
+    cls = FAMILIES[family].model
+    cls(**kwargs)  # the example itself is fine
+    cases = list(_first_numbers(kwargs))
+    assert cases
+    for name, bad in cases:
+        with pytest.raises(ValueError, match=rf"{re.escape(name.split('[')[0])}(\[\d+\])?=\[?'"):
+            cls(**bad)
+    if "service" in kwargs:
+        with pytest.raises(ValueError, match=r"service='h2' must be a jsmkt.PH"):
+            cls(**{**kwargs, "service": "h2"})
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda v: jsmkt.PH(v, [[-1.0]]), "alpha"),
+    (lambda v: jsmkt.PH([1.0], v), "T"),
+    (lambda v: jsmkt.exponential(v), "rate"),
+    (lambda v: jsmkt.erlang(v), "k"),
+    (lambda v: jsmkt.erlang(2, v), "mean"),
+    (lambda v: jsmkt.hyperexponential2(1.0, v), "scv"),
+    (lambda v: jsmkt.hyperexponential([1.0], v), "rates"),
+    (lambda v: jsmkt.coxian2(v, 2.0), "mean"),
+    (lambda v: jsmkt.fit_ph2_three_moments(1.0, v, 6.0), "m2"),
+    (lambda v: jsmkt.deterministic(v), "mean"),
+    (lambda v: jsmkt.lognormal(1.0, v), "scv"),
+    (lambda v: jsmkt.FixedChoice(v), "d"),
+    (lambda v: jsmkt.InterpolatedChoice(v), "d"),
+    (lambda v: jsmkt.MixedChoice(v), "d"),
+    (lambda v: jsmkt.JSQd(0.5, d=v), "d"),
+    (lambda v: jsmkt.JSQdClasses([0.3], mu=v), "mu"),
+    (lambda v: jsmkt.JSQdClasses([0.3], helper_rates=v, f=[2]), "helper_rates"),
+])
+@pytest.mark.parametrize("value", ["2", b"2", ["2"], object(), 2 + 1j, np.array([2 + 0j]), {"d": 2}])
+def test_distribution_and_choice_constructors_refuse_non_numbers(call, name, value):
+    """Issue 25: strings, bytes, objects, complex numbers and dicts are refused by name (regressions: `d=object()`
+    gave JAX's TypeError, `deterministic('0.9')` and `lognormal(1, '4')` were read as numbers, a complex array was
+    cast to its real part with a ComplexWarning, JSQdClasses' `mu` errors named `rate`, `helper_rates=b'12'`
+    was read as [49, 50])."""
+    with pytest.raises(ValueError, match=rf"\b{name}(\[\d+\])?="):
+        call(value)
+
+
+def test_results_print_readably():
+    """Issue 25: `jsmkt.RESULTS.successful` printed as `jsmkt._solution.RESULTS<>`, a FixedPoint as shapes only."""
+    assert repr(jsmkt.RESULTS.successful) == "jsmkt.RESULTS<successful>"
+    assert repr(jsmkt.RESULTS.unstable).startswith("jsmkt.RESULTS<the model is unstable")
+    model = jsmkt.JSQd(0.5, d=2, K=12)
+    text = repr(jsmkt.solve_fixed_point(model))
+    assert text.startswith("FixedPoint(JSQd(lam=0.5, mu=1, choice=FixedChoice(d=2), K=12): jsmkt.RESULTS<successful>, "
+                           "newton_steps=")
+    assert "residual=" in text and "tail_mass=" in text and text.endswith("value=f64[12])")
+    text = repr(jsmkt.integrate(model, 1.0, ts=jnp.linspace(0.0, 1.0, 3)))
+    assert text == ("Trajectory(JSQd(lam=0.5, mu=1, choice=FixedChoice(d=2), K=12): jsmkt.RESULTS<successful>, "
+                    "ts=[0, 0.5, 1], ys=f64[3,12])")
+    batch = jax.vmap(lambda lam: jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=2, K=12), throw=False))(jnp.array([0.5, 2.0]))
+    assert "value=f64[2,12]" in repr(batch) and "'successful'" in repr(batch)

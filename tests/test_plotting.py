@@ -17,7 +17,8 @@ def test_helpers_return_the_ax_and_take_matplotlib_keywords():
     assert ax.lines[-1].get_marker() == "s"
     S = np.array([[0.5, 0.3], [0.2, 0.1], [0.05, 0.01]])
     assert plotting.plot_phase_tails(ax, S, marker="o", ls=":", label="Erlang-2") is ax
-    assert [line.get_label() for line in ax.lines[-2:]] == ["Erlang-2, phase 1", "Erlang-2, phase 2"]
+    assert [line.get_label() for line in ax.lines[-2:]] == ["Erlang-2, $S_k^{(1)}$, phase 1 in service",
+                                                            "Erlang-2, $S_k^{(2)}$, phase 2 in service"]
     assert ax.lines[-1].get_marker() == "o" and ax.lines[-1].get_linestyle() == ":"
     fig2, ax2 = plt.subplots()
     ts, s = [0.0, 1.0], [[1.0, 0.5, 0.2], [1.0, 0.6, 0.3]]
@@ -72,3 +73,45 @@ def test_bad_inputs_are_refused_naming_the_argument(call, needle):
         call(ax)
     assert not ax.lines
     plt.close(fig)
+
+
+def test_tail_plots_span_the_informative_range():
+    """Issue 25: `jsmkt solve --plot` drew a y-axis from 1e-312 to 1e8, the informative range squashed into its top
+    tenth. JSQ(2) at lam = 0.9 has s_k = 0.9^(2^k - 1) (Mitzenmacher): 1.4e-15 at k = 8, 1.9e-30 at k = 9, 0 in
+    float64 from k = 13. The axes end at the last level above 1e-16, and span the per-phase tails drawn beside."""
+    k = np.arange(31)
+    s = 0.9 ** (2.0**k - 1)
+    fig, ax = plt.subplots()
+    plotting.plot_tails(ax, s, label="$s_k$", color="k")
+    last = int(np.flatnonzero(s > 1e-16)[-1])
+    assert last == 8
+    bottom, top = ax.get_ylim()
+    assert s[last] / 10 < bottom < s[last] and 1.0 < top <= 2.0
+    assert ax.get_xlim() == (-0.5, last + 0.5)
+    # Per-phase tails (here made up, smaller than s_k) widen the range and read as such: thin, dashed, S_k^(i).
+    S = np.stack([0.6 * s[1:], 0.4 * s[1:] ** 2], axis=1)
+    plotting.plot_phase_tails(ax, S)
+    phase_lines = ax.lines[1:]
+    assert [line.get_label() for line in phase_lines] == ["$S_k^{(1)}$, phase 1 in service",
+                                                          "$S_k^{(2)}$, phase 2 in service"]
+    assert all(line.get_linestyle() == "--" for line in phase_lines) and ax.lines[0].get_linestyle() == "-"
+    assert all(line.get_linewidth() < ax.lines[0].get_linewidth() for line in phase_lines)
+    smallest = min(np.min(line.get_ydata()) for line in ax.lines)
+    assert smallest > 1e-16 and ax.get_ylim()[0] == pytest.approx(smallest / 3)
+    # `floor` lowers the range on request.
+    fig2, ax2 = plt.subplots()
+    plotting.plot_tails(ax2, s, floor=1e-300)
+    assert ax2.get_ylim()[0] == pytest.approx(s[12] / 3)  # 0.9^4095 = 1.4e-188; s_13 is 0 in float64
+    plt.close(fig)
+    plt.close(fig2)
+
+
+def test_model_title_names_the_model_service_and_load():
+    import jsmkt
+
+    title = plotting.model_title(jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=30), "exact mean field")
+    first, second = title.split("\n")
+    assert first.startswith("JSQdPH (exact mean field): lam = 0.9   d = 2   K = 30   load rho = 0.9")
+    assert second == "service: PH of order 2, mean 1, SCV 4"
+    title = plotting.model_title(jsmkt.JSQd(0.6, d=3, mu=2.0, K=12))
+    assert title == "JSQd: lam = 0.6   d = 3   K = 12   load rho = 0.3\nservice: exponential, rate mu = 2"

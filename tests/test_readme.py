@@ -33,6 +33,7 @@ def test_readme_sweep_example_flags_the_unstable_entries():
     namespace: dict = {"jax": jax, "jsmkt": __import__("jsmkt")}
     exec(compile(blocks[0], str(README), "exec"), namespace)
     assert list(np.asarray(namespace["ok"])) == [True] * 5 + [False] * 2
+    assert np.all(np.isnan(np.asarray(namespace["ET"])[5:]))  # a failed entry's metrics are NaN
     # Mitzenmacher's E[T] = sum_k lam^(2^k - 2) for the stable entries.
     lams = np.linspace(0.5, 1.1, 7)[:5]
     expected = [np.sum(lam ** (2.0 ** np.arange(1, 40) - 2)) for lam in lams]

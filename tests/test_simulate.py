@@ -244,8 +244,12 @@ def test_bad_service_times_are_refused(getkey, sampler, count):
         (dict(max_queue=0), r"max_queue=0 must be an integer >= 1"),
         (dict(service="exp"), r"service='exp' must be a jsmkt.PH"),
         (dict(key=3), r"key=3 is not a JAX PRNG key"),
-        (dict(model=jsmkt.JSQd(1.2, d=2)), r"lam=1.2 gives load 1.2 ≥ 1: the system is unstable"),
-        (dict(model=jsmkt.JSQd(0.6, d=2), service=jsmkt.deterministic(2.0)), r"lam=0.6 gives load 1.2 ≥ 1"),
+        # Instability in solve_fixed_point's words (the model's value checks), also for a simulated service.
+        (dict(model=jsmkt.JSQd(1.2, d=2)), r"^unstable: lam=1.2 >= capacity mu=1 per server \(load rho=1.2\); no "
+                                           r"steady state exists: lower lam or raise mu$"),
+        (dict(model=jsmkt.JSQd(0.6, d=2), service=jsmkt.deterministic(2.0)),
+         r"^unstable: lam=0.6 >= capacity 1/E\[S\]=0.5 per server \(load rho=lam\*E\[S\]=1.2, with the service "
+         r"simulated instead of the model's\); no steady state exists"),
         (dict(n_servers=2, sampling="without_replacement"), r"d=3 exceeds n_servers=2"),
         (dict(model="JSQd"), r"model='JSQd' must be a jsmkt.JSQd or jsmkt.JSQdPH"),
         (dict(n_servers=10**6, max_queue=10**4), r"ring-buffer slots \(74.5 GiB\) exceed the limit"),

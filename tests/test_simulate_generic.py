@@ -281,7 +281,7 @@ class _NoTables:
                                                                                  r"service"),
         (jsmkt.JSQd(0.5), dict(engine="generic", service=jsmkt.deterministic(1.0)), r"general distribution: the "
                                                                                     r"generic engine executes"),
-        (jsmkt.JSQd(1.2), dict(engine="generic"), r"lam=1.2 gives load 1.2 ≥ 1"),
+        (jsmkt.JSQd(1.2), dict(engine="generic"), r"^unstable: lam=1.2 >= capacity mu=1 per server"),
         (jsq_tables.BatchJSQ(0.3, [1.0], d=3), dict(sampling="without_replacement"), r"d=3 exceeds n_servers=2"),
         (_model(lambda top: "tables", 0.5, "Bad"), {}, r"simulation_tables returned str"),
         (_model(lambda top: jsq_tables.batch_jsq_tables(0.3, [1.0], [1.0], 1.0, top + 1), 0.5, "Deep"),

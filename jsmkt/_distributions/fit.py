@@ -28,6 +28,8 @@ def _moment(name: str, value) -> float:
         )
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name}={value!r} is boolean; give a real number (a raw moment of a service time)")
+    if isinstance(value, (str, bytes, complex)) or np.iscomplexobj(value):  # float() reads "2", drops 0j
+        raise ValueError(f"{name}={value!r} is not a real number")
     try:
         v = float(value)
     except (TypeError, ValueError) as e:

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import jax.random as jr
 import jax.scipy.linalg as jsl
 import numpy as np
-import scipy.linalg
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._errors import TINY as _TINY
@@ -106,6 +105,8 @@ def _check_scale(alpha: np.ndarray, T: np.ndarray) -> None:
     r"""Refuse a PH whose first two moments leave the normal float64 range (its SCV, variance and the solvers'
     truncation levels need them): $E[S] = \alpha(-T)^{-1}\mathbf1$ and $E[S^2] = 2\alpha(-T)^{-2}\mathbf1$ from every
     phase, so that no moment is 0 * inf (NaN)."""
+    import scipy.linalg  # here, not at the top: only PH constructions need it (the CLI's start-up)
+
     if not np.any(np.tril(T, -1)):  # Erlang, Coxian, hyperexponential: O(m^2) back substitution
         solve = functools.partial(scipy.linalg.solve_triangular, -T, check_finite=False)
     else:
@@ -121,6 +122,16 @@ def _check_scale(alpha: np.ndarray, T: np.ndarray) -> None:
             f"the PH's time scale leaves float64: E[S]={mean:.6g}, E[S^2]={second:.6g} (both must be finite and "
             f"at least {_TINY:.6g}, from every phase, for its SCV and the solvers); measure time in another unit"
         )
+
+
+def concrete_mean_scv(service: "PH") -> tuple[float, float]:
+    """$E[S]$ and the SCV of a PH with concrete parameters, in NumPy (for the models' default truncation levels and
+    the simulator's set-up: the properties `mean` and `scv` would compile each of their operations on its own)."""
+    alpha, T = np.asarray(service.alpha, dtype=float), np.asarray(service.T, dtype=float)
+    v1 = np.linalg.solve(-T, np.ones(len(alpha)))
+    v2 = np.linalg.solve(-T, v1)
+    m1 = float(alpha @ v1)
+    return m1, 2.0 * float(alpha @ v2) / m1**2 - 1.0
 
 
 def not_a_ph(service: "PH") -> Array:
@@ -444,21 +455,27 @@ def hyperexponential2(mean: float = 1.0, scv: float = 4.0) -> PH:
     sc = concrete_array(scv)
     if sc is not None and not sc >= 1:
         raise ValueError(f"scv={float(sc)!r} must be >= 1 for a hyperexponential distribution")
+    p, rates, smooth_alpha, smooth_T = _h2(mean, scv)
+    _check_rates(rates, mean, scv)
+    balanced = hyperexponential(p, rates)
+    if sc is not None and not sc == 1:
+        return balanced
+    return PH(smooth_alpha, smooth_T)
+
+
+@jax.jit
+def _h2(mean, scv):
+    """`hyperexponential2`'s probabilities and rates, and its representation smooth at `scv = 1` (compiled once:
+    run eagerly, each of their operations would compile on its own)."""
     u = (scv - 1.0) / (scv + 1.0)
     at_one = u == 0.0
     s = jnp.where(at_one, 0.0, jnp.sqrt(jnp.where(at_one, 1.0, u)))  # no infinite derivative at u = 0
     # p2 = (1 - s)/2 = 1/((c^2 + 1)(1 + s)), free of cancellation as c^2 grows.
     p = jnp.stack([0.5 * (1.0 + s), 1.0 / ((scv + 1.0) * (1.0 + s))])
     rates = 2.0 * p / mean
-    _check_rates(rates, mean, scv)
-    balanced = hyperexponential(p, rates)
-    if sc is not None and not sc == 1:
-        return balanced
     smooth_T = jnp.stack([jnp.stack([-(1.0 + 2.0 * u), u]), jnp.stack([1.0 - 4.0 * u, -(1.0 - 2.0 * u)])]) / mean
-    return PH(
-        jnp.where(at_one, jnp.array([1.0, 0.0]), balanced.alpha),
-        jnp.where(at_one, smooth_T, balanced.T),
-    )
+    return (p, rates, jnp.where(at_one, jnp.array([1.0, 0.0]), p),
+            jnp.where(at_one, smooth_T, -jnp.diag(rates)))
 
 
 def coxian(rates: ArrayLike, probs: ArrayLike) -> PH:

@@ -295,10 +295,12 @@ class AbstractDescribedModel(AbstractSupermarketModel):
         return derived_reduce(self.description(), x)
 
     def vector_field(self, t, y, args=None):
+        """The derived drift of the reduced state, in the shape of `y` (a family's reduced state flattens to the
+        derived one, e.g. phase tails of shape `(K, m)`: an ODE solver needs `dy/dt` shaped like `y`)."""
         from .description import derived_vector_field
 
         del t, args
-        return derived_vector_field(self.description(), y)
+        return jnp.reshape(derived_vector_field(self.description(), y), jnp.shape(y))
 
     def initial_state(self):
         """The empty system (under a saturated pool, the pool's units held by empty servers)."""
@@ -314,8 +316,16 @@ class AbstractDescribedModel(AbstractSupermarketModel):
     def unknown_levels(self) -> np.ndarray:
         from .description import reduced_index
 
-        desc = self.description()
-        return desc.cells.level[1:][reduced_index(desc)]
+        out = []
+
+        def levels():
+            desc = self.description()
+            out.append(desc.cells.level[1:][reduced_index(desc)])
+
+        # Under `eval_shape` the description's rates are traced, not computed (run eagerly, each of their operations
+        # would compile on its own); only its static tables are read.
+        jax.eval_shape(levels)
+        return out[0]
 
     def simulation_top(self, n: int) -> int | None:
         """The largest level the simulation of `n` servers keeps (its tables' truncation), or `None` (the default)

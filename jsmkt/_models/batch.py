@@ -163,7 +163,7 @@ class JSQdBatch(AbstractDescribedModel):
             (~(rho < 1.0), "unstable: " + fmt("job arrival rate batch_rate*E[B]={a} >= capacity mu={b} per server "
                                               "(load rho={rho})", a=self.arrival_rate, b=self.mu, rho=rho,
                                               default="batch_rate*E[B] >= capacity mu per server (load >= 1)")
-             + "; no fixed point exists: lower batch_rate or the batch sizes, or raise mu"),
+             + "; no steady state exists: lower batch_rate or the batch sizes, or raise mu"),
         ]
 
 

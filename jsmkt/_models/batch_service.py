@@ -8,7 +8,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
-from .._distributions.ph import PH, not_a_ph
+from .._distributions.ph import PH, concrete_mean_scv, not_a_ph
 from .._errors import as_float_array, concrete_array
 from .base import AbstractDescribedModel, check_K, default_K, fmt
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
@@ -80,9 +80,10 @@ class JSQdBatchService(AbstractDescribedModel):
                 raise ValueError("K must be given when lam, service, service_batch_sizes or d are traced "
                                  "(inside jit/grad/vmap)")
             mean_b = float(np.arange(1, B + 1) @ p)
-            rho = float(lc) * float(service.mean) / mean_b
+            mean, scv = concrete_mean_scv(service)
+            rho = float(lc) * mean / mean_b
             # In jobs, a server drains up to B at a time: scale the JSQ(d) rule's levels by the mean batch.
-            K = int(np.ceil(default_K(rho, wc, float(service.scv)) * max(1.0, mean_b))) + B
+            K = int(np.ceil(default_K(rho, wc, scv) * max(1.0, mean_b))) + B
         self.K = check_K(K)
 
     @property
@@ -205,5 +206,5 @@ class JSQdBatchService(AbstractDescribedModel):
             (~(rho < 1.0), "unstable: " + fmt("lam={a} >= capacity E[B]/E[S]={b} jobs per server (load rho={rho})",
                                               a=self.lam, b=self.mean_service_batch_size / self.service.mean,
                                               rho=rho, default="lam >= capacity E[B]/E[S] (load >= 1)")
-             + "; no fixed point exists: lower lam, or raise the service rate or batch sizes"),
+             + "; no steady state exists: lower lam, or raise the service rate or batch sizes"),
         ]

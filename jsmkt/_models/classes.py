@@ -8,8 +8,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, named_choice, named_value_errors
-from .._distributions.ph import PH, exponential, not_a_ph
-from .._errors import as_float_array, concrete_array
+from .._distributions.ph import PH, concrete_mean_scv, exponential, not_a_ph
+from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, default_K, fmt, mph1_tail_decay
 from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, make_cells
 
@@ -19,6 +19,8 @@ _BISECTION = 60  # bisection steps per level of the initial guess with helpers
 
 
 def _sequence(name: str, x) -> list:
+    if isinstance(x, (np.ndarray, jax.Array)) and x.ndim == 1:  # e.g. helper_rates as an array
+        return list(x)
     if isinstance(x, (str, bytes)) or not isinstance(x, (list, tuple)):
         raise ValueError(f"{name}={x!r} must be a list with one entry per class (or per helper)")
     return list(x)
@@ -113,11 +115,13 @@ class JSQdClasses(AbstractDescribedModel):
         if service is not None and mu is not None:
             raise ValueError("give the service as mu (exponential) or as service (a jsmkt.PH), not both")
         if service is None:
-            service = exponential(1.0 if mu is None else mu)
+            mu = as_float_array("mu", 1.0 if mu is None else mu, ndim=0, scale=True)
+            check_positive("mu", mu)
+            service = exponential(mu)
         elif not isinstance(service, PH):
             raise ValueError(f"service={service!r} must be a jsmkt.PH distribution")
         self.service = service
-        helper_rates, f = _sequence("helper_rates", list(helper_rates)), _sequence("f", list(f))
+        helper_rates, f = _sequence("helper_rates", helper_rates), _sequence("f", f)
         if len(helper_rates) != len(f):
             raise ValueError(f"helper_rates has {len(helper_rates)} entries and f has {len(f)}: give one choice "
                              "number f per helper pool")
@@ -144,7 +148,8 @@ class JSQdClasses(AbstractDescribedModel):
         w = conc[4 + len(self.batch_sizes):]
         mean_b = np.array([np.arange(1, q.size + 1) @ q for q in p])
         jobs = lam * mean_b
-        rate = 1.0 / float(self.service.mean) + float(nu.sum())
+        mean, scv = concrete_mean_scv(self.service)
+        rate = 1.0 / mean + float(nu.sum())
         rho = float(jobs.sum()) / rate
         if rho >= 1.0:
             return 8  # unstable: value_errors says so at the entry points
@@ -154,9 +159,9 @@ class JSQdClasses(AbstractDescribedModel):
         single = all(q.size == 1 for q in p)
         decay = None
         lam1 = float(sum(lam[j] * x[0] for j, x in enumerate(w)))
-        if single and nu.size == 0 and lam1 > 0 and lam1 * float(self.service.mean) < 1:
+        if single and nu.size == 0 and lam1 > 0 and lam1 * mean < 1:
             decay = mph1_tail_decay(lam1, conc[2], conc[3])
-        return int(np.ceil(default_K(rho, mix, float(self.service.scv), decay=decay) * spread))
+        return int(np.ceil(default_K(rho, mix, scv, decay=decay) * spread))
 
     # --- queueing quantities --------------------------------------------------------------------------------
     @property
@@ -295,7 +300,7 @@ class JSQdClasses(AbstractDescribedModel):
             "job arrival rate sum_j lam_j E[B_j]={a} >= capacity 1/E[S] + sum of helper_rates={b} per server "
             "(load rho={rho})", a=self.arrival_rate, b=self.capacity, rho=rho,
             default="job arrival rate >= service capacity per server (load >= 1)")
-            + "; no fixed point exists: lower lam or the batch sizes, or raise the service or helper rates"))
+            + "; no steady state exists: lower lam or the batch sizes, or raise the service or helper rates"))
         return out
 
 

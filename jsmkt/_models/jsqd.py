@@ -129,7 +129,7 @@ class JSQd(AbstractDescribedModel):
             (~(rho < 1.0), "unstable: " + fmt("lam={lam} >= capacity mu={mu} per server (load rho={rho})",
                                               lam=self.lam, mu=self.mu, rho=rho,
                                               default="lam >= capacity mu per server (load rho = lam/mu >= 1)")
-             + "; no fixed point exists: lower lam or raise mu"),
+             + "; no steady state exists: lower lam or raise mu"),
         ]
 
 

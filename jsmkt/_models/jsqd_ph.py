@@ -7,7 +7,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
-from .._distributions.ph import PH, not_a_ph
+from .._distributions.ph import PH, concrete_mean_scv, not_a_ph
 from .._errors import as_float_array, concrete_array
 from .._linalg import mmatrix_solve
 from .base import AbstractDescribedModel, check_K, default_K, fmt, mph1_tail_decay
@@ -64,12 +64,13 @@ class JSQdPH(AbstractDescribedModel):
             wc = concrete_array(self.choice.weights())
             if lc is None or wc is None or concrete_array(service.T) is None:
                 raise ValueError("K must be given when lam, service or d are traced (inside jit/grad/vmap)")
-            rho = float(lc) * float(service.mean)
+            mean, scv = concrete_mean_scv(service)
+            rho = float(lc) * mean
             w1 = float(wc[0])  # P(D = 1): those arrivals leave a geometric tail (M/PH/1 at rate lam w1)
             decay = None
             if w1 > 0 and rho * w1 < 1:
                 decay = mph1_tail_decay(float(lc) * w1, concrete_array(service.alpha), concrete_array(service.T))
-            K = default_K(rho, wc, float(service.scv), decay=decay)
+            K = default_K(rho, wc, scv, decay=decay)
         self.K = check_K(K)
 
     @property
@@ -226,5 +227,5 @@ class JSQdPH(AbstractDescribedModel):
              "unstable: " + fmt("lam={lam} >= capacity 1/E[S]={cap} per server (load rho=lam*E[S]={rho})",
                                 lam=self.lam, cap=1.0 / self.service.mean, rho=self.load(),
                                 default="lam >= capacity 1/E[S] per server (load rho = lam*E[S] >= 1)")
-             + "; no fixed point exists: lower lam or speed up service"),
+             + "; no steady state exists: lower lam or speed up service"),
         ]

@@ -104,8 +104,7 @@ class RetrialJSQ(AbstractDescribedModel):
         self.choice2 = named_choice("d2", d2, d2_max)
         lc, mc = concrete_array(self.lam), concrete_array(self.mu)
         if lc is not None and mc is not None and not lc < mc:
-            raise ValueError(f"lam={float(lc)!r} >= mu={float(mc)!r}: the servers cannot serve the primary arrivals "
-                             "(load lam/mu >= 1), the system is unstable; lower lam or raise mu")
+            raise ValueError(self._unstable_message())  # the words of `value_errors`, as `solve` and `simulate` say
         if policy == "constant" and lc is not None and mc is not None:
             bad = [msg for flag, msg in self.value_errors()[-1:] if concrete_array(flag) is not None and bool(flag)]
             if bad:
@@ -193,9 +192,7 @@ class RetrialJSQ(AbstractDescribedModel):
                                           default="lam, theta and mu") + " must be finite and positive"),
             *named_value_errors("d1", self.choice1),
             *named_value_errors("d2", self.choice2),
-            (~(rho < 1.0), "unstable: " + fmt("lam={a} >= mu={b} (load rho={rho})", a=self.lam, b=self.mu, rho=rho,
-                                              default="lam >= mu (load rho = lam/mu >= 1)")
-             + "; the servers cannot serve the primary arrivals: lower lam or raise mu"),
+            (~(rho < 1.0), self._unstable_message()),
         ]
         if self.policy == "constant":
             inflow = self.lam * self.choice1.pgf(rho)
@@ -209,6 +206,11 @@ class RetrialJSQ(AbstractDescribedModel):
                 default=f"with constant retrials lam*g1(rho) >= {what}: the orbits fill faster than they empty")
                 + "; raise theta, d1 or d2, or lower lam"))
         return out
+
+    def _unstable_message(self) -> str:
+        return "unstable: " + fmt("lam={a} >= mu={b} (load rho={rho})", a=self.lam, b=self.mu, rho=self.load(),
+                                  default="lam >= mu (load rho = lam/mu >= 1)") + \
+            "; the servers cannot serve the primary arrivals: lower lam or raise mu"
 
     def simulation_top(self, n: int) -> int | None:
         """Linear retrials make a cell's event rate grow with its orbit size, and the simulator is uniformised at

@@ -15,8 +15,9 @@ import numpy as np
 
 from .. import _maps
 from .._choice import choice_support
-from .._distributions.ph import PH, reachable_phases
+from .._distributions.ph import PH, concrete_mean_scv, reachable_phases
 from .._errors import staging
+from .._models.base import AbstractSupermarketModel
 from . import core, generic, jsq_tables
 from . import tables as tables_mod
 from .result import SimulationResult
@@ -200,13 +201,6 @@ def _check_sampler(service: GeneralService, key) -> None:
         )
 
 
-def _ph_mean_scv(alpha: np.ndarray, T: np.ndarray) -> tuple[float, float]:
-    v1 = np.linalg.solve(-T, np.ones(len(alpha)))
-    v2 = np.linalg.solve(-T, v1)
-    m1 = float(alpha @ v1)
-    return m1, 2.0 * float(alpha @ v2) / m1**2 - 1.0
-
-
 def _service_of(model, service):
     """(kind, PH arrays or GeneralService, mean, scv)."""
     if service is None:
@@ -219,7 +213,7 @@ def _service_of(model, service):
             raise ValueError(f"model={model!r} has no service rate `mu` or service distribution `service`")
     if isinstance(service, PH):
         alpha, T = _concrete("service.alpha", service.alpha), _concrete("service.T", service.T)
-        mean, scv = _ph_mean_scv(alpha, T)
+        mean, scv = concrete_mean_scv(service)
         return "ph", (alpha, T), mean, scv
     if isinstance(service, GeneralService):
         return "general", service, service.mean, service.scv
@@ -227,6 +221,13 @@ def _service_of(model, service):
         f"service={service!r} must be a jsmkt.PH, a jsmkt.GeneralService (e.g. jsmkt.deterministic(1.0), "
         "jsmkt.lognormal(1.0, 2.0)) or None (the model's own service)"
     )
+
+
+def _unstable(lam: float, mean_s: float, service) -> str:
+    """The instability error, in the words of the models' value checks (`jsmkt solve` says the same)."""
+    simulated = "" if service is None else ", with the service simulated instead of the model's"
+    return (f"unstable: lam={lam:.6g} >= capacity 1/E[S]={1.0 / mean_s:.6g} per server (load rho=lam*E[S]="
+            f"{lam * mean_s:.6g}{simulated}); no steady state exists: lower lam or speed up service")
 
 
 def _default_max_queue(rho: float, scv: float, d_min: int, n: int) -> int:
@@ -391,7 +392,7 @@ def _fast_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, key
         _check_sampler(serv, keys[0])
     rho = lam * mean_s
     if not rho < 1:
-        raise ValueError(f"lam={lam!r} gives load {rho:.6g} ≥ 1: the system is unstable (lower lam or E[S])")
+        raise ValueError(_unstable(lam, mean_s, service))
     _check_horizon(t1, mean_s)
     weights, d_min, max_d = _choice_weights(model)
     fixed_d = bool(weights[-1] == 1.0)
@@ -470,7 +471,7 @@ def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t
             )
         rho = lam * mean_s
         if not rho < 1:
-            raise ValueError(f"lam={lam!r} gives load {rho:.6g} ≥ 1: the system is unstable (lower lam or E[S])")
+            raise ValueError(_unstable(lam, mean_s, service))
         _check_horizon(t1, mean_s)
         weights, d_min, _ = _choice_weights(model)
         if max_queue is None:
@@ -662,6 +663,8 @@ def simulate(
         raise ValueError(f"key={key!r} is not a JAX PRNG key (use jax.random.key(seed))") from e
 
     # -- model and engine
+    if service is None and isinstance(model, AbstractSupermarketModel):
+        model.check_values()  # its parameters' errors in the words `solve_fixed_point` uses (instability, ...)
     jsq = _is_jsq(model)
     if engine == "fast" and not jsq:
         raise ValueError(

@@ -80,6 +80,8 @@ def _real(name: str, x) -> float:
         )
     if isinstance(x, (bool, np.bool_)):
         raise ValueError(f"{name}={x!r} is boolean; give a real number")
+    if isinstance(x, (str, bytes, complex)) or np.iscomplexobj(x):  # float() reads "0.9", drops 0j
+        raise ValueError(f"{name}={x!r} is not a real number")
     try:
         return float(x)
     except (TypeError, ValueError) as e:

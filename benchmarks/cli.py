@@ -1,0 +1,224 @@
+"""Wall times of the `jsmkt` console script, cold (an empty compilation cache) and warm (the same command again).
+
+Each command runs as its own process, as a user runs it: `jsmkt --help`, a spec error (an unknown key), a value
+error (an unstable load), `jsmkt solve` of `examples/jsq2_h2.toml`, `jsmkt solve` of a copy at another λ with K fixed
+(the same model structure, new values: what a loop over λ runs), and a short `jsmkt simulate`. Cold: the first run,
+with an empty cache folder; warm: the median of `--repeats` later runs, interleaved round by round so that load from
+other processes hits every command alike. The CPU column is the warm run's user + system time (JAX's compiler
+threads can make it exceed the wall time; on a loaded machine it moves less than the wall time). Targets (issue
+25): `--help` and a spec error under 1 s, a repeated `jsmkt solve` at most 1.5 s.
+
+`--profile` breaks one warm `jsmkt solve` down: interpreter start-up, importing JAX, importing the rest (Equinox,
+Optimistix, Lineax, jsmkt's modules for the solve), and the command itself, split by a profile into tracing (Python
+running jsmkt's functions under `jit`), lowering to StableHLO, loading compiled kernels from the cache, compiling,
+running them, and the rest (Python: spec, model set-up, output); with the number of computations compiled (or
+loaded), the eager single operations among them named. The profile's own overhead inflates Python-heavy parts; its
+shares are applied to the command's unprofiled wall time.
+
+Run: `.venv/bin/python benchmarks/cli.py [--repeats 3] [--profile]`.
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from _common import positive
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+JSMKT = [sys.executable, "-m", "jsmkt.cli"]
+SPEC = ROOT / "examples" / "jsq2_h2.toml"
+
+
+def _run(argv: list[str], env: dict) -> tuple[float, float, int]:
+    """Wall and CPU (user + system) seconds of one process, and its exit code."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc.returncode
+
+
+def _commands(folder: pathlib.Path, cache: pathlib.Path) -> list[tuple[str, list[str], list[str], int, float | None]]:
+    """(label, argv of the cold run, argv of the warm runs, expected exit code, target wall seconds when warm)."""
+    bad = folder / "bad_key.toml"
+    bad.write_text('model = "jsq-ph"\nlam = 0.9\nspeed = 2\n[service]\nkind = "h2"\nmean = 1.0\nscv = 4.0\n')
+    unstable = folder / "unstable.toml"
+    unstable.write_text('model = "jsq-ph"\nlam = 1.2\n[service]\nkind = "h2"\nmean = 1.0\nscv = 4.0\n')
+    K = _solved_K()
+    other = folder / "other_lam.toml"
+    other.write_text(f'model = "jsq-ph"\nlam = 0.85\nK = {K}\n[service]\nkind = "h2"\nmean = 1.0\nscv = 4.0\n')
+    same = folder / "same_K.toml"
+    same.write_text(f'model = "jsq-ph"\nlam = 0.9\nK = {K}\n[service]\nkind = "h2"\nmean = 1.0\nscv = 4.0\n')
+    c = ["--cache-dir", str(cache)]
+    simulate = [*JSMKT, "simulate", str(SPEC), "--servers", "100", "--time", "500", "--cpu-devices", "1", *c]
+    return [
+        ("jsmkt --help", [*JSMKT, "--help"], [*JSMKT, "--help"], 0, 1.0),
+        ("spec error (unknown key)", [*JSMKT, "solve", str(bad), *c], [*JSMKT, "solve", str(bad), *c], 2, 1.0),
+        ("value error (unstable lam)", [*JSMKT, "solve", str(unstable), *c], [*JSMKT, "solve", str(unstable), *c],
+         2, None),
+        ("solve jsq2_h2.toml", [*JSMKT, "solve", str(SPEC), *c], [*JSMKT, "solve", str(SPEC), *c], 0, 1.5),
+        # cold at lam = 0.9, warm at 0.85: the same structure (K fixed), new values, as in a loop over lam
+        ("solve, new lam (K fixed)", [*JSMKT, "solve", str(same), *c], [*JSMKT, "solve", str(other), *c], 0, None),
+        ("simulate N=100, t=500", simulate, simulate, 0, None),
+    ]
+
+
+def _solved_K() -> int:
+    """The K that `jsmkt solve` of the example spec ends at (its default K, grown if too small)."""
+    import json
+
+    out = subprocess.run([*JSMKT, "solve", str(SPEC), "--format", "json", "--no-cache"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return int(json.loads(out)["K"])
+
+
+_PROFILE = r'''
+import time
+T0 = time.perf_counter()
+import cProfile, io, logging, pstats, sys
+import jsmkt.cli
+T1 = time.perf_counter()
+import jax
+T2 = time.perf_counter()
+import equinox, lineax, optimistix
+import jsmkt._fixed_point, jsmkt._metrics, jsmkt._models.jsqd_ph
+T3 = time.perf_counter()
+names = []
+class Names(logging.Handler):
+    def emit(self, record):
+        m = record.getMessage()
+        if m.startswith("Compiling "):
+            names.append(m.split()[1])
+jax.config.update("jax_log_compiles", True)
+logging.getLogger("jax").addHandler(Names())
+logging.getLogger("jax").propagate = False
+argv = sys.argv[1:]
+if "--plain" in argv:
+    argv.remove("--plain")
+    out = io.StringIO(); sys.stdout, real = out, sys.stdout
+    T4 = time.perf_counter(); jsmkt.cli.main(argv); T5 = time.perf_counter()
+    sys.stdout = real
+    print("PHASES", T1 - T0, T2 - T1, T3 - T2, T5 - T4)
+    sys.exit()
+pr = cProfile.Profile()
+out = io.StringIO(); sys.stdout, real = out, sys.stdout
+pr.enable(); jsmkt.cli.main(argv); pr.disable()
+sys.stdout = real
+stats = pstats.Stats(pr).stats
+def cum(file, func):
+    return sum(v[3] for (f, _, fn), v in stats.items() if f.endswith(file) and fn == func)
+total = sum(v[2] for v in stats.values())
+parts = {
+    "tracing": cum("partial_eval.py", "trace_to_jaxpr"),
+    "lowering": cum("pxla.py", "lower_sharding_computation"),
+    "cache loads": cum("compilation_cache.py", "get_executable_and_time"),
+    "compiling": cum("compiler.py", "backend_compile_and_load"),
+    "running kernels": cum("pxla.py", "__call__"),
+}
+print("TOTAL", total)
+for k, v in parts.items():
+    print("PART", k, v)
+eager = [n for n in names if re.match(r"jit\([a-z_]+\)$", n) and n[4:-1] in PRIMS]
+print("COMPILED", len(names), len(eager))
+'''
+
+
+def _profile(env: dict, cache: pathlib.Path) -> None:
+    argv = ["solve", str(SPEC), "--cache-dir", str(cache)]
+    code = _PROFILE.replace("PRIMS", repr(_primitive_names()))
+    code = "import re\n" + code
+    plain = subprocess.run([sys.executable, "-c", code, *argv, "--plain"], env=env, cwd=ROOT, capture_output=True,
+                           text=True)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+    start = time.perf_counter() - t0
+    phases = [float(x) for x in re.search(r"PHASES (.*)", plain.stdout).group(1).split()]
+    prof = subprocess.run([sys.executable, "-c", code, *argv], env=env, cwd=ROOT, capture_output=True, text=True)
+    if prof.returncode:
+        sys.exit(prof.stderr)
+    total = float(re.search(r"TOTAL (\S+)", prof.stdout).group(1))
+    parts = {m.group(1): float(m.group(2)) for m in re.finditer(r"PART (.+) (\S+)", prof.stdout)}
+    n, n_eager = map(int, re.search(r"COMPILED (\d+) (\d+)", prof.stdout).groups())
+    command = phases[3]
+    print(f"\nwarm `jsmkt solve {SPEC.name}`, broken down (wall seconds):")
+    print(f"  {'interpreter start-up (python -c pass)':<46} {start:6.2f}")
+    print(f"  {'import jsmkt.cli (no JAX)':<46} {phases[0]:6.2f}")
+    print(f"  {'import JAX':<46} {phases[1]:6.2f}")
+    print(f"  {'import Equinox, Optimistix, Lineax, jsmkt':<46} {phases[2]:6.2f}")
+    print(f"  {'the command (main):':<46} {command:6.2f}")
+    rest = command
+    for name, t in parts.items():
+        share = t / total * command
+        rest -= share
+        print(f"    {name:<44} {share:6.2f}")
+    print(f"    {'the rest (Python: spec, models, output)':<44} {rest:6.2f}")
+    print(f"  computations lowered (each a cache load when warm): {n}, of which {n_eager} single operations run "
+          "eagerly")
+
+
+def _primitive_names() -> list[str]:
+    """Names of the single operations JAX compiles when they run outside `jit` (`jit(add)`, ...)."""
+    return ["add", "sub", "subtract", "mul", "multiply", "neg", "negative", "true_divide", "div", "sqrt", "exp", "log",
+            "broadcast_in_dim", "convert_element_type", "reshape", "squeeze", "concatenate", "dynamic_slice",
+            "gather", "scatter", "select_n", "equal", "not_equal", "invert", "integer_pow", "reduce_sum", "stack",
+            "split", "matmul", "dot_general", "_where", "_squeeze", "_diag", "_reduce_sum", "_broadcast_arrays",
+            "stage", "solve", "abs", "max", "min", "maximum", "minimum", "pow", "less", "greater", "ge", "le", "lt",
+            "gt", "and", "or", "not", "iota", "cumsum", "clamp", "sign", "copy", "transpose", "slice", "pad"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=positive(int), default=3, help="warm runs per command (default: 3)")
+    p.add_argument("--profile", action="store_true", help="also break one warm `jsmkt solve` down")
+    args = p.parse_args()
+    env = {k: v for k, v in os.environ.items() if k not in ("JSMKT_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="jsmkt-bench-cli-"))
+    try:
+        cache = folder / "cache"
+        commands = _commands(folder, cache)
+        cold = {}
+        for label, argv, _, code, _ in commands:
+            wall, cpu, rc = _run(argv, env)
+            if rc != code:
+                sys.exit(f"{label}: exit code {rc}, expected {code}")
+            cold[label] = wall
+        warm = {label: [] for label, *_ in commands}
+        for _ in range(args.repeats):
+            for label, _, argv, code, _ in commands:
+                wall, cpu, rc = _run(argv, env)
+                if rc != code:
+                    sys.exit(f"{label}: exit code {rc}, expected {code}")
+                warm[label].append((wall, cpu))
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import jax"], env=env, check=True)
+        jax_import = time.perf_counter() - t0
+        load = os.getloadavg()
+        print(f"jsmkt CLI wall times in seconds ({os.cpu_count()} CPUs, load average {load[0]:.1f}; cold: empty "
+              f"cache; warm: median of {args.repeats})")
+        print(f"  {'command':<34} {'cold':>7} {'warm':>7} {'warm CPU':>9}   target")
+        for label, *_rest, target in commands:
+            w = statistics.median(x[0] for x in warm[label])
+            c = statistics.median(x[1] for x in warm[label])
+            verdict = "" if target is None else f"<= {target:g}  {'PASS' if w <= target else 'MISS'}"
+            print(f"  {label:<34} {cold[label]:7.2f} {w:7.2f} {c:9.2f}   {verdict}")
+        print(f"  (for reference: `python -c 'import jax'` takes {jax_import:.2f} s here)")
+        if args.profile:
+            _profile(env, cache)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
