@@ -63,6 +63,9 @@ from ._simulate import SimulationResult as SimulationResult
 from ._simulate import deterministic as deterministic
 from ._simulate import lognormal as lognormal
 from ._simulate import simulate as simulate
+from ._sojourn import TimeDistribution as TimeDistribution
+from ._sojourn import sojourn_time_distribution as sojourn_time_distribution
+from ._sojourn import waiting_time_distribution as waiting_time_distribution
 from ._solution import RESULTS as RESULTS
 from ._solution import FixedPoint as FixedPoint
 from ._solution import Trajectory as Trajectory
@@ -125,14 +128,17 @@ __all__ = [
     "RetrialJSQ",
     "simulate",
     "SimulationResult",
+    "sojourn_time_distribution",
     "solve_fixed_point",
     "steady_state",
     "tail_mass_at_K",
     "tails",
+    "TimeDistribution",
     "throughput",
     "Trajectory",
     "TransitionClass",
     "TruncationError",
     "use_cpu_cores",
     "utilisation",
+    "waiting_time_distribution",
 ]
