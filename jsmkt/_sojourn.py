@@ -116,13 +116,71 @@ def _server_moves(desc: Description, x: Array) -> _Moves:
     return _Moves(np.concatenate(src), np.concatenate(tgt), jnp.concatenate(rate))
 
 
+def _move_structure(desc: Description) -> tuple[np.ndarray, np.ndarray]:
+    """Source and target cells of the moves of `_server_moves`, in its order, without their rates (static)."""
+    cells = desc.cells
+    src, tgt = [], []
+    for moves in [ev.moves for ev in desc.local_events] + [d.effect for d in desc.dispatches]:
+        moves = _pooled(desc, moves)[0]
+        src.append(np.asarray(moves.source))
+        tgt.append(clipped_targets(cells, moves))
+    pool = saturated_pool(desc)
+    if pool is not None:
+        _, waits, _, promote = pool_cells(cells, pool)
+        src.append(np.flatnonzero(waits))
+        tgt.append(promote[waits])
+    return np.concatenate(src), np.concatenate(tgt)
+
+
+class _Facts(NamedTuple):
+    """Static facts of a description for the tagged job: why it has no FCFS queues (or `None`), whether the head
+    of every reachable non-empty queue is in service, and the most jobs a move removes without emptying the
+    server."""
+
+    no_fcfs: str | None
+    head_in_service: bool
+    removals: int
+
+
+_NO_FCFS = ("its servers hold no FCFS queues (jobs move between servers, e.g. from orbits): a job's sojourn time is "
+            "not the time until the jobs ahead of it leave")
+_FACTS: dict = {}
+
+
+def _facts(model: AbstractDescribedModel) -> _Facts:
+    """`_Facts` of `model`'s description, kept per model structure (its tree structure, static fields included,
+    and the shapes of its arrays)."""
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    key = (treedef, tuple(getattr(x, "shape", None) for x in leaves))
+    out = _FACTS.get(key)
+    if out is None:
+        desc = model.description()
+        if not desc.fcfs or any(d.origin is not None for d in desc.dispatches):
+            out = _Facts(_NO_FCFS, False, 0)
+        else:
+            cells = desc.cells
+            src, tgt = _move_structure(desc)
+            reach = _reachable_from(cells.size, src, tgt)
+            busy = reach & (cells.jobs >= 1)
+            r = cells.jobs[src] - cells.jobs[tgt]
+            stay = busy[src] & (cells.jobs[tgt] >= 1) & (r > 0)
+            out = _Facts(None, bool(np.all(cells.in_service[busy] == 1)), int(r[stay].max(initial=1)))
+        if len(_FACTS) >= 256:
+            _FACTS.clear()
+        _FACTS[key] = out
+    return out
+
+
 def _reachable(desc: Description, moves: _Moves) -> np.ndarray:
     """Cells a server can reach from the empty one (cell 0) through moves that exist (whatever their rates): the
     support of the tagged server's chain. A status the mean field never enters (R.3's waiting servers below
     saturation, where every failed server gets a small repairman) is left out."""
-    C = desc.cells.size
+    return _reachable_from(desc.cells.size, moves.source, moves.target)
+
+
+def _reachable_from(C: int, source: np.ndarray, target: np.ndarray) -> np.ndarray:
     adj = np.zeros((C, C), bool)
-    adj[moves.source, moves.target] = True
+    adj[source, target] = True
     seen = np.zeros(C, bool)
     seen[0] = True
     frontier = seen.copy()
@@ -160,7 +218,6 @@ class _Chain(NamedTuple):
     blocks: Array  # (len(shifts), n, n)
     init: Array  # (P, n)
     lumped: bool
-    head_in_service: bool  # the job at the head of a reachable server's queue is always in service
 
 
 def _key_dependence(desc: Description, reach: np.ndarray) -> str | None:
@@ -219,8 +276,7 @@ def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped:
     it; `True` requires it (a `ValueError` naming the dispatch otherwise), `False` builds the full chain."""
     cells = desc.cells
     if not desc.fcfs or any(d.origin is not None for d in desc.dispatches):
-        raise ValueError("its servers hold no FCFS queues (jobs move between servers, e.g. from orbits): a job's "
-                         "sojourn time is not the time until the jobs ahead of it leave")
+        raise ValueError(_NO_FCFS)
     jobs, status = cells.jobs, cells.status
     P = int(jobs.max())
     moves = _server_moves(desc, x)
@@ -277,16 +333,14 @@ def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped:
     init = jnp.cumsum(diff.reshape(P + 1, n), axis=0)[:P]
     accepted = jnp.sum(f * jnp.asarray(hi - lo, x.dtype))
     init = init / jnp.where(accepted > 0, accepted, 1.0)
-    return _Chain(shifts, blocks, init, lumped, bool(np.all(cells.in_service[busy] == 1)))
+    return _Chain(shifts, blocks, init, lumped)
 
 
-def uniformised_survival(chain: _Chain, max_terms: int, waiting: bool = False) -> tuple[Array, Array, Array]:
+def uniformised_survival(chain: _Chain, max_terms: int, waiting=False) -> tuple[Array, Array, Array]:
     r"""$a_n = \pi_0 P^n \mathbf 1$, $n = 0..$`max_terms` (zeros once below `_EPS`), the uniformisation rate $q$
-    and whether $a_n$ fell below `_EPS`. `waiting`: the time to the head of the queue ($p - 1$ removals; $a_0$ is
-    then the probability of waiting at all)."""
-    init = chain.init
-    if waiting:
-        init = jnp.concatenate([init[1:], jnp.zeros_like(init[:1])])
+    and whether $a_n$ fell below `_EPS`. `waiting` (a boolean, traced or not): the time to the head of the queue
+    ($p - 1$ removals; $a_0$ is then the probability of waiting at all)."""
+    init = jnp.where(waiting, jnp.concatenate([chain.init[1:], jnp.zeros_like(chain.init[:1])]), chain.init)
     blocks = chain.blocks
     q = jax.lax.stop_gradient(jnp.max(-jnp.diagonal(blocks[0])))
     q = jnp.where(q > 0, q, 1.0)
@@ -471,16 +525,9 @@ def _probabilities(p) -> Array:
 
 
 @eqx.filter_jit
-def _compute(model: AbstractDescribedModel, y, stream, waiting: bool, max_terms: int, lumped):
-    desc = model.description()
-    chain = tagged_chain(desc, model.occupancy(y), stream, lumped)
-    if waiting and not chain.head_in_service:
-        raise ValueError("the job at the head of a queue is not always in service (e.g. at a failed server), so the "
-                         "time to reach the head is not the time to start service: waiting and interruptions do not "
-                         "separate")
-    if waiting and max(chain.shifts) > 1:
-        raise ValueError("a service removes several jobs at once (batch service), so a job need not reach the head "
-                         "of its queue to leave; its sojourn-time distribution applies")
+def _compute(model: AbstractDescribedModel, y, stream, waiting: Array, max_terms: int, lumped):
+    """The uniformised survival steps (`waiting` traced: the sojourn and waiting times of a model compile once)."""
+    chain = tagged_chain(model.description(), model.occupancy(y), stream, lumped)
     a, q, done = uniformised_survival(chain, max_terms, waiting)
     return a, q, done
 
@@ -513,11 +560,21 @@ def _checked(model, state, what: str, stream, max_terms, lumped):
 
 def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lumped) -> TimeDistribution:
     y, max_terms = _checked(model, state, kind, stream, max_terms, lumped)
+    facts = _facts(model)
+    why = facts.no_fcfs
+    if waiting and why is None and not facts.head_in_service:
+        why = ("the job at the head of a queue is not always in service (e.g. at a failed server), so the time to "
+               "reach the head is not the time to start service: waiting and interruptions do not separate")
+    if waiting and why is None and facts.removals > 1:
+        why = ("a service removes several jobs at once (batch service), so a job need not reach the head of its "
+               "queue to leave; its sojourn-time distribution applies")
+    if why is not None:
+        raise ValueError(f"{type(model).__name__}: no {kind} distribution: {why}")
     if is_concrete(model, y):
         _maps.before_compiling(f"jsmkt.{kind.replace(' ', '_')}_distribution",
-                               ("sojourn", _maps.signature((model, y)), waiting, max_terms, lumped, stream))
+                               ("sojourn", _maps.signature((model, y)), max_terms, lumped, stream))
     try:
-        a, q, done = _compute(model, y, stream, waiting, max_terms, lumped)
+        a, q, done = _compute(model, y, stream, jnp.asarray(waiting), max_terms, lumped)
     except ValueError as e:  # refusals found while tracing the chain (e.g. a level-dependent dispatch)
         raise ValueError(f"{type(model).__name__}: no {kind} distribution: {e}") from None
     message = (f"the {kind}'s tail outlasts max_terms={max_terms} uniformisation steps (the load is close to 1, or "
