@@ -183,7 +183,7 @@ def test_percentiles_against_simulation(service, lam):
     qs = (50, 90, 99, 99.9)
     res = jsmkt.simulate(model, 1000, 1000.0, key=jr.PRNGKey(3), n_replications=8, percentiles=qs,
                          waiting_times=True)
-    p = jnp.asarray(qs) / 100.0
+    p = jnp.asarray(qs, dtype=float) / 100.0
     for what, dist, sim, ci in (
             ("sojourn", jsmkt.sojourn_time_distribution(model, fp), res.sojourn_time_percentiles,
              res.sojourn_time_percentiles_ci),
@@ -229,7 +229,7 @@ def test_helpers_against_simulation():
     assert float(jsmkt.sojourn_time_distribution(repair, fp).mean) == pytest.approx(
         float(jsmkt.mean_sojourn_time(repair, fp)), rel=1e-10)
     qs = (50, 90, 99)
-    p = jnp.asarray(qs) / 100.0
+    p = jnp.asarray(qs, dtype=float) / 100.0
     batch = jsmkt.JSQdBatch(0.3, jnp.array([0.5, 0.25, 0.25]), d=2)
     helpers = jsmkt.JSQdClasses([0.6], d=[2], service=jsmkt.hyperexponential2(1.0, 2.0), helper_rates=[0.3],
                                 f=[2])
