@@ -69,6 +69,7 @@ _CHUNK = 64  # steps per chunk (a chunk after convergence is skipped)
 _EPS = 1e-17  # a_n below this: the job has left, to float64 precision of the CDF
 _LUMP_TOL = 1e-11  # relative mismatch of rates between levels above which the chain is not lumped
 _MAX_P = 1.0 - 1e-12  # largest probability a quantile is asked for (the CDF is accurate to about 1e-16)
+_DENSE_STATES = 16  # chains of up to this many states (or with a dense set of moves) step by matrix products
 
 
 # --- the tagged server's chain ----------------------------------------------------------------------------------
@@ -210,12 +211,17 @@ def _arrival_flows(desc: Description, x: Array, stream: str | None):
 
 
 class _Chain(NamedTuple):
-    """The tagged job's chain: states (statuses when lumped, else cells), positions `1..P`; `blocks[k]` holds the
-    rates between states of the moves that remove `shifts[k]` jobs (`shifts[0] = 0`, its diagonal minus every
-    state's total rate of moves that touch the tagged job); `init` the law of (position, state) at joining."""
+    """The tagged job's chain: states (statuses when lumped, else cells), positions `1..P`. Its moves that can keep
+    the tagged job go from state `frm[i]` to `to[i]` at rate `rate[i]`, removing `shifts[shift[i]]` jobs ahead of
+    it (position p -> p - r; at or below 0 the job has left); `out` is every state's total rate of moves that touch
+    the tagged job (those that always remove it included); `init` the law of (position, state) at joining."""
 
     shifts: tuple[int, ...]
-    blocks: Array  # (len(shifts), n, n)
+    frm: np.ndarray  # (M,)
+    to: np.ndarray  # (M,)
+    shift: np.ndarray  # (M,) index into `shifts`
+    rate: Array  # (M,)
+    out: Array  # (n,)
     init: Array  # (P, n)
     lumped: bool
 
@@ -316,13 +322,11 @@ def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped:
     i, j = state_of[s], state_of[t]
     out = jax.ops.segment_sum(rate, jnp.asarray(i), num_segments=n)
     keep = np.flatnonzero(stays)
-    flat = (np.array([k_of[v] for v in r[keep]], dtype=np.int64) * n + i[keep]) * n + j[keep]
-    blocks = jax.ops.segment_sum(rate[keep], jnp.asarray(flat), num_segments=len(shifts) * n * n)
-    blocks = blocks.reshape(len(shifts), n, n).at[0].add(-jnp.diag(out))
+    shift = np.array([k_of[v] for v in r[keep]], dtype=np.int64)
     if lumped and dependent is None:
         defect = _lumping_defect(desc, moves, reach, rep)
-        blocks = error_if(blocks, defect > _LUMP_TOL, "internal: the rates that move a tagged job forward depend on "
-                          "the server's level although the description's keys do not say so; use lumped=False")
+        out = error_if(out, defect > _LUMP_TOL, "internal: the rates that move a tagged job forward depend on the "
+                       "server's level although the description's keys do not say so; use lumped=False")
     # The law of (position, state) of a job at joining: row c -> c' of flow f puts jobs at positions
     # jobs_c + 1 .. jobs_c' (difference array over the positions, then a cumulative sum).
     a_src, a_tgt, flow = _arrival_flows(desc, x, stream)
@@ -333,7 +337,7 @@ def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped:
     init = jnp.cumsum(diff.reshape(P + 1, n), axis=0)[:P]
     accepted = jnp.sum(f * jnp.asarray(hi - lo, x.dtype))
     init = init / jnp.where(accepted > 0, accepted, 1.0)
-    return _Chain(shifts, blocks, init, lumped)
+    return _Chain(shifts, i[keep], j[keep], shift, rate[keep], out, init, lumped)
 
 
 def uniformised_survival(chain: _Chain, max_terms: int, waiting=False) -> tuple[Array, Array, Array]:
@@ -341,16 +345,25 @@ def uniformised_survival(chain: _Chain, max_terms: int, waiting=False) -> tuple[
     and whether $a_n$ fell below `_EPS`. `waiting` (a boolean, traced or not): the time to the head of the queue
     ($p - 1$ removals; $a_0$ is then the probability of waiting at all)."""
     init = jnp.where(waiting, jnp.concatenate([chain.init[1:], jnp.zeros_like(chain.init[:1])]), chain.init)
-    blocks = chain.blocks
-    q = jax.lax.stop_gradient(jnp.max(-jnp.diagonal(blocks[0])))
+    q = jax.lax.stop_gradient(jnp.max(chain.out))
     q = jnp.where(q > 0, q, 1.0)
     P_, n = init.shape
-    step_blocks = blocks / q
+    stay = 1.0 - chain.out / q
+    dense = n * n <= max(_DENSE_STATES**2, 4 * chain.frm.size)  # the matrices are not much larger than the moves
+    if dense:  # one matrix per number of jobs removed
+        flat = (chain.shift * n + chain.frm) * n + chain.to
+        blocks = jax.ops.segment_sum(chain.rate / q, jnp.asarray(flat), num_segments=len(chain.shifts) * n * n)
+        blocks = blocks.reshape(len(chain.shifts), n, n)
+    groups = [np.flatnonzero(chain.shift == k) for k in range(len(chain.shifts))]
 
     def step(u, _):
-        new = u
+        new = u * stay[None, :]
         for k, r in enumerate(chain.shifts):
-            v = u @ step_blocks[k]
+            if dense:
+                v = u @ blocks[k]
+            else:  # the moves as a scatter: O(P M) per step
+                g = groups[k]
+                v = jnp.zeros_like(u).at[:, chain.to[g]].add(u[:, chain.frm[g]] * (chain.rate[g] / q)[None, :])
             if r:  # position p -> p - r; those that reach 0 or below have left
                 v = jnp.concatenate([v[r:], jnp.zeros((min(r, P_), n), u.dtype)])[:P_]
             new = new + v
