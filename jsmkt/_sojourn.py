@@ -61,7 +61,7 @@ from ._models.description import (
     pool_cells,
     saturated_pool,
 )
-from ._solution import FixedPoint, Trajectory
+from ._solution import Trajectory
 
 
 MAX_TERMS = 2**15  # default cap on the uniformisation steps (a_n below _EPS well before, except near saturation)
