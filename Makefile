@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/general_service.py
 	$(BIN)/python benchmarks/banded_solve.py
 	$(BIN)/python benchmarks/batch_solve.py
+	$(BIN)/python benchmarks/sojourn.py
 	$(BIN)/python benchmarks/cli.py --profile
 
 experiments: $(STAMP)
@@ -58,6 +59,7 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/repair/compute.py
 	$(BIN)/python experiments/repair/plot.py
 	$(BIN)/python experiments/framework/compute.py
+	$(BIN)/python experiments/sizing/compute.py
 
 experiments-quick: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py --quick
@@ -72,6 +74,7 @@ experiments-quick: $(STAMP)
 	$(BIN)/python experiments/repair/compute.py --quick
 	$(BIN)/python experiments/repair/plot.py --quick
 	$(BIN)/python experiments/framework/compute.py --quick
+	$(BIN)/python experiments/sizing/compute.py --quick
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

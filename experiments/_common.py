@@ -371,7 +371,7 @@ def simulate_adaptive(model, p: dict, *, warmup: float, length: float, key, budg
             {"ET": res.mean_sojourn_time_ci, "EQ": res.mean_queue_length_ci, "tails": res.tails_ci},
         )
         d = res.to_dict()
-        for k in ("sojourn_time_percentiles", "tail", "tail_ci"):  # the pooled tails are returned below
+        for k in ("sojourn_time_percentiles", "sojourn_time_percentiles_ci", "tail", "tail_ci"):  # tails: below
             d.pop(k, None)
         d["cpu_s"] = c1 - c0
         calls.append(d)

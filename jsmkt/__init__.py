@@ -78,6 +78,9 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._simulate import deterministic as deterministic
     from ._simulate import lognormal as lognormal
     from ._simulate import simulate as simulate
+    from ._sojourn import TimeDistribution as TimeDistribution
+    from ._sojourn import sojourn_time_distribution as sojourn_time_distribution
+    from ._sojourn import waiting_time_distribution as waiting_time_distribution
     from ._solution import RESULTS as RESULTS
     from ._solution import FixedPoint as FixedPoint
     from ._solution import Trajectory as Trajectory

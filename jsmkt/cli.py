@@ -2,9 +2,10 @@
 
 ```
 jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--auto-K] [--servers N]
+            [--percentiles 50,90,99,99.9]
 jsmkt transient SPEC.toml --time T [--points N] [--format table|json] [--plot FILE] [--auto-K] [--solver S]
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
-               [--max-queue Q] [--cpu-devices K] [--progress]
+               [--max-queue Q] [--cpu-devices K] [--progress] [--percentiles 50,90,99,99.9]
 ```
 Every command also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`).
 Bad specifications give one error line on stderr and exit code 2.
@@ -46,6 +47,42 @@ _SIMULATE_OPTIONS = re.compile(r"(?<![\w-])(" + "|".join(_SIMULATE_OPTION_NAMES)
 
 
 _REFINED_SLOW = 1000  # reduced-state size above which `solve --servers` says that the refinement takes a while
+
+
+def _percentile_list(text: str) -> tuple[float, ...]:
+    """`--percentiles 50,90,99,99.9`: comma-separated percentiles in (0, 100) (argparse's type)."""
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 50,90,99,99.9)")
+    bad = [v for v in values if not 0.0 < v < 100.0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]:g} is not a percentile in (0, 100) (e.g. 99.9 for p99.9)")
+    return tuple(int(v) if v.is_integer() else v for v in values)
+
+
+def _mean_field_percentiles(model, fp, percentiles) -> dict[str, Any]:
+    """`sojourn_time_percentiles` (and, where the family has one, `waiting_time_percentiles`) of the mean field,
+    keyed `p50`, `p99.9`, ... as `simulate` names them."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jsmkt
+
+    p = jnp.asarray([q / 100.0 for q in percentiles])
+    try:
+        T = jsmkt.sojourn_time_distribution(model, fp)
+    except ValueError as e:
+        raise SpecError(f"--percentiles: {e}") from None
+    out = {"sojourn_time_percentiles": dict(zip((f"p{q:g}" for q in percentiles),
+                                                map(float, np.asarray(T.quantile(p))), strict=True))}
+    try:
+        W = jsmkt.waiting_time_distribution(model, fp)
+    except ValueError:  # no waiting time in this family (batch service, repairable servers)
+        return out
+    out["waiting_time_percentiles"] = dict(zip((f"p{q:g}" for q in percentiles),
+                                               map(float, np.asarray(W.quantile(p))), strict=True))
+    return out
 
 
 def _whole_float_d(model) -> int | None:
@@ -159,7 +196,7 @@ def _fixed_point(model, grown_by: str | None):
 
 
 def _solve_exact(
-    model, grown_by: str | None, servers: int | None = None, sampling: str = "with_replacement"
+    model, grown_by: str | None, servers: int | None = None, sampling: str = "with_replacement", percentiles=None
 ) -> tuple[dict[str, Any], Any]:
     import numpy as np
 
@@ -185,6 +222,8 @@ def _solve_exact(
     })
     if phase_tails is not None:
         out["phase_tails"] = [[float(v) for v in row] for row in phase_tails[: max(len(out["tail"]) - 1, 0)]]
+    if percentiles:
+        out.update(_mean_field_percentiles(model, fp, percentiles))
     if servers is not None:
         out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling)
     return out, model
@@ -375,9 +414,11 @@ def _print_table(out: dict[str, Any], header: str, level: str = "Q", utilisation
             print(f"  {label:<26} {v:.10g}" if isinstance(v, float) else f"  {label:<26} {v}")
     if "note" in out:
         print(f"  note: {out['note']}")
-    if out.get("sojourn_time_percentiles"):
-        p = out["sojourn_time_percentiles"]
-        print("  sojourn time percentiles   " + "  ".join(f"{k}={v:.4g}" for k, v in p.items()))
+    for what in ("sojourn", "waiting"):
+        if out.get(f"{what}_time_percentiles"):
+            p, ci = out[f"{what}_time_percentiles"], out.get(f"{what}_time_percentiles_ci") or {}
+            print(f"  {what + ' time percentiles':<26} " + "  ".join(
+                f"{k}={v:.4g}" + (f"±{ci[k]:.2g}" if ci.get(k) is not None else "") for k, v in p.items()))
     tail = out["tail"]
     ci = out.get("tail_ci")
     print()
@@ -512,6 +553,8 @@ def _cmd_solve(args) -> int:
     if args.as_published and not parsed.family.published:
         raise SpecError(f"--as-published: model = {parsed.family.name!r} has no published form in jsmkt; solve it "
                         "without --as-published (the exact mean field)")
+    if args.percentiles and args.as_published:
+        raise SpecError("--percentiles (sojourn-time distribution) applies to the exact mean field, not --as-published")
     if args.plot:
         _check_plot_path(args.plot)
     model = _build(parsed, args)
@@ -519,7 +562,7 @@ def _cmd_solve(args) -> int:
         _check_servers(model, args.servers, sampling)
     grown_by = _grown_by(args, parsed.K_given)
     out, model = (_solve_published(model, grown_by) if args.as_published
-                  else _solve_exact(model, grown_by, args.servers, sampling))
+                  else _solve_exact(model, grown_by, args.servers, sampling, args.percentiles))
     if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
         from .plotting import model_title
 
@@ -567,6 +610,8 @@ def _cmd_transient(args) -> int:
         raise SpecError(f"--time={args.time} must be a positive finite time")
     if args.points < 2:
         raise SpecError(f"--points={args.points} must be >= 2 (the times 0 and --time at least)")
+    if args.percentiles and args.as_published:
+        raise SpecError("--percentiles (sojourn-time distribution) applies to the exact mean field, not --as-published")
     if args.plot:
         _check_plot_path(args.plot)
     model = _build(parsed, args)
@@ -705,14 +750,22 @@ def _cmd_simulate(args) -> int:
     kwargs = simulation_from_spec(parsed.spec, where=args.spec)
     _check_servers(model, args.servers, kwargs.get("sampling", "with_replacement"))
     options = lambda text: _SIMULATE_OPTIONS.sub(lambda m: _SIMULATE_OPTION_NAMES[m.group(1)], text)  # noqa: E731
+    if args.percentiles:  # with waiting times where the family has them (simulate refuses them before running)
+        kwargs |= {"percentiles": args.percentiles, "waiting_times": True}
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            res = jsmkt.simulate(
+            run = lambda **kw: jsmkt.simulate(  # noqa: E731
                 model, args.servers, args.time, key=jr.PRNGKey(args.seed), n_replications=args.replications,
                 warmup=args.warmup, max_queue=args.max_queue,
-                progress=args.format == "table" and sys.stderr.isatty() or args.progress, **kwargs,
+                progress=args.format == "table" and sys.stderr.isatty() or args.progress, **(kwargs | kw),
             )
+            try:
+                res = run()
+            except ValueError as e:
+                if not str(e).startswith("waiting_times=True"):
+                    raise
+                res = run(waiting_times=False)
     except ValueError as e:  # name simulate's arguments by their options
         raise SpecError(options(str(e))) from None
     for w in caught:  # one line each, in the options' names
@@ -812,6 +865,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--auto-K", action="store_true", help="grow K until the tail mass at K is negligible")
     s.add_argument("--servers", type=int, default=None, metavar="N",
                    help="also give the refined mean field (1/N correction) for N servers")
+    s.add_argument("--percentiles", type=_percentile_list, default=None, metavar="P,P,...",
+                   help="also give these percentiles of the sojourn (and waiting) time, e.g. 50,90,99,99.9")
     s.set_defaults(func=_cmd_solve)
 
     t = sub.add_parser("transient", parents=[common],
@@ -845,6 +900,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     m.add_argument("--cpu-devices", type=int, default=None, metavar="K",
                    help="on a CPU, run the replications on K cores in parallel (default: all cores)")
+    m.add_argument("--percentiles", type=_percentile_list, default=None, metavar="P,P,...",
+                   help="percentiles of the sojourn (and waiting) time with 95%% CIs (default: 50,90,99)")
     m.set_defaults(func=_cmd_simulate)
     return p
 

@@ -741,3 +741,33 @@ def test_spec_words_agree_with_the_models():
 
     assert (_spec.RETRIALS, _spec.POLICIES) == (retrial.RETRIALS, retrial.POLICIES)
     assert (_spec.ARRIVALS, _spec.REPAIRS) == (repairable.ARRIVALS, repairable.REPAIRS)
+
+
+def test_percentiles(tmp_path, capsys):
+    """`--percentiles`: the mean field's sojourn- and waiting-time percentiles in the JSON (M/M/1 here: the sojourn
+    time is exponential of rate 1 - lam, the waiting time 0 with probability 1 - lam, else the same exponential),
+    the simulation's with their half-widths; refused where no FCFS queue exists and with --as-published."""
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.5\nd = 1\n')
+    code, out, err = run(["solve", str(spec), "--format", "json", "--percentiles", "50,99.9"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["sojourn_time_percentiles"] == pytest.approx({"p50": 2 * np.log(2), "p99.9": 2 * np.log(1000)},
+                                                            rel=1e-9)
+    assert res["waiting_time_percentiles"] == pytest.approx({"p50": 0.0, "p99.9": 2 * np.log(500)}, rel=1e-9)
+    code, out, err = run(["solve", str(spec), "--percentiles", "99"], capsys)
+    assert code == 0 and "sojourn time percentiles   p99=9.21" in out
+    code, out, err = run(["simulate", str(spec), "--servers", "50", "--time", "400", "--replications", "2",
+                          "--format", "json", "--percentiles", "50,99.9"], capsys)
+    assert code == 0, err
+    sim = json.loads(out)
+    for key in ("sojourn_time_percentiles", "sojourn_time_percentiles_ci", "waiting_time_percentiles",
+                "waiting_time_percentiles_ci"):
+        assert set(sim[key]) == {"p50", "p99.9"}, key
+    with pytest.raises(SystemExit) as e:  # argparse's usage message
+        main(["solve", str(spec), "--percentiles", "50,100"])
+    assert e.value.code == 2 and "100 is not a percentile in (0, 100)" in capsys.readouterr().err
+    code, _, err = run(["solve", str(spec), "--percentiles", "50", "--as-published"], capsys)
+    assert code == 2 and "--percentiles (sojourn-time distribution) applies to the exact mean field" in err
+    code, _, err = run(["solve", str(EXAMPLES / "retrial_reprobe.toml"), "--percentiles", "50"], capsys)
+    assert code == 2 and "RetrialJSQ: no sojourn time distribution" in err

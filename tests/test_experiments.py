@@ -215,3 +215,18 @@ def test_reading_scripts_say_which_script_writes_their_input(tmp_path, folder, s
     with pytest.raises(SystemExit) as e:
         _load(folder, script).main(["--quick", "--out", str(tmp_path)])
     assert str(e.value).endswith(f"run `python experiments/{producer} --quick --out {tmp_path}` first (it writes it)")
+
+
+@pytest.mark.slow
+def test_sizing_quick(tmp_path):
+    """The sizing recipe's smoke run: for d = 1 and exponential service the largest arrival rate whose p99 meets the
+    bound is the M/M/1 closed form 1 + ln(0.01)/10, and at every answer the mean-field p99 is the bound."""
+    _load("sizing", "compute").main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "sizing.json").read_text())
+    _check_metadata(data["metadata"])
+    rows = data["rows"]
+    assert [r["d"] for r in rows] == [1, 2] and (tmp_path / "sizing.csv").stat().st_size > 0
+    for r in rows:
+        assert abs(r["p99_mean_field"] - r["bound_p99"]) < 1e-8 and 0 < r["lam_max"] < 1 and r["dp99_dlam"] > 0
+    assert rows[0]["lam_max"] == pytest.approx(1 + math.log(0.01) / 10, rel=1e-9)
+    assert rows[1]["lam_max"] > rows[0]["lam_max"]  # two choices carry more load at the same tail latency

@@ -94,6 +94,13 @@ class Config(NamedTuple):
     n_bins: int  # sojourn-time histogram bins (plus one underflow and one overflow bin)
     sampler: Callable | None  # None: PH service (Markov engine); else general service sampler(key)
     sequential: bool = False  # PH service: one event per loop iteration (CPU) instead of speculative blocks
+    waiting: bool = False  # also a histogram of waiting times (arrival to start of service)
+    hist_groups: int = 1  # histograms returned per batch of replications (consecutive replications pooled)
+
+    @property
+    def hist_size(self) -> int:
+        """Histogram bins per replication: sojourn times, then (with `waiting`) waiting times."""
+        return (self.n_bins + 2) * (2 if self.waiting else 1)
 
     @property
     def n_cells(self) -> int:
@@ -142,7 +149,8 @@ class State(NamedTuple):
     acc: jax.Array  # (C,) time-integral corrections of the cell counts in the current chunk
     soj_sum: jax.Array  # sum of sojourn times of jobs that left in the current chunk
     n_jobs: jax.Array  # number of such jobs
-    hist: jax.Array  # (n_bins + 2,) histogram of their sojourn times
+    hist: jax.Array  # (hist_size,) histogram of their sojourn times (and of the waiting times of jobs that started
+    #                  service in the chunk)
     events: jax.Array  # events processed in the current chunk (self-loops included)
     real: jax.Array  # real events in the current chunk: a server changed cell, or an arrival was refused
     accepted: jax.Array  # jobs that arrived and joined a queue in the current chunk
@@ -261,18 +269,22 @@ def _hist_bin(cfg: Config, params: Params, x):
 
 
 def _finish_block(cfg: Config, params: Params, state: State, tau, done, cf, ct, soj, dep, ovf, arr,
-                  hist_base=0) -> State:
+                  hist_base=0, wait=None, starts=None) -> State:
     """Accumulate the statistics of the events marked `done` (departures `dep`, refused arrivals `ovf`, accepted
     arrivals `arr`; real events are those that moved a server between cells or refused an arrival); event arrays
     have shape `lead + (B,)` for state fields with leading shape `lead`. `hist_base` offsets the bins into
-    `state.hist` (the sequential engine passes the batch's flat histogram)."""
+    `state.hist` (the sequential engine passes the batch's flat histogram). With `cfg.waiting`, `wait` holds the
+    waiting times of the jobs that start service at the events marked `starts`."""
     lead = tau.shape[:-1]
     w = jnp.where(done & (cf != ct), tau - state.a[..., None], 0.0)
     c_off = _flat_offsets(lead, cfg.n_cells)
     acc = state.acc.reshape(-1).at[cf + c_off].add(w).at[ct + c_off].add(-w).reshape(state.acc.shape)
     soj = jnp.where(dep, soj, 1.0)
-    h_off = _flat_offsets(lead, cfg.n_bins + 2) + hist_base
+    h_off = _flat_offsets(lead, cfg.hist_size) + hist_base
     hist = state.hist.reshape(-1).at[_hist_bin(cfg, params, soj) + h_off].add(dep.astype(jnp.int64))
+    if cfg.waiting:
+        bins = _hist_bin(cfg, params, jnp.where(starts, wait, 1.0)) + (cfg.n_bins + 2) + h_off
+        hist = hist.at[bins].add(starts.astype(jnp.int64))
     return state._replace(
         acc=acc,
         soj_sum=state.soj_sum + jnp.sum(jnp.where(dep, soj, 0.0), axis=-1),
@@ -409,6 +421,9 @@ def _markov_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State)
     w_idx, new_p = lax.optimization_barrier((jnp.where(commit & writes, gn, R * N), new_p))
     packed = packed.at[w_idx].set(new_p, mode="drop")
     ring, arrived = _ring_update(cfg, state.ring.reshape(-1), gn, head, k, commit & joins, commit & dep, tau)
+    if cfg.waiting:  # the job behind a departing one starts service: the arrival time of the new head
+        nxt = commit & dep & (k >= 2)
+        started = ring[jnp.where(nxt, gn * Q + head2, 0)]
     last = jnp.take_along_axis(tau, jnp.maximum(L - 1, 0)[:, None], axis=1)[:, 0]
     t = jnp.where(L > 0, last, state.t)
     ctr = state.ctr + L.astype(jnp.uint64)
@@ -421,8 +436,11 @@ def _markov_block(cfg: Config, params: Params, prep: _Prep, t_end, state: State)
         marks=marks.reshape(state.marks.shape),
         draw=_markov_draw(cfg, prep, state.seed, ctr, t),
     )
+    waits = {}
+    if cfg.waiting:  # a job joining an empty server starts at once; the next one starts at a departure
+        waits = dict(wait=jnp.where(nxt, tau - started, 0.0), starts=nxt | (commit & joins & (k == 0)))
     return _finish_block(cfg, params, state, tau, commit, cell, cell2, tau - arrived, commit & dep, commit & ovf,
-                         commit & joins)
+                         commit & joins, **waits)
 
 
 # --- PH service: uniformisation, one event at a time (CPU) ------------------------------------------------------
@@ -461,7 +479,7 @@ def _sequential_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: St
 
     def event(table, tau, i, carry):
         """Apply event `i` of the block (row `i` of `table`: is_arr, the D candidates, new phase, outcomes)."""
-        packed, ring, rec, arrived = carry
+        packed, ring, rec, arrived = carry[:4]
 
         def col(c):  # one element of row i: reading the whole row would count its size in every fusion using it
             return lax.dynamic_slice(table, (i, jnp.asarray(c, i.dtype)), (1, 1))[0, 0]
@@ -504,6 +522,9 @@ def _sequential_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: St
         packed = packed.at[n].set(head2 * C + cell2)
         cells = jnp.stack([cell, cell2]).astype(jnp.int32)[None]
         rec = lax.dynamic_update_slice(rec, cells, (i, jnp.zeros_like(i)))
+        if cfg.waiting:  # the arrival time of the job at the new head (read by departures of a longer queue)
+            started = carry[4].at[i].set(ring[ring_base + n * Q + head2.astype(jnp.int32)])
+            return packed, ring, rec, arrived, started
         return packed, ring, rec, arrived
 
     def block(state):
@@ -513,18 +534,26 @@ def _sequential_chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: St
         table = jnp.concatenate([is_arr[:, None].astype(jnp.int32), cands, new_phase[:, None], outcomes], axis=1)
         nv = jnp.sum(tau <= t_end, dtype=jnp.int32)  # events of the block up to t_end (tau is increasing)
         carry = (state.packed, state.ring, jnp.zeros((B, 2), jnp.int32), jnp.zeros(B, jnp.float64))
-        packed, ring, rec, arrived = lax.fori_loop(0, nv, functools.partial(event, table, tau), carry)
+        if cfg.waiting:
+            carry = carry + (jnp.zeros(B, jnp.float64),)
+        carry = lax.fori_loop(0, nv, functools.partial(event, table, tau), carry)
+        packed, ring, rec, arrived = carry[:4]
         done = jnp.arange(B, dtype=jnp.int32) < nv
         cf, ct = rec[:, 0], rec[:, 1]
         dep = done & ~is_arr & (ct // m < cf // m)
         ovf = done & is_arr & (cf // m == Q)
+        waits = {}
+        if cfg.waiting:  # a job joining an empty server starts at once; the next one starts at a departure
+            nxt = dep & (cf // m >= 2)
+            waits = dict(wait=jnp.where(nxt, tau - carry[4], 0.0),
+                         starts=nxt | (done & is_arr & ~ovf & (cf // m == 0)))
         ctr = state.ctr + nv.astype(jnp.uint64)
         t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
         state = state._replace(
             ctr=ctr, t=t, packed=packed, ring=ring, draw=_markov_draw(cfg, prep, state.seed, ctr, t)
         )
         return _finish_block(cfg, params, state, tau, done, cf, ct, tau - arrived, dep, ovf, done & is_arr & ~ovf,
-                             hist_base=r * (cfg.n_bins + 2))
+                             hist_base=r * cfg.hist_size, **waits)
 
     return lax.while_loop(lambda s: _markov_next(prep, s) <= t_end, block, state)
 
@@ -587,12 +616,14 @@ def _general_nothing(cfg: Config, packed, ring):
 
 def _general_records(cfg: Config, params: Params, state: State, rec, hist_base) -> State:
     """Statistics of event records (rows: time, sojourn time, queue length before, kind: 0 no event,
-    1 completion, 2 arrival, 3 refused arrival)."""
+    1 completion, 2 arrival, 3 refused arrival; with `cfg.waiting`, the waiting time of an arrival, known when it
+    arrives)."""
     kind = rec[:, 3]
     cf = rec[:, 2].astype(jnp.int32)
     ct = cf + jnp.where(kind == 2, 1, jnp.where(kind == 1, -1, 0))
+    waits = dict(wait=rec[:, 4], starts=kind == 2) if cfg.waiting else {}
     return _finish_block(cfg, params, state, rec[:, 0], kind > 0, cf, ct, rec[:, 1], kind == 1, kind == 3,
-                         kind == 2, hist_base=hist_base)
+                         kind == 2, hist_base=hist_base, **waits)
 
 
 def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: State, base=0, hist_base=0) -> State:
@@ -659,15 +690,18 @@ def _general_arrivals(cfg: Config, params: Params, prep: _Prep, t_end, state: St
                    jnp.where(any_due, due_dep, jnp.where(k > 0, e, done)),
                    jnp.where(arrive, slot, ring.shape[0]), ti, done)
         kind = jnp.where(any_due, 1, jnp.where(active, jnp.where(joins, 2, 3), 0))
-        rec_row = jnp.stack([jnp.where(any_due, e, ti), jnp.where(any_due, soj, 1.0), k.astype(jnp.float64),
-                             kind.astype(jnp.float64)])
+        rec_row = [jnp.where(any_due, e, ti), jnp.where(any_due, soj, 1.0), k.astype(jnp.float64),
+                   kind.astype(jnp.float64)]
+        if cfg.waiting:  # the job starts when the one ahead of it completes (at once at an empty server)
+            rec_row.append(jnp.where(k > 0, comp[prev] - ti, 0.0))
+        rec_row = jnp.stack(rec_row)
         rec = lax.dynamic_update_slice(rec, rec_row[None], (j, jnp.zeros_like(j)))
         return packed, due, ring, comp, i + (active & ~any_due).astype(i.dtype), rec, pending
 
     # A fixed number of iterations: under `vmap` a loop whose condition differs between replications selects every
     # carried array between its old and new values at each iteration (an O(N) copy per event).
     carry = (state.packed, state.due, state.ring, state.comp, jnp.zeros((), jnp.int32),
-             jnp.zeros((RB, 4), jnp.float64), _general_nothing(cfg, state.packed, state.ring))
+             jnp.zeros((RB, 5 if cfg.waiting else 4), jnp.float64), _general_nothing(cfg, state.packed, state.ring))
     packed, due, ring, comp, i, rec, pending = lax.fori_loop(0, RB, event, carry)
     packed, due, ring, comp = _general_write(packed, due, ring, comp, pending)
     # A sampler's negative, infinite or NaN service times are counted (the driver refuses the run), not repaired.
@@ -694,11 +728,11 @@ def _general_catch_up(cfg: Config, params: Params, t_end, state: State, s, base=
         d = (s < cfg.n) & (e <= t_end)
         p_dep, due_dep, soj = _general_depart(cfg, state.ring, state.comp, server, base)
         pending = (jnp.where(d, sc, cfg.n), p_dep, due_dep) + _general_nothing(cfg, packed, state.ring)[3:]
-        row = jnp.stack([e, soj, k.astype(jnp.float64), d.astype(jnp.float64)])
+        row = jnp.stack([e, soj, k.astype(jnp.float64), d.astype(jnp.float64)] + [e * 0.0] * cfg.waiting)
         rec = lax.dynamic_update_slice(rec, row[None], (j, jnp.zeros_like(j)))
         return packed, due, s + (~d).astype(s.dtype), rec, pending
 
-    inner = (state.packed, state.due, s, jnp.zeros((RB, 4), jnp.float64),
+    inner = (state.packed, state.due, s, jnp.zeros((RB, 5 if cfg.waiting else 4), jnp.float64),
              _general_nothing(cfg, state.packed, state.ring))
     packed, due, s, rec, pending = lax.fori_loop(0, RB, event, inner)
     packed, due, _, _ = _general_write(packed, due, state.ring, state.comp, pending)
@@ -763,7 +797,7 @@ def init_state(cfg: Config, params: Params, key) -> State:
         acc=jnp.zeros(cfg.n_cells, jnp.float64),
         soj_sum=zero,
         n_jobs=jnp.zeros((), jnp.int64),
-        hist=jnp.zeros(cfg.n_bins + 2, jnp.int64),
+        hist=jnp.zeros(cfg.hist_size, jnp.int64),
         events=jnp.zeros((), jnp.int64),
         real=jnp.zeros((), jnp.int64),
         accepted=jnp.zeros((), jnp.int64),
@@ -789,7 +823,7 @@ def _sequential_batch(cfg: Config, params: Params, prep: _Prep, t_end, states: S
         if cfg.sampler is None:
             state = _sequential_chunk(cfg, params, prep, t_end, state, r)
         else:
-            state = _general_chunk(cfg, params, prep, t_end, state, r * cfg.ring_size, r * (cfg.n_bins + 2))
+            state = _general_chunk(cfg, params, prep, t_end, state, r * cfg.ring_size, r * cfg.hist_size)
         small = jax.tree_util.tree_map(
             lambda xs, x: xs.at[r].set(x), small, state._replace(**{f: None for f in big})
         )
@@ -824,11 +858,18 @@ def _harvest(cfg: Config, t_end, state: State) -> tuple[State, Stats]:
 @_broadcasting
 def run_chunk(cfg: Config, params: Params, states: State, t_end) -> tuple[State, Stats]:
     """Advance a batch of replications (leading axis) to `t_end` and return the chunk's statistics, per replication
-    except for the sojourn-time histogram, which is pooled over the batch (shape `(1, n_bins + 2)`): only the
-    pooled one is used, and per replication and chunk it would be the bulk of what comes back to the host (82 kB
-    each, against 0.4 kB for the rest with N = 1000). The first event after `t_end` stays pending."""
+    except for the sojourn-time histograms, which are pooled over `cfg.hist_groups` groups of consecutive
+    replications (shape `(hist_groups, hist_size)`): the percentiles' confidence intervals need no more, and per
+    replication and chunk they would be the bulk of what comes back to the host (82 kB each, against 0.4 kB for the
+    rest with N = 1000). The first event after `t_end` stays pending."""
     states, stats = _run_chunk(cfg, params, states, t_end)
-    return states, stats._replace(hist=jnp.sum(stats.hist, axis=0, keepdims=True))
+    return states, stats._replace(hist=pool_histograms(cfg.hist_groups, stats.hist))
+
+
+def pool_histograms(groups: int, hist):
+    """`(R, H)` histograms summed over `groups` groups of consecutive replications (`groups` divides `R`)."""
+    R, H = hist.shape
+    return jnp.sum(hist.reshape(groups, R // groups, H), axis=1)
 
 
 def _run_chunk(cfg: Config, params: Params, states: State, t_end) -> tuple[State, Stats]:

@@ -38,6 +38,8 @@ _PROGRESS_UPDATES = 100  # about this many progress-bar updates per run
 _MAX_RING_SLOTS = 2**30  # 8 GiB of arrival times; also keeps the flat int32 indices of the engines in range
 _MAX_CELLS = 2**27  # time-integral cells (max_queue + 1) * m over all replications: 1 GiB per float64 array
 _MAX_HORIZON = 1e10  # largest t1 / E[S]: sojourn times are differences of event times of size up to t1
+_HIST_SECTIONS = 32  # most groups of replications whose histograms come back apart (percentiles' intervals)
+_PERCENTILES = (50, 90, 99)
 
 
 def _sequential_engine(max_d: int) -> bool:
@@ -361,7 +363,8 @@ def _check_horizon(t1: float, mean_s: float) -> None:
         )
 
 
-def _check_sizes(n_rep: int, n: int, max_queue: int, note: str, slot_bytes: int, cells: int, what: str) -> None:
+def _check_sizes(n_rep: int, n: int, max_queue: int, note: str, slot_bytes: int, cells: int, what: str,
+                 waiting: bool = False) -> None:
     size = f"max_queue={max_queue}{note}"
     if n_rep * n * max_queue > _MAX_RING_SLOTS:
         raise ValueError(
@@ -370,10 +373,11 @@ def _check_sizes(n_rep: int, n: int, max_queue: int, note: str, slot_bytes: int,
             + ("give a smaller max_queue" if note else "lower max_queue") + " or n_replications (run replications "
             "in several calls)"
         )
-    if n_rep * (_N_BINS + 2) >= 2**31:
+    bins = (_N_BINS + 2) * (2 if waiting else 1)
+    if n_rep * bins >= 2**31:
         raise ValueError(
-            f"n_replications={n_rep} exceeds {(2**31 - 1) // (_N_BINS + 2)}, the most whose sojourn-time histograms "
-            f"({8 * (_N_BINS + 2) / 2**10:.0f} KiB each) one call holds; run replications in several calls"
+            f"n_replications={n_rep} exceeds {(2**31 - 1) // bins}, the most whose sojourn-time histograms "
+            f"({8 * bins / 2**10:.0f} KiB each) one call holds; run replications in several calls"
         )
     if n_rep * cells > _MAX_CELLS:
         raise ValueError(
@@ -382,7 +386,8 @@ def _check_sizes(n_rep: int, n: int, max_queue: int, note: str, slot_bytes: int,
         )
 
 
-def _fast_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, keys, t1: float) -> _Plan:
+def _fast_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, keys, t1: float,
+               waiting: bool = False) -> _Plan:
     """The fast JSQ engines (`core`): uniformisation for PH service, completion times at arrival otherwise."""
     lam = float(_concrete("model.lam", model.lam))
     if not lam > 0:
@@ -416,7 +421,7 @@ def _fast_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, key
         alpha, T = np.ones(1), -np.ones((1, 1))
         m, sampler = 1, serv.sampler
     _check_sizes(n_rep, n, max_queue, note, 8 if kind == "ph" else 16, (max_queue + 1) * m,
-                 f"(max_queue + 1)={max_queue + 1} x {m} phase(s)")
+                 f"(max_queue + 1)={max_queue + 1} x {m} phase(s)", waiting)
     sequential = _sequential_engine(max_d) if sampler is None else _sequential_general_engine(max_d)
     if sampler is not None:
         block = _GENERAL_SEQUENTIAL_BLOCK if sequential else _GENERAL_BLOCK
@@ -424,7 +429,7 @@ def _fast_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, key
         block = _SEQUENTIAL_BLOCK if sequential else _markov_block_size(n, n_rep)
     cfg = core.Config(
         n=n, max_queue=max_queue, m=m, max_d=max_d, fixed_d=fixed_d, replace=replace, block=block,
-        n_bins=_N_BINS, sampler=sampler, sequential=sequential,
+        n_bins=_N_BINS, sampler=sampler, sequential=sequential, waiting=waiting,
     )
     hist_lo = _hist_key(mean_s * 2.0 ** (-_HIST_OCTAVES // 2))
     params = core.Params(
@@ -454,7 +459,8 @@ def _default_top(rho: float, tables, n: int) -> int:
     return max(s.up, 1) * _default_max_queue(rho, 1.0, d_min, n)
 
 
-def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t1: float) -> _Plan:
+def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t1: float,
+                 waiting: bool = False) -> _Plan:
     """The generic engine, on `model.simulation_tables(top)` (or, for JSQd / JSQdPH without tables or with a
     `service` override, on the tables of `jsq_tables`)."""
     jsq = _is_jsq(model)
@@ -517,11 +523,13 @@ def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t
             "replacement"
         )
     C = structure.n_cells
-    _check_sizes(n_rep, n, structure.queue if structure.fcfs else 0, note, 8, C, f"{C} cells")
+    if waiting:
+        _check_waiting(model, jsq, structure)
+    _check_sizes(n_rep, n, structure.queue if structure.fcfs else 0, note, 8, C, f"{C} cells", waiting)
     sequential = _generic_sequential()
     cfg = generic.Config(n=n, structure=structure, replace=replace,
                          block=_SEQUENTIAL_BLOCK if sequential else _GENERIC_BLOCK, n_bins=_N_BINS,
-                         sequential=sequential)
+                         sequential=sequential, waiting=waiting)
     hist_lo = _hist_key(t1 * 2.0 ** (1 - _HIST_OCTAVES))
     arrival_rate = float(np.asarray(tables.stream_rate)[np.asarray(tables.arrivals, bool)].sum())
     return _Plan(
@@ -531,6 +539,39 @@ def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t
         status_names=tables.status_names, m=1,
         reach=None, service=None, arrival_rate=arrival_rate,
     )
+
+
+def _check_waiting(model, jsq: bool, structure) -> None:
+    """Waiting times are recorded where a job starts service when it reaches the head of its FCFS queue: the head
+    of a non-empty queue is always in service, and jobs leave one at a time."""
+    name = type(model).__name__
+    if not structure.fcfs:
+        raise ValueError(f"waiting_times=True: a {name} holds no FCFS queues (jobs move between servers), so no job "
+                         "waits in a queue; give waiting_times=False")
+    if structure.down > 1:
+        raise ValueError(f"waiting_times=True: a {name} removes several jobs at once (batch service), so a job need "
+                         "not reach the head of its queue to leave; give waiting_times=False")
+    if not jsq and hasattr(model, "description"):
+        cells = model.description().cells
+        if not np.all(cells.in_service[cells.jobs >= 1] == 1):
+            raise ValueError(f"waiting_times=True: the job at the head of a {name}'s queue is not always in service "
+                             "(e.g. at a failed server), so reaching the head is not starting service; give "
+                             "waiting_times=False")
+
+
+def _percentile_args(percentiles) -> tuple[float, ...]:
+    """The requested percentiles, each a real number in (0, 100) (an integral one kept as an `int`)."""
+    if isinstance(percentiles, (str, bytes)) or np.ndim(percentiles) > 1:
+        raise ValueError(f"percentiles={percentiles!r} must be a sequence of numbers in (0, 100), e.g. (50, 99, 99.9)")
+    try:
+        values = [_real_arg("percentiles", q) for q in np.atleast_1d(np.asarray(percentiles, dtype=object))]
+    except ValueError as e:
+        raise ValueError(f"percentiles={percentiles!r} must be a sequence of numbers in (0, 100), e.g. "
+                         "(50, 99, 99.9)") from e
+    for q in values:
+        if not 0.0 < q < 100.0:
+            raise ValueError(f"percentiles={percentiles!r}: {q!r} is not in (0, 100) (percent: 99.9 for p99.9)")
+    return tuple(int(q) if float(q).is_integer() else q for q in values)
 
 
 # --- simulate ---------------------------------------------------------------------------------------------------
@@ -550,6 +591,8 @@ def simulate(
     n_batches: int = 30,
     progress: bool = False,
     engine: str = "auto",
+    percentiles=_PERCENTILES,
+    waiting_times: bool = False,
 ) -> SimulationResult:
     r"""Simulate the physical supermarket system with `n_servers` servers, exactly and event by event.
 
@@ -612,6 +655,13 @@ def simulate(
     - `engine`: `"auto"` (the fast engines for `jsmkt.JSQd` and `jsmkt.JSQdPH`, the generic one for other models),
       `"fast"` (JSQ models only) or `"generic"` (any model with tables; for a JSQ model its own tables if it has
       them, else tables written from its parameters, `jsmkt._simulate.jsq_tables`).
+    - `percentiles`: the percentiles (in percent, each in (0, 100), e.g. `(50, 99, 99.9)`) of the sojourn (and
+      waiting) time to report, with 95 % confidence half-widths; any other is at hand afterwards
+      (`SimulationResult.sojourn_time_percentile`).
+    - `waiting_times`: also record each job's waiting time (arrival to start of service), for
+      `waiting_time_percentiles`; where a job starts service when it reaches the head of its FCFS queue (JSQ
+      models, batch arrivals, classes; not batch service or repairable servers). Off by default: it reads one
+      more arrival time per departure in the event loop.
 
     **Returns:** a `jsmkt.SimulationResult`. Sojourn times are those of the jobs that leave during
     `[warmup, t1]` (FCFS, from arrival to departure); a `ValueError` says to raise `t1` when a replication saw no
@@ -651,6 +701,9 @@ def simulate(
         raise ValueError(f"progress={progress!r} must be True or False")
     if not isinstance(engine, str) or engine not in _ENGINES:
         raise ValueError(f"engine={engine!r} is not one of {_ENGINES}")
+    percentiles = _percentile_args(percentiles)
+    if not isinstance(waiting_times, bool):
+        raise ValueError(f"waiting_times={waiting_times!r} must be True or False")
     if isinstance(key, jax.core.Tracer) or staging():
         raise ValueError(
             ("key is traced: " if isinstance(key, jax.core.Tracer) else "")
@@ -672,9 +725,9 @@ def simulate(
             "or 'generic' (the generic engine runs any model with simulation tables)"
         )
     if jsq and engine != "generic":
-        plan = _fast_plan(model, service, n, n_rep, replace, max_queue, keys, t1)
+        plan = _fast_plan(model, service, n, n_rep, replace, max_queue, keys, t1, waiting_times)
     elif jsq or hasattr(model, "simulation_tables"):
-        plan = _tables_plan(model, service, n, n_rep, replace, max_queue, t1)
+        plan = _tables_plan(model, service, n, n_rep, replace, max_queue, t1, waiting_times)
     else:
         raise ValueError(
             f"model={model!r} must be a jsmkt.JSQd or jsmkt.JSQdPH, or a model with simulation tables: a "
@@ -683,7 +736,7 @@ def simulate(
         )
     per_batch, events, real_events, ends, n_run_batches = _run_chunks(plan, keys, warmup, t1, n_batches, progress)
     return _result(plan, per_batch, events, real_events, ends, n_run_batches, n=n, n_rep=n_rep, t1=t1,
-                   warmup=warmup, n_batches=n_batches, sampling=sampling)
+                   warmup=warmup, n_batches=n_batches, sampling=sampling, percentiles=percentiles)
 
 
 def _run_chunks(plan: _Plan, keys, warmup: float, t1: float, n_batches: int, progress: bool):
@@ -695,7 +748,9 @@ def _run_chunks(plan: _Plan, keys, warmup: float, t1: float, n_batches: int, pro
     n_rep = keys.shape[0]
     devices = tuple(jax.devices())
     devices = devices[: _n_shards(n_rep, len(devices))]
-    init, run = _compiled(plan.cfg, devices)
+    local = n_rep // len(devices)  # replications per device, whose histograms come back in groups
+    groups = max(g for g in range(1, min(local, max(1, _HIST_SECTIONS // len(devices))) + 1) if local % g == 0)
+    init, run = _compiled(plan.cfg._replace(hist_groups=groups), devices)
     states = init(plan.params, keys)
     n_run_batches = n_batches if n_rep == 1 else 1
     ends = [warmup + (t1 - warmup) * (i + 1) / n_run_batches for i in range(n_run_batches)]
@@ -729,7 +784,7 @@ def _run_chunks(plan: _Plan, keys, warmup: float, t1: float, n_batches: int, pro
 
 
 def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_batches: int, *, n: int, n_rep: int,
-            t1: float, warmup: float, n_batches: int, sampling: str) -> SimulationResult:
+            t1: float, warmup: float, n_batches: int, sampling: str, percentiles=_PERCENTILES) -> SimulationResult:
     """Refuse a run that overflowed (or met bad service times), then the statistics: per replication r and batch
     b, over the cells up to the last one some server reached (the cells above are 0); the results are padded with
     zeros back to every cell and level."""
@@ -836,11 +891,17 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
         out = (out // plan.m) * plan.reach.size + np.flatnonzero(plan.reach)[out % plan.m]
     cell_fractions[out] = cells_r.mean(axis=0)
     cell_ci[out] = cells_ci
+    # Histograms by section: the groups of replications (several replications), else the batches.
+    sections = per_batch[0].hist if n_rep >= 2 else np.concatenate([s.hist for s in per_batch], axis=0)
+    nb = _N_BINS + 2
+    soj_hist = wait_hist = None
+    soj_pct = soj_pct_ci = wait_pct = wait_pct_ci = None
     if plan.fcfs:
-        hist = sum(s.hist for s in per_batch).sum(axis=0)
-        percentiles = {q: float(_percentile(hist, q, plan.hist_lo)) for q in (50, 90, 99)}
-    else:
-        percentiles = None
+        soj_hist = sections[:, :nb]
+        soj_pct, soj_pct_ci = _percentiles(soj_hist, percentiles, plan.hist_lo, False)
+        if plan.cfg.waiting:
+            wait_hist = sections[:, nb:]
+            wait_pct, wait_pct_ci = _percentiles(wait_hist, percentiles, plan.hist_lo, True)
     return SimulationResult(
         tails=tails_r.mean(axis=0),
         tails_ci=tails_ci,
@@ -850,7 +911,7 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
         mean_queue_length_ci=queue_ci,
         mean_sojourn_time=float(np.mean(soj_r)),
         mean_sojourn_time_ci=soj_ci,
-        sojourn_time_percentiles=percentiles,
+        sojourn_time_percentiles=soj_pct,
         events=events,
         n_jobs=int(n_jobs.sum()),
         overflow=overflow,
@@ -871,6 +932,12 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
         cell_status=plan.out_status,
         status_names=plan.status_names,
         engine=plan.engine,
+        sojourn_time_percentiles_ci=soj_pct_ci,
+        waiting_time_percentiles=wait_pct,
+        waiting_time_percentiles_ci=wait_pct_ci,
+        sojourn_time_histograms=soj_hist,
+        waiting_time_histograms=wait_hist,
+        histogram_lo=plan.hist_lo,
     )
 
 
@@ -929,9 +996,10 @@ def _hist_edge(key: int) -> float:
     return float(np.array(key << (52 - core.HIST_SUB_BITS), np.int64).view(np.float64))
 
 
-def _percentile(hist: np.ndarray, q: float, hist_lo: int) -> float:
+def _percentile(hist: np.ndarray, q: float, hist_lo: int, zero_below: bool = False) -> float:
     """q-th percentile from the log-linear histogram (bin 0: below the range, last bin: above), interpolated
-    linearly inside its bin (relative bin width <= 2**-HIST_SUB_BITS)."""
+    linearly inside its bin (relative bin width <= 2**-HIST_SUB_BITS). `zero_below`: bin 0 holds zeros (waiting
+    times of jobs that did not wait)."""
     total = hist.sum()
     if total == 0:
         return math.nan
@@ -940,9 +1008,23 @@ def _percentile(hist: np.ndarray, q: float, hist_lo: int) -> float:
     b = int(np.searchsorted(cum, target))
     n_bins = len(hist) - 2
     if b == 0:
-        return _hist_edge(hist_lo)
+        return 0.0 if zero_below else _hist_edge(hist_lo)
     if b == n_bins + 1:
         return _hist_edge(hist_lo + n_bins)
     lo, hi = _hist_edge(hist_lo + b - 1), _hist_edge(hist_lo + b)
     frac = (target - cum[b - 1]) / hist[b]
     return lo + frac * (hi - lo)
+
+
+def _percentiles(sections: np.ndarray, qs, hist_lo: int, zero_below: bool) -> tuple[dict, dict]:
+    """Percentiles `qs` of the pooled histogram of `sections` (rows: groups of replications, or batches), and 95 %
+    half-widths from their spread over the sections (sectioning: the pooled estimate, with the Student-t interval
+    of the sections' own estimates; NaN with fewer than two sections that saw jobs)."""
+    pooled = sections.sum(axis=0)
+    used = sections[sections.sum(axis=1) > 0]
+    est, ci = {}, {}
+    for q in qs:
+        est[q] = float(_percentile(pooled, q, hist_lo, zero_below))
+        each = np.array([_percentile(h, q, hist_lo, zero_below) for h in used])
+        ci[q] = float(_half_width(each[:, None])[0]) if each.size >= 2 else math.nan
+    return est, ci

@@ -76,6 +76,12 @@ class Config(NamedTuple):
     block: int  # events drawn per iteration of the outer loop
     n_bins: int  # sojourn-time histogram bins (plus one underflow and one overflow bin)
     sequential: bool  # one event per loop iteration, replication after replication (CPU); else vmapped
+    waiting: bool = False  # also a histogram of waiting times (the time to reach the head of the queue)
+    hist_groups: int = 1  # histograms returned per batch of replications (`core.run_chunk`)
+
+    @property
+    def hist_size(self) -> int:
+        return (self.n_bins + 2) * (2 if self.waiting else 1)
 
     @property
     def max_d(self) -> int:
@@ -253,7 +259,7 @@ def init_state(cfg: Config, params: Params, key) -> State:
         ring=jnp.zeros(cfg.ring_size, jnp.float64) if cfg.structure.fcfs else None,
         draw=_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
         acc=jnp.zeros(cfg.n_cells, jnp.float64), soj_sum=zero, n_jobs=i64,
-        hist=jnp.zeros(cfg.n_bins + 2, jnp.int64), events=i64, real=i64, accepted=i64, overflow=i64, blocks=i64,
+        hist=jnp.zeros(cfg.hist_size, jnp.int64), events=i64, real=i64, accepted=i64, overflow=i64, blocks=i64,
         pool=(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(cfg.n + 1, jnp.int32),
               jnp.zeros(cfg.n + 1, jnp.int32)) if cfg.structure.pool else None,
     )
@@ -367,7 +373,10 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             for q in range(down):  # arrival times of the jobs at the head (used where they leave)
                 x = h + q
                 heads.append(one(ring, row + jnp.where(x >= Q, x - Q, x)))
-            if down:
+            if cfg.waiting:  # and of the job at the new head (it starts service where jobs leave)
+                x = h - jnp.minimum(dj, 0)
+                heads.append(one(ring, row + jnp.where(x >= Q, x - Q, x)))
+            if heads:
                 arrived = lax.dynamic_update_slice(arrived, jnp.stack(heads)[None], (i, jnp.zeros_like(i)))
             x = h - jnp.minimum(dj, 0)
             head2 = jnp.where(x >= Q, x - Q, x)
@@ -402,7 +411,7 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
 
     n_rec = 5 if origins else 4 if pool else 2
     carry = (state.packed, state.ring if fcfs else jnp.zeros(1), jnp.zeros((B, n_rec), jnp.int32),
-             jnp.zeros((B, max(down, 1)), jnp.float64), state.pool)
+             jnp.zeros((B, max(down + cfg.waiting, 1)), jnp.float64), state.pool)
     packed, ring, rec, arrived, pl = lax.fori_loop(0, B if masked else nv, event, carry)
     ctr = state.ctr + nv.astype(jnp.uint64)
     t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
@@ -447,6 +456,14 @@ def _finish(cfg: Config, params: Params, state: State, tau, kind, nv, rec, arriv
         hist = hist.reshape(-1).at[bins.reshape(-1)].add(dep.reshape(-1).astype(jnp.int64)).reshape(hist.shape)
         soj_sum = soj_sum + jnp.sum(jnp.where(dep, soj, 0.0))
         n_jobs = n_jobs + jnp.sum(dep, dtype=jnp.int64)
+        if cfg.waiting:  # the job at the new head starts service; so does a job joining an empty server
+            after = params.jobs[jnp.where(done & (rec[:, 1] < C), rec[:, 1], rec[:, 0])]
+            before = params.jobs[rec[:, 0]]
+            nxt = done & (leaving > 0) & (after > 0)
+            starts = nxt | (done & params.arrivals[kind] & (before == 0) & (after > 0))
+            wait = jnp.where(nxt, tau - arrived[:, s.down], 0.0)
+            wbins = core._hist_bin(cfg, params, jnp.where(starts, wait, 1.0)) + (cfg.n_bins + 2) + hist_base
+            hist = hist.reshape(-1).at[wbins].add(starts.astype(jnp.int64)).reshape(hist.shape)
     return state._replace(
         acc=acc, soj_sum=soj_sum, n_jobs=n_jobs, hist=hist,
         events=state.events + nv.astype(jnp.int64),
@@ -476,7 +493,7 @@ def _sequential_batch(cfg: Config, params: Params, prep: _Prep, t_end, states: S
     def one(r, carry):
         small, flat = carry
         state = jax.tree_util.tree_map(lambda x: x[r], small)._replace(**flat)
-        state = _chunk(cfg, params, prep, t_end, state, r * cfg.ring_size, r * (cfg.n_bins + 2))
+        state = _chunk(cfg, params, prep, t_end, state, r * cfg.ring_size, r * cfg.hist_size)
         small = jax.tree_util.tree_map(lambda xs, x: xs.at[r].set(x), small, state._replace(**{f: None for f in big}))
         return small, {f: getattr(state, f) for f in big}
 
@@ -515,4 +532,4 @@ def run_chunk(cfg: Config, params: Params, states: State, t_end) -> tuple[State,
             states,
         )
     states, stats = jax.vmap(lambda st: _harvest(cfg, t_end, st))(states)
-    return states, stats._replace(hist=jnp.sum(stats.hist, axis=0, keepdims=True))
+    return states, stats._replace(hist=core.pool_histograms(cfg.hist_groups, stats.hist))

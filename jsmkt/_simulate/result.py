@@ -26,10 +26,18 @@ class SimulationResult:
     - `mean_sojourn_time`, `mean_sojourn_time_ci`: mean time from arrival to departure, averaged directly over the
       jobs that left during `[warmup, t1]` (FCFS queues); for a model whose jobs move between servers (tables
       with `fcfs=False`), by Little's law, `mean_queue_length / throughput`.
-    - `sojourn_time_percentiles`: `{50: ..., 90: ..., 99: ...}`, from a log-spaced histogram of all those jobs
-      (bins of at most 0.4 % relative width) from E[S] * 2**-20 to E[S] * 2**20 (generic engine: from
-      t1 * 2**-39 to t1 * 2); a percentile outside that range is reported as its nearer end. `None` without FCFS
-      queues.
+    - `sojourn_time_percentiles`: `{50: ..., 90: ..., 99: ...}` (the `percentiles` asked of `simulate`), from a
+      log-spaced histogram of all those jobs (bins of at most 0.4 % relative width) from E[S] * 2**-20 to
+      E[S] * 2**20 (generic engine: from t1 * 2**-39 to t1 * 2); a percentile outside that range is reported as
+      its nearer end. `None` without FCFS queues.
+    - `sojourn_time_percentiles_ci`: their 95 % Student-t half-widths, by sectioning: the spread of the
+      percentiles of groups of replications (at most 32 groups; every replication when fewer) or, for one
+      replication, of the batches.
+    - `waiting_time_percentiles`, `waiting_time_percentiles_ci`: the same for the waiting times (arrival to start
+      of service; 0 for a job that did not wait) with `simulate(..., waiting_times=True)`, else `None`.
+    - `sojourn_time_histograms`, `waiting_time_histograms`: the histograms by section (rows), from which
+      `sojourn_time_percentile` and `waiting_time_percentile` give any other percentile; `histogram_lo` is the
+      key of their lower edge.
     - `events`: events processed, summed over replications (warm-up and, for uniformised engines, the self-loops
       of uniformisation included).
     - `real_events`: the events among them that changed a server's cell or refused a job, summed over
@@ -76,10 +84,39 @@ class SimulationResult:
     cell_status: np.ndarray
     status_names: tuple[str, ...]
     engine: str
+    sojourn_time_percentiles_ci: dict[int | float, float] | None = None
+    waiting_time_percentiles: dict[int | float, float] | None = None
+    waiting_time_percentiles_ci: dict[int | float, float] | None = None
+    sojourn_time_histograms: np.ndarray | None = None
+    waiting_time_histograms: np.ndarray | None = None
+    histogram_lo: int = 0
+
+    def sojourn_time_percentile(self, q: float) -> tuple[float, float]:
+        """The `q`-th percentile of the sojourn time (`q` in (0, 100), e.g. 99.9) and its 95 % half-width, from the
+        run's histograms (as `sojourn_time_percentiles`)."""
+        return self._percentile("sojourn", self.sojourn_time_histograms, q, False)
+
+    def waiting_time_percentile(self, q: float) -> tuple[float, float]:
+        """The `q`-th percentile of the waiting time and its 95 % half-width (runs with
+        `simulate(..., waiting_times=True)`)."""
+        return self._percentile("waiting", self.waiting_time_histograms, q, True)
+
+    def _percentile(self, what: str, hists, q, zero_below: bool) -> tuple[float, float]:
+        from .driver import _percentile_args, _percentiles
+
+        if hists is None:
+            why = ("the model holds no FCFS queues" if what == "sojourn" else
+                   "the run recorded no waiting times (simulate(..., waiting_times=True) records them)")
+            raise ValueError(f"no {what}-time percentiles: {why}")
+        (q,) = _percentile_args([q])
+        est, ci = _percentiles(hists, (q,), self.histogram_lo, zero_below)
+        return est[q], ci[q]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (Python floats, ints and lists). `tail` and `tail_ci` list $s_k$ from $k = 0$ up to
-        the last $k$ with $s_k > 0$; `sojourn_time_percentiles` is `{}` without FCFS queues."""
+        the last $k$ with $s_k > 0$; `sojourn_time_percentiles` (keys `p50`, `p99.9`, ...) and its half-widths
+        `sojourn_time_percentiles_ci` are `{}` without FCFS queues; `waiting_time_percentiles` and
+        `waiting_time_percentiles_ci` are there when the run recorded waiting times."""
         nz = np.nonzero(self.tails > 0)[0]
         last = int(nz[-1]) + 1 if nz.size else 1
 
@@ -94,7 +131,13 @@ class SimulationResult:
             "mean_sojourn_time_ci": f(self.mean_sojourn_time_ci),
             "tail": [f(x) for x in self.tails[:last]],
             "tail_ci": [f(x) for x in self.tails_ci[:last]],
-            "sojourn_time_percentiles": {f"p{p}": f(v) for p, v in (self.sojourn_time_percentiles or {}).items()},
+            "sojourn_time_percentiles": {f"p{p:g}": f(v) for p, v in (self.sojourn_time_percentiles or {}).items()},
+            "sojourn_time_percentiles_ci": {f"p{p:g}": f(v)
+                                            for p, v in (self.sojourn_time_percentiles_ci or {}).items()},
+            **({"waiting_time_percentiles": {f"p{p:g}": f(v) for p, v in self.waiting_time_percentiles.items()},
+                "waiting_time_percentiles_ci": {f"p{p:g}": f(v)
+                                                for p, v in self.waiting_time_percentiles_ci.items()}}
+               if self.waiting_time_percentiles is not None else {}),
             "events": int(self.events),
             "real_events": int(self.real_events),
             "throughput": f(self.throughput),

@@ -1,0 +1,658 @@
+r"""Sojourn and waiting times of a tagged job in the mean-field limit: their distributions, not only their means.
+
+**The tagged job.** In the mean-field limit a server evolves, at the fixed point $x^*$, as a Markov chain of its
+own: its local events at their rates, and each dispatch choosing it at the rate the tail rule gives its cell
+(`jsmkt._models.description.chosen_factor`); the other servers are the stationary occupancy $x^*$. A tagged job
+joins a server of cell $c$, through the effect row $c \to c'$ of an arrival stream, in proportion to that row's
+flow $R\,h_c(x^*)\,x^*_c\,w$ (Poisson arrivals see the stationary occupancy); a batch's $b$ jobs take the positions
+after the $\text{jobs}_c$ already there, one each. The server is an FCFS queue: a move that lowers its jobs by
+$r$ removes the $r$ oldest (a completion, a helper's completion, a batch service), one that raises them appends
+behind the tagged job, which it never delays. The tagged job leaves when the removals since it joined reach its
+position $p$, so its sojourn time is the absorption time of the chain of (the server's cell, the job's
+position), and its waiting time (time to the head of the queue, where service starts) that of $p - 1$ removals.
+
+**Two chains.** When the rates that move the tagged job forward (removals, and changes of the server's status,
+e.g. the phase of the job in service or a failure) depend on the server's status only, not on its level (the
+jobs behind the tagged job are then irrelevant), the chain lumps to (status, position): $m \cdot K$ states for PH
+service with $m$ phases. This holds for JSQ(d) with exponential or PH service, batch arrivals, several classes
+without helpers, batch service and repairable servers with a repairman per server (R.1, and R.3 below
+saturation, where no server waits for the large repairman). It is decided from the description: every dispatch
+that moves a non-empty server forward must give one priority key to every reachable cell of one status, and the
+local events' rates are compared numerically. Otherwise the chain is the full one, (cell, position), exact too
+but larger ($\sum_c \text{jobs}_c$ states): helpers that serve the longest queues (`JSQdClasses` with `helper_rates`)
+and the repairmen that choose the failed server with the longest queue (`RepairableJSQ` with R.2, R.3 at
+saturation) move the job in service at a rate that depends on the queue behind it.
+
+**Uniformisation.** With $Q$ the chain's transient generator, $q = \max_i(-Q_{ii})$ and $P = I + Q/q$, the
+survival function is $\bar F(t) = \sum_{n \ge 0} e^{-qt}(qt)^n/n!\;a_n$ with $a_n = \pi_0 P^n \mathbf 1$, the
+probability that the job is still there after $n$ steps of the uniformised chain. The sequence $a_n$ is computed
+once (a structured product per step: the chain is block lower-triangular Toeplitz in the position, one block per
+number of jobs a move removes), until $a_n < 10^{-17}$; then every $t$ costs one Poisson-weighted sum, with an
+error below $a_n$ at the last step for every $t$. The mean is $\sum_n a_n/q$, the density
+$q\sum_n e^{-qt}(qt)^n/n!\,(a_n - a_{n+1})$, and a quantile is found by safeguarded Newton steps on $t$, then one
+more from the root that carries the derivatives (the implicit function theorem). The steps run in chunks that
+stop once $a_n$ is negligible (`lax.cond`; under `vmap` every chunk runs), checkpointed, so `jax.grad` works
+through them with memory for the chunk boundaries only.
+
+**Not from the refined mean field.** Its $1/N$ term is the expansion of the occupancy's moments; the $1/N$ term
+of a job's sojourn-time law also needs the correlation between the server it joins (a chosen, atypical one) and
+the occupancy along its whole stay, which $V$ and $W$ do not carry. Plugging $y^* + V/N$ into the tagged chain
+would not be the $1/N$ expansion of the finite-N law, so it is refused; the refined mean sojourn time is
+`refined.expectation` of Little's law.
+"""
+
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import gammaln, xlogy
+from jaxtyping import Array, ArrayLike, Float
+
+from . import _maps
+from ._errors import error_if, is_concrete
+from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
+from ._models.description import (
+    Description,
+    _pooled,
+    chosen_factor,
+    clipped_targets,
+    pool_cells,
+    saturated_pool,
+)
+from ._solution import Trajectory
+
+
+MAX_TERMS = 2**15  # default cap on the uniformisation steps (a_n below _EPS well before, except near saturation)
+_CHUNK = 64  # steps per chunk (a chunk after convergence is skipped)
+_EPS = 1e-17  # a_n below this: the job has left, to float64 precision of the CDF
+_LUMP_TOL = 1e-11  # relative mismatch of rates between levels above which the chain is not lumped
+_MAX_P = 1.0 - 1e-12  # largest probability a quantile is asked for (the CDF is accurate to about 1e-16)
+_DENSE_STATES = 16  # chains of up to this many states (or with a dense set of moves) step by matrix products
+
+
+# --- the tagged server's chain ----------------------------------------------------------------------------------
+
+
+class _Moves(NamedTuple):
+    source: np.ndarray  # (M,) cells
+    target: np.ndarray  # (M,) cells (clipped at K)
+    rate: Array  # (M,) per-server rates at the occupancy
+
+
+def _server_moves(desc: Description, x: Array) -> _Moves:
+    """Every move of one server at occupancy `x`: local events at their rates, each dispatch's effect at the rate
+    the tail rule chooses the cell, and, under a saturated pool, the promotion of a waiting server (uniform among
+    the waiting, at the rate units are freed)."""
+    cells = desc.cells
+    src, tgt, rate = [], [], []
+    freed = jnp.zeros((), x.dtype)
+
+    def add(moves, per_server):
+        nonlocal freed
+        moves, frees = _pooled(desc, moves)
+        s = np.asarray(moves.source)
+        src.append(s)
+        tgt.append(clipped_targets(cells, moves))
+        rate.append(per_server)
+        if frees.any():
+            idx = np.flatnonzero(frees)
+            freed = freed + jnp.sum(per_server[idx] * x[s[idx]])
+
+    for ev in desc.local_events:
+        add(ev.moves, jnp.asarray(ev.moves.weight, x.dtype))
+    for disp in desc.dispatches:
+        eff = disp.effect
+        add(eff, disp.rate * chosen_factor(disp, x)[np.asarray(eff.source)] * eff.weight)
+    pool = saturated_pool(desc)
+    if pool is not None:
+        _, waits, _, promote = pool_cells(cells, pool)
+        w = np.flatnonzero(waits)
+        mass = jnp.sum(x[w])
+        per = jnp.where(mass > 0, freed / jnp.where(mass > 0, mass, 1.0), 0.0)
+        src.append(w)
+        tgt.append(promote[w])
+        rate.append(jnp.broadcast_to(per, w.shape))
+    return _Moves(np.concatenate(src), np.concatenate(tgt), jnp.concatenate(rate))
+
+
+def _move_structure(desc: Description) -> tuple[np.ndarray, np.ndarray]:
+    """Source and target cells of the moves of `_server_moves`, in its order, without their rates (static)."""
+    cells = desc.cells
+    src, tgt = [], []
+    for moves in [ev.moves for ev in desc.local_events] + [d.effect for d in desc.dispatches]:
+        moves = _pooled(desc, moves)[0]
+        src.append(np.asarray(moves.source))
+        tgt.append(clipped_targets(cells, moves))
+    pool = saturated_pool(desc)
+    if pool is not None:
+        _, waits, _, promote = pool_cells(cells, pool)
+        src.append(np.flatnonzero(waits))
+        tgt.append(promote[waits])
+    return np.concatenate(src), np.concatenate(tgt)
+
+
+class _Facts(NamedTuple):
+    """Static facts of a description for the tagged job: why it has no FCFS queues (or `None`), whether the head
+    of every reachable non-empty queue is in service, and the most jobs a move removes without emptying the
+    server."""
+
+    no_fcfs: str | None
+    head_in_service: bool
+    removals: int
+
+
+_NO_FCFS = ("its servers hold no FCFS queues (jobs move between servers, e.g. from orbits): a job's sojourn time is "
+            "not the time until the jobs ahead of it leave")
+_FACTS: dict = {}
+
+
+def _facts(model: AbstractDescribedModel) -> _Facts:
+    """`_Facts` of `model`'s description, kept per model structure (its tree structure, static fields included,
+    and the shapes of its arrays)."""
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    key = (treedef, tuple(getattr(x, "shape", None) for x in leaves))
+    out = _FACTS.get(key)
+    if out is None:
+        desc = model.description()
+        if not desc.fcfs or any(d.origin is not None for d in desc.dispatches):
+            out = _Facts(_NO_FCFS, False, 0)
+        else:
+            cells = desc.cells
+            src, tgt = _move_structure(desc)
+            reach = _reachable_from(cells.size, src, tgt)
+            busy = reach & (cells.jobs >= 1)
+            r = cells.jobs[src] - cells.jobs[tgt]
+            stay = busy[src] & (cells.jobs[tgt] >= 1) & (r > 0)
+            out = _Facts(None, bool(np.all(cells.in_service[busy] == 1)), int(r[stay].max(initial=1)))
+        if len(_FACTS) >= 256:
+            _FACTS.clear()
+        _FACTS[key] = out
+    return out
+
+
+def _reachable(desc: Description, moves: _Moves) -> np.ndarray:
+    """Cells a server can reach from the empty one (cell 0) through moves that exist (whatever their rates): the
+    support of the tagged server's chain. A status the mean field never enters (R.3's waiting servers below
+    saturation, where every failed server gets a small repairman) is left out."""
+    return _reachable_from(desc.cells.size, moves.source, moves.target)
+
+
+def _reachable_from(C: int, source: np.ndarray, target: np.ndarray) -> np.ndarray:
+    adj = np.zeros((C, C), bool)
+    adj[source, target] = True
+    seen = np.zeros(C, bool)
+    seen[0] = True
+    frontier = seen.copy()
+    while frontier.any():
+        new = adj[frontier].any(axis=0) & ~seen
+        seen |= new
+        frontier = new
+    return seen
+
+
+def _arrival_flows(desc: Description, x: Array, stream: str | None):
+    """Rows of the arrival streams' effects (or of the stream named `stream`): source cell, target cell (clipped at
+    `K`) and the flow per unit time and server of events through the row."""
+    names = [d.name for d in desc.dispatches if d.arrivals]
+    if stream is not None and stream not in names:
+        raise ValueError(f"stream={stream!r} is not an arrival stream of this model; its arrival streams are {names}")
+    src, tgt, flow = [], [], []
+    for disp in desc.dispatches:
+        if not disp.arrivals or (stream is not None and disp.name != stream):
+            continue
+        eff = _pooled(desc, disp.effect)[0]
+        s = np.asarray(eff.source)
+        src.append(s)
+        tgt.append(clipped_targets(desc.cells, eff))
+        flow.append(disp.rate * chosen_factor(disp, x)[s] * x[s] * eff.weight)
+    return np.concatenate(src), np.concatenate(tgt), jnp.concatenate(flow)
+
+
+class _Chain(NamedTuple):
+    """The tagged job's chain: states (statuses when lumped, else cells), positions `1..P`. Its moves that can keep
+    the tagged job go from state `frm[i]` to `to[i]` at rate `rate[i]`, removing `shifts[shift[i]]` jobs ahead of
+    it (position p -> p - r; at or below 0 the job has left); `out` is every state's total rate of moves that touch
+    the tagged job (those that always remove it included); `init` the law of (position, state) at joining."""
+
+    shifts: tuple[int, ...]
+    frm: np.ndarray  # (M,)
+    to: np.ndarray  # (M,)
+    shift: np.ndarray  # (M,) index into `shifts`
+    rate: Array  # (M,)
+    out: Array  # (n,)
+    init: Array  # (P, n)
+    lumped: bool
+
+
+def _key_dependence(desc: Description, reach: np.ndarray) -> str | None:
+    """The name of a dispatch that moves a non-empty reachable server forward (removing jobs or changing its
+    status) with keys that differ between cells of one status, i.e. at a rate that depends on the level: the
+    chain does not lump (a static fact of the description)."""
+    cells = desc.cells
+    jobs, status = cells.jobs, cells.status
+    for disp in desc.dispatches:
+        eff, _ = _pooled(desc, disp.effect)
+        s, t = np.asarray(eff.source), clipped_targets(cells, eff)
+        rel = reach[s] & (jobs[s] >= 1) & ((jobs[t] < jobs[s]) | (status[t] != status[s]))
+        keys, st = np.asarray(disp.key)[s[rel]], status[s[rel]]
+        for sigma in np.unique(st):
+            if np.unique(keys[st == sigma]).size > 1:
+                return disp.name
+    return None
+
+
+def _lumping_defect(desc: Description, moves: _Moves, reach: np.ndarray, rep: np.ndarray) -> Array:
+    """The largest mismatch, relative to the largest rate, between a reachable non-empty cell's rates of moves
+    that touch a tagged job and those of its status's representative (its top cell), compared as the tagged job
+    at the cell's deepest position sees them: per target status and number of jobs removed, those that remove all
+    the cell's jobs (which always remove the job) summed."""
+    cells = desc.cells
+    jobs, status = cells.jobs, cells.status
+    S = len(cells.status_names)
+    s, t = moves.source, moves.target
+    r = np.maximum(jobs[s] - jobs[t], 0)
+    rel = reach[s] & (jobs[s] >= 1) & ((r > 0) | (status[t] != status[s]))
+    s, t, r, rate = s[rel], t[rel], r[rel], moves.rate[np.flatnonzero(rel)]
+    if s.size == 0:
+        return jnp.zeros((), moves.rate.dtype)
+    R = int(r[r < jobs[s]].max(initial=0)) + 1  # bins 0..R-1 by jobs removed, R: the job leaves
+    C = cells.size
+
+    def index(cell, cut, r, tgt):
+        gone = r >= cut
+        return (cell * S + np.where(gone, 0, status[tgt])) * (R + 1) + np.where(gone, R, np.minimum(r, R))
+
+    own = jax.ops.segment_sum(rate, jnp.asarray(index(s, jobs[s], r, t)), num_segments=C * S * (R + 1))
+    pairs_c, pairs_m = [], []
+    for sigma in np.unique(status[s]):
+        mine = np.flatnonzero(s == rep[sigma])
+        users = np.flatnonzero(reach & (jobs >= 1) & (status == sigma))
+        pairs_c.append(np.repeat(users, mine.size))
+        pairs_m.append(np.tile(mine, users.size))
+    pc, pm = np.concatenate(pairs_c), np.concatenate(pairs_m)
+    theirs = jax.ops.segment_sum(rate[pm], jnp.asarray(index(pc, jobs[pc], r[pm], t[pm])),
+                                 num_segments=C * S * (R + 1))
+    return jnp.max(jnp.abs(own - theirs)) / jnp.maximum(jnp.max(jnp.abs(rate)), 1e-300)
+
+
+def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped: bool | None = None) -> _Chain:
+    """The tagged job's chain at occupancy `x` (module docstring). `lumped=None` lumps when the description allows
+    it; `True` requires it (a `ValueError` naming the dispatch otherwise), `False` builds the full chain."""
+    cells = desc.cells
+    if not desc.fcfs or any(d.origin is not None for d in desc.dispatches):
+        raise ValueError(_NO_FCFS)
+    jobs, status = cells.jobs, cells.status
+    P = int(jobs.max())
+    moves = _server_moves(desc, x)
+    reach = _reachable(desc, moves)
+    busy = reach & (jobs >= 1)
+    S = len(cells.status_names)
+    dependent = _key_dependence(desc, reach)
+    if lumped is None:
+        lumped = dependent is None
+    elif lumped and dependent is not None:
+        raise ValueError(f"the dispatch {dependent!r} moves a tagged job forward at a rate that depends on the "
+                         "server's level: the chain does not lump to (status, position)")
+    if lumped:
+        rep = np.full(S, -1)
+        for sigma in range(S):
+            top = np.flatnonzero(busy & (status == sigma))
+            if top.size:
+                rep[sigma] = top[np.argmax(cells.level[top])]
+        state_of = np.full(cells.size, -1)
+        live = np.flatnonzero(rep >= 0)
+        state_of[busy] = np.searchsorted(live, status[busy])
+        origin = np.isin(moves.source, rep[live])
+    else:
+        state_of = np.full(cells.size, -1)
+        state_of[busy] = np.arange(int(busy.sum()))
+        origin = busy[moves.source]
+    n = int(state_of.max()) + 1
+    s, t = moves.source[origin], moves.target[origin]
+    rate = moves.rate[np.flatnonzero(origin)]
+    r = np.maximum(jobs[s] - jobs[t], 0)
+    touches = (r > 0) | (status[t] != status[s]) if lumped else t != s
+    s, t, r = s[touches], t[touches], r[touches]
+    rate = rate[np.flatnonzero(touches)]
+    stays = (jobs[t] >= 1) & (r < jobs[s])  # the move can keep the tagged job (at a deep enough position)
+    shifts = tuple(sorted({0} | set(r[stays].tolist())))
+    k_of = {v: k for k, v in enumerate(shifts)}
+    i, j = state_of[s], state_of[t]
+    out = jax.ops.segment_sum(rate, jnp.asarray(i), num_segments=n)
+    keep = np.flatnonzero(stays)
+    shift = np.array([k_of[v] for v in r[keep]], dtype=np.int64)
+    if lumped and dependent is None:
+        defect = _lumping_defect(desc, moves, reach, rep)
+        out = error_if(out, defect > _LUMP_TOL, "internal: the rates that move a tagged job forward depend on the "
+                       "server's level although the description's keys do not say so; use lumped=False")
+    # The law of (position, state) of a job at joining: row c -> c' of flow f puts jobs at positions
+    # jobs_c + 1 .. jobs_c' (difference array over the positions, then a cumulative sum).
+    a_src, a_tgt, flow = _arrival_flows(desc, x, stream)
+    lo, hi = jobs[a_src], jobs[a_tgt]
+    ok = (hi > lo) & (state_of[a_tgt] >= 0)
+    lo, hi, st, f = lo[ok], hi[ok], state_of[a_tgt][ok], flow[np.flatnonzero(ok)]
+    diff = jnp.zeros((P + 1) * n, x.dtype).at[jnp.asarray(lo * n + st)].add(f).at[jnp.asarray(hi * n + st)].add(-f)
+    init = jnp.cumsum(diff.reshape(P + 1, n), axis=0)[:P]
+    accepted = jnp.sum(f * jnp.asarray(hi - lo, x.dtype))
+    init = init / jnp.where(accepted > 0, accepted, 1.0)
+    return _Chain(shifts, i[keep], j[keep], shift, rate[keep], out, init, lumped)
+
+
+def uniformised_survival(chain: _Chain, max_terms: int, waiting=False) -> tuple[Array, Array, Array]:
+    r"""$a_n = \pi_0 P^n \mathbf 1$, $n = 0..$`max_terms` (zeros once below `_EPS`), the uniformisation rate $q$
+    and whether $a_n$ fell below `_EPS`. `waiting` (a boolean, traced or not): the time to the head of the queue
+    ($p - 1$ removals; $a_0$ is then the probability of waiting at all)."""
+    init = jnp.where(waiting, jnp.concatenate([chain.init[1:], jnp.zeros_like(chain.init[:1])]), chain.init)
+    q = jax.lax.stop_gradient(jnp.max(chain.out))
+    q = jnp.where(q > 0, q, 1.0)
+    P_, n = init.shape
+    stay = 1.0 - chain.out / q
+    dense = n * n <= max(_DENSE_STATES**2, 4 * chain.frm.size)  # the matrices are not much larger than the moves
+    if dense:  # one matrix per number of jobs removed
+        flat = (chain.shift * n + chain.frm) * n + chain.to
+        blocks = jax.ops.segment_sum(chain.rate / q, jnp.asarray(flat), num_segments=len(chain.shifts) * n * n)
+        blocks = blocks.reshape(len(chain.shifts), n, n)
+    groups = [np.flatnonzero(chain.shift == k) for k in range(len(chain.shifts))]
+
+    def step(u, _):
+        new = u * stay[None, :]
+        for k, r in enumerate(chain.shifts):
+            if dense:
+                v = u @ blocks[k]
+            else:  # the moves as a scatter: O(P M) per step
+                g = groups[k]
+                v = jnp.zeros_like(u).at[:, chain.to[g]].add(u[:, chain.frm[g]] * (chain.rate[g] / q)[None, :])
+            if r:  # position p -> p - r; those that reach 0 or below have left
+                v = jnp.concatenate([v[r:], jnp.zeros((min(r, P_), n), u.dtype)])[:P_]
+            new = new + v
+        return new, jnp.sum(new)
+
+    @jax.checkpoint
+    def run(u):
+        return jax.lax.scan(step, u, None, length=_CHUNK)
+
+    def chunk(carry, _):
+        u, done = carry
+        u, a = jax.lax.cond(done, lambda u: (u, jnp.zeros(_CHUNK, u.dtype)), run, u)
+        return (u, done | (a[-1] < _EPS)), a
+
+    n_chunks = -(-max_terms // _CHUNK)
+    a0 = jnp.sum(init)
+    (_, done), a = jax.lax.scan(chunk, (init, a0 < _EPS), None, length=n_chunks)
+    return jnp.concatenate([a0[None], a.reshape(-1)]), q, done
+
+
+# --- the distribution -----------------------------------------------------------------------------------------
+
+
+def _poisson(n: Array, lgam: Array, mu: Array) -> Array:
+    return jnp.exp(xlogy(n, mu) - mu - lgam)
+
+
+class TimeDistribution(eqx.Module):
+    r"""The law of a tagged job's sojourn time or waiting time in the mean-field limit (from
+    `jsmkt.sojourn_time_distribution` and `jsmkt.waiting_time_distribution`; see `jsmkt._sojourn` for the
+    derivation).
+
+    Stored as the uniformised survival sequence: $\bar F(t) = P(\text{time} > t) = \sum_n e^{-qt}(qt)^n/n!\;a_n$,
+    $a_n$ the probability that the job is still there (still waiting) after $n$ steps of the tagged job's chain
+    uniformised at rate $q$. Every method is a pure function of these arrays, so it composes with `jax.grad`
+    (through the fixed point, with respect to every parameter of the model), `jax.vmap` and `jax.jit`.
+
+    **Attributes:**
+
+    - `survival_steps`: $a_n$, $n = 0, 1, \ldots$ ($a_0 = 1$ for sojourn times, the probability of waiting for
+      waiting times; zeros once below $10^{-17}$).
+    - `rate`: the uniformisation rate $q$.
+    - `kind`: `"sojourn time"` or `"waiting time"`.
+    """
+
+    survival_steps: Float[Array, " n"]
+    rate: Float[Array, ""]
+    kind: str = eqx.field(static=True)
+
+    def _at(self, t: Array) -> tuple[Array, Array]:
+        """Survival $\bar F(t)$ and density $f(t)$ at a scalar `t >= 0`, from one set of Poisson weights."""
+        a = self.survival_steps
+        n = jnp.arange(a.shape[0], dtype=a.dtype)
+        mu = self.rate * t
+        w = jnp.exp(xlogy(n, mu) - mu - gammaln(n + 1.0))
+        drop = a - jnp.concatenate([a[1:], jnp.zeros(1, a.dtype)])
+        return jnp.sum(w * a), self.rate * jnp.sum(w * drop)
+
+    @property
+    def atom(self) -> Float[Array, ""]:
+        """$P(\\text{time} = 0)$: 0 for sojourn times, the probability of not waiting for waiting times."""
+        return 1.0 - self.survival_steps[0]
+
+    @property
+    def mean(self) -> Float[Array, ""]:
+        r"""$E[\text{time}] = \sum_n a_n / q$ (equal to Little's law, `jsmkt.mean_sojourn_time` or
+        `jsmkt.mean_waiting_time`, at a fixed point)."""
+        return jnp.sum(self.survival_steps) / self.rate
+
+    def cdf(self, t: ArrayLike) -> Float[Array, "..."]:
+        r"""$P(\text{time} \le t)$ at the points `t` (any shape; 0 for $t < 0$)."""
+        return _cdf(self, _times(t))
+
+    def pdf(self, t: ArrayLike) -> Float[Array, "..."]:
+        r"""The density at the points `t > 0` (any shape; 0 for $t < 0$). A waiting time's atom at 0 (`atom`) is
+        not part of it: its density integrates to the probability of waiting."""
+        return _pdf(self, _times(t))
+
+    def quantile(self, p: ArrayLike) -> Float[Array, "..."]:
+        r"""The smallest $t$ with $P(\text{time} \le t) \ge p$, for probabilities `p` in $[0, 1 - 10^{-12}]$ (any
+        shape: e.g. `0.99` for p99, `jnp.array([0.5, 0.9, 0.99, 0.999])`). 0 where `p` is at most `atom`.
+        Safeguarded Newton steps on $t$; derivatives (with respect to `p` and the model's parameters) by the
+        implicit function theorem, $\partial t = -\partial\bar F/\bar F'$ at the root."""
+        return _quantiles(self, _probabilities(p))
+
+    def _quantile(self, p: Array) -> Array:
+        frozen = TimeDistribution(jax.lax.stop_gradient(self.survival_steps), jax.lax.stop_gradient(self.rate),
+                                  self.kind)
+        valid = p > 1.0 - self.survival_steps[0]  # else the atom at 0 (waiting times)
+        p = jnp.where(valid, p, 1.0 - 0.5 * self.survival_steps[0])
+        target = 1.0 - jax.lax.stop_gradient(p)
+        eps = jnp.finfo(p.dtype).eps
+
+        # Double t from the mean until the survival falls below the target (hi = inf until then), then Newton steps
+        # on t, replaced by bisection where they leave the bracket [lo, hi].
+        def step(c):
+            i, t, lo, hi, _ = c
+            g, f = frozen._at(t)
+            g = g - target
+            lo, hi = jnp.where(g > 0, t, lo), jnp.where(g > 0, hi, t)
+            nt = t + g / jnp.where(f > 0, f, 1.0)
+            inside = (nt > lo) & (nt < hi) & (f > 0)
+            t2 = jnp.where(jnp.isinf(hi), 2.0 * t, jnp.where(inside, nt, 0.5 * (lo + hi)))
+            return i + 1, t2, lo, hi, jnp.abs(t2 - t)
+
+        def going(c):
+            i, t, lo, hi, moved = c
+            return (i < 2200) & (moved > 4 * eps * t) & (jnp.isinf(hi) | (hi - lo > 4 * eps * hi))
+
+        start = jnp.maximum(jnp.sum(frozen.survival_steps) / frozen.rate, 1e-300)
+        zero = jnp.zeros_like(start)
+        _, t, _, _, _ = jax.lax.while_loop(going, step, (0, start, zero, zero + jnp.inf, zero + jnp.inf))
+        t = jax.lax.stop_gradient(t)
+        # One Newton step from the root with the derivatives: t - (Fbar(t) - (1 - p)) / Fbar'(t).
+        g, f = self._at(t)
+        return jnp.where(valid, t + (g - (1.0 - p)) / f, 0.0)
+
+    def __repr__(self) -> str:
+        try:
+            mean = f"{float(self.mean):.6g}"
+        except Exception:  # noqa: BLE001  (traced)
+            mean = "traced"
+        return f"TimeDistribution(kind={self.kind!r}, mean={mean}, steps={self.survival_steps.shape[0]})"
+
+
+@eqx.filter_jit
+def _cdf(dist: TimeDistribution, t: Array) -> Array:
+    g = jax.vmap(lambda u: dist._at(u)[0])(jnp.maximum(t, 0.0).reshape(-1)).reshape(t.shape)
+    return jnp.where(t < 0, 0.0, 1.0 - g)
+
+
+@eqx.filter_jit
+def _pdf(dist: TimeDistribution, t: Array) -> Array:
+    f = jax.vmap(lambda u: dist._at(u)[1])(jnp.maximum(t, 0.0).reshape(-1)).reshape(t.shape)
+    return jnp.where(t < 0, 0.0, f)
+
+
+@eqx.filter_jit
+def _quantiles(dist: TimeDistribution, p: Array) -> Array:
+    return jax.vmap(dist._quantile)(p.reshape(-1)).reshape(p.shape)
+
+
+def _times(t) -> Array:
+    if isinstance(t, jax.core.Tracer):
+        return t.astype(jnp.result_type(float))
+    try:
+        return jnp.asarray(t, dtype=float)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"t={t!r} is not a real number or array of real numbers (the times to evaluate at)") from e
+
+
+def _probabilities(p) -> Array:
+    if isinstance(p, (str, bytes)):
+        raise ValueError(f"p={p!r} is not a probability; give a number in [0, 1) such as 0.99")
+    if isinstance(p, jax.core.Tracer):
+        p = p.astype(jnp.result_type(float))
+        return error_if(p, jnp.any(~((p >= 0.0) & (p <= _MAX_P))),
+                        f"p must be a probability in [0, {_MAX_P!r}] (0.99 for p99)")
+    try:
+        arr = np.asarray(p, dtype=float)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"p={p!r} is not a probability; give a number in [0, 1) such as 0.99") from e
+    bad = ~((arr >= 0.0) & (arr <= _MAX_P))
+    if bad.any():
+        v = float(arr[bad].ravel()[0])
+        hint = f" (for the {v:g}th percentile give p={v / 100:g})" if 1.0 < v <= 100.0 else ""
+        raise ValueError(f"p={v!r} must be a probability in [0, 1 - 1e-12]{hint}")
+    return jnp.asarray(arr)
+
+
+# --- public entry points --------------------------------------------------------------------------------------
+
+
+@eqx.filter_jit
+def _compute(model: AbstractDescribedModel, y, stream, waiting: Array, max_terms: int, lumped):
+    """The uniformised survival steps (`waiting` traced: the sojourn and waiting times of a model compile once)."""
+    chain = tagged_chain(model.description(), model.occupancy(y), stream, lumped)
+    a, q, done = uniformised_survival(chain, max_terms, waiting)
+    return a, q, done
+
+
+def _checked(model, state, what: str, stream, max_terms, lumped):
+    from ._metrics import _state
+    from ._refined import RefinedMeanField
+
+    if isinstance(state, RefinedMeanField):
+        raise ValueError(
+            f"state is a jsmkt.RefinedMeanField: the refined mean field gives no {what} distribution (its 1/N term "
+            "expands the occupancy's moments, not the law of a job's stay, which also depends on the correlation "
+            "between the server a job joins and the occupancy); pass the fixed point, and use "
+            "rmf.expectation of Little's law for the refined mean"
+        )
+    if isinstance(state, Trajectory):
+        raise ValueError(f"state is a jsmkt.Trajectory: the {what} distribution is that of a job arriving at a "
+                         "stationary occupancy; pass a jsmkt.FixedPoint")
+    if not isinstance(model, AbstractSupermarketModel):
+        raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
+    if not isinstance(model, AbstractDescribedModel):
+        raise ValueError(f"{type(model).__name__} has no physical description (the papers' equations as published "
+                         f"are models of the mean field only): no {what} distribution; use the exact model")
+    if isinstance(max_terms, bool) or not isinstance(max_terms, (int, np.integer)) or max_terms < _CHUNK:
+        raise ValueError(f"max_terms={max_terms!r} must be an integer >= {_CHUNK} (the most uniformisation steps)")
+    if lumped not in (None, True, False):
+        raise ValueError(f"lumped={lumped!r} must be None, True or False")
+    return _state(model, state), int(max_terms)
+
+
+def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lumped) -> TimeDistribution:
+    y, max_terms = _checked(model, state, kind, stream, max_terms, lumped)
+    facts = _facts(model)
+    why = facts.no_fcfs
+    if waiting and why is None and not facts.head_in_service:
+        why = ("the job at the head of a queue is not always in service (e.g. at a failed server), so the time to "
+               "reach the head is not the time to start service: waiting and interruptions do not separate")
+    if waiting and why is None and facts.removals > 1:
+        why = ("a service removes several jobs at once (batch service), so a job need not reach the head of its "
+               "queue to leave; its sojourn-time distribution applies")
+    if why is not None:
+        raise ValueError(f"{type(model).__name__}: no {kind} distribution: {why}")
+    if is_concrete(model, y):
+        _maps.before_compiling(f"jsmkt.{kind.replace(' ', '_')}_distribution",
+                               ("sojourn", _maps.signature((model, y)), max_terms, lumped, stream))
+    try:
+        a, q, done = _compute(model, y, stream, jnp.asarray(waiting), max_terms, lumped)
+    except ValueError as e:  # refusals found while tracing the chain (e.g. a level-dependent dispatch)
+        raise ValueError(f"{type(model).__name__}: no {kind} distribution: {e}") from None
+    message = (f"the {kind}'s tail outlasts max_terms={max_terms} uniformisation steps (the load is close to 1, or "
+               "rates differ by orders of magnitude); raise max_terms")
+    if is_concrete(a, done):
+        if not bool(done):
+            raise ValueError(message)
+        # Keep the steps up to where a_n is negligible (a power of two, so that few shapes compile).
+        last = int(np.searchsorted(-np.asarray(a), -_EPS))
+        size = min(a.shape[0], max(_CHUNK, 1 << int(np.ceil(np.log2(last + 1)))))
+        a = a[:size]
+    else:
+        a = error_if(a, ~done, message)
+    return TimeDistribution(a, q, kind)
+
+
+def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream: str | None = None,
+                              max_terms: int = MAX_TERMS, lumped: bool | None = None) -> TimeDistribution:
+    r"""The law of the sojourn time (arrival to departure) of a job in the mean-field limit, at a fixed point.
+
+    A tagged job joins a server chosen by the tail rule at the stationary occupancy and leaves when the FCFS
+    queue has removed the jobs ahead of it and the job itself; its server evolves as one server of the mean
+    field (module `jsmkt._sojourn`). Every family whose servers hold FCFS queues has it: `JSQd`, `JSQdPH`,
+    `JSQdBatch` (a job's position within its batch), `JSQdClasses` (with helpers too), `JSQdBatchService`,
+    `RepairableJSQ` (failures interrupt service). `RetrialJSQ` has none: orbits are not FCFS queues.
+
+    **Arguments:**
+
+    - `model`: a model stated by its physics (`jsmkt.AbstractDescribedModel`).
+    - `state`: its `jsmkt.FixedPoint` (or the fixed point's reduced state).
+    - `stream`: the name of one arrival stream (e.g. `"class 2 arrival"` of `JSQdClasses`): the law of that
+      stream's jobs; by default of all jobs.
+    - `max_terms`: the most uniformisation steps (static). The steps stop once the job has left to float64
+      precision (a few hundred for JSQ(2) at load 0.9); under `jax.vmap` every entry runs all of them, so lower
+      it there. A `ValueError` says when it is too small (near saturation).
+    - `lumped`: `None` (default) lumps the chain to (status, position) where the description allows it; `False`
+      uses the full (cell, position) chain (a check), `True` requires lumping.
+
+    **Returns:** a `jsmkt.TimeDistribution` with `cdf`, `pdf`, `quantile` and `mean` (equal to
+    `jsmkt.mean_sojourn_time`, Little's law), differentiable with respect to the model's parameters.
+
+    **Raises:** `ValueError` for a model without FCFS queues, a `jsmkt.RefinedMeanField` as `state` (no
+    refined law: see the module docstring), or too few `max_terms`.
+
+    !!! example
+
+        ```python
+        model = jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, 4.0), d=2)
+        T = jsmkt.sojourn_time_distribution(model, jsmkt.solve_fixed_point(model))
+        T.quantile(jnp.array([0.5, 0.99])), T.cdf(10.0), T.mean
+        ```
+    """
+    return _distribution(model, state, "sojourn time", False, stream, max_terms, lumped)
+
+
+def waiting_time_distribution(model: AbstractSupermarketModel, state, *, stream: str | None = None,
+                              max_terms: int = MAX_TERMS, lumped: bool | None = None) -> TimeDistribution:
+    r"""The law of the waiting time (arrival to start of service) of a job in the mean-field limit, at a fixed
+    point: the time until the jobs ahead of it have left. An atom at 0 (`atom`, the probability of not waiting,
+    $1 - $ `jsmkt.prob_wait`) and a density on $t > 0$; its mean is `jsmkt.mean_waiting_time`.
+
+    Defined where the job at the head of a queue is always in service and services remove one job at a time:
+    `JSQd`, `JSQdPH`, `JSQdBatch`, `JSQdClasses` (and `JSQdBatchService` with batches of one). Refused for
+    `RepairableJSQ` (a failed server's head job waits too, so waiting and interruptions do not separate) and
+    batch service (a job may leave without reaching the head). Arguments, returns and errors as
+    `jsmkt.sojourn_time_distribution`.
+    """
+    return _distribution(model, state, "waiting time", True, stream, max_terms, lumped)

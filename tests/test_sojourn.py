@@ -1,0 +1,251 @@
+"""Sojourn- and waiting-time distributions from the mean field (`jsmkt.sojourn_time_distribution`,
+`jsmkt.waiting_time_distribution`) against the M/PH/1 queue, Little's law, finite differences and simulation;
+and the simulator's percentiles with confidence intervals (`simulate(..., percentiles=..., waiting_times=...)`)."""
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.optimize
+
+import jsmkt
+from jsmkt._spec import FAMILIES
+
+
+FIRST = {fam: next(iter(FAMILIES[fam].examples().items())) for fam in FAMILIES}  # one example per family
+
+
+def _mph1(lam, service):
+    r"""Survival functions of the waiting and sojourn times of the M/PH/1 FCFS queue, and the sojourn time's
+    density, derived here from the Pollaczek-Khinchine formula: the waiting time is a geometric sum (continuation
+    probability rho) of ladder heights, which have the equilibrium law of the service, PH(alpha (-T)^{-1}/E[S], T);
+    a geometric sum of PH(pi, T) is PH(rho pi, T + rho t pi), t = -T 1. The sojourn time adds an independent
+    service: the block generator [[U, u alpha], [0, T]], u = -U 1 the waiting part's exit rates."""
+    alpha, T = np.asarray(service.alpha), np.asarray(service.T)
+    m, t = alpha.size, -T.sum(axis=1)
+    a_plus = lam * alpha @ np.linalg.inv(-T)  # rho pi, of mass rho
+    U = T + np.outer(t, a_plus)
+    G = np.block([[U, np.outer(-U.sum(axis=1), alpha)], [np.zeros((m, m)), T]])
+    start = np.concatenate([a_plus, (1.0 - a_plus.sum()) * alpha])
+    exits = np.concatenate([np.zeros(m), t])
+
+    def wait(x):
+        return float(a_plus @ scipy.linalg.expm(U * x) @ np.ones(m))
+
+    def sojourn(x):
+        return float(start @ scipy.linalg.expm(G * x) @ np.ones(2 * m))
+
+    def density(x):
+        return float(start @ scipy.linalg.expm(G * x) @ exits)
+
+    return wait, sojourn, density
+
+
+def test_d1_is_the_mph1_queue():
+    """d = 1: every server is an M/PH/1 queue. The sojourn and waiting times' survival functions and the sojourn
+    density equal the queue's (derived independently above) to 1e-10 at several points, their means equal Little's
+    law to 1e-10, and the quantiles are the roots of the queue's survival function."""
+    lam, service = 0.7, jsmkt.hyperexponential2(1.0, 4.0)
+    model = jsmkt.JSQdPH(lam, service, d=1)
+    fp = jsmkt.solve_fixed_point(model)
+    T = jsmkt.sojourn_time_distribution(model, fp)
+    W = jsmkt.waiting_time_distribution(model, fp)
+    wait, sojourn, density = _mph1(lam, service)
+    xs = np.array([0.0, 0.2, 1.0, 3.0, 10.0, 30.0, 60.0])
+    np.testing.assert_allclose(1.0 - np.asarray(T.cdf(xs)), [sojourn(x) for x in xs], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(1.0 - np.asarray(W.cdf(xs)), [wait(x) for x in xs], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(T.pdf(xs[1:])), [density(x) for x in xs[1:]], rtol=0, atol=1e-10)
+    assert float(W.atom) == pytest.approx(1.0 - lam, abs=1e-12)
+    assert float(T.mean) == pytest.approx(float(jsmkt.mean_sojourn_time(model, fp)), rel=1e-10)
+    assert float(W.mean) == pytest.approx(float(jsmkt.mean_waiting_time(model, fp)), rel=1e-10)
+    ps = np.array([0.5, 0.9, 0.99, 0.999, 0.9999])
+    exact = [scipy.optimize.brentq(lambda x, p=p: sojourn(x) - (1.0 - p), 0.0, 500.0, xtol=1e-13) for p in ps]
+    np.testing.assert_allclose(np.asarray(T.quantile(ps)), exact, rtol=1e-9)
+    ps[0] = 0.2  # below the atom at 0 of the waiting time: P(W = 0) = 1 - rho = 0.3
+    exact = [0.0] + [scipy.optimize.brentq(lambda x, p=p: wait(x) - (1.0 - p), 0.0, 500.0, xtol=1e-13)
+                     for p in ps[1:]]
+    np.testing.assert_allclose(np.asarray(W.quantile(ps)), exact, rtol=1e-9)
+
+
+def test_families():
+    """Batch service lumps to (phase, position) although an epoch removes up to B jobs at once (all of them at a short
+    queue): with d = 1 and exponential epochs its fixed point is known in closed form (`initial_guess`, geometric),
+    where the mean equals Little's law, and the lumped chain equals the full (cell, position) one. A repairman that
+    chooses the failed server with the longest queue serves at a rate that depends on the queue behind a job: the
+    lumped chain is refused there, naming the dispatch (the full chain runs, `test_helpers_against_simulation`).
+    Families without FCFS queues, or whose head of a queue is not always in service, are refused by name."""
+    model = jsmkt.JSQdBatchService(1.2, jsmkt.exponential(1.0), jnp.array([0.5, 0.5]), d=1)
+    y = model.initial_guess()
+    xs = jnp.array([0.1, 0.5, 1.0, 2.0, 5.0, 10.0])
+    lumped = jsmkt.sojourn_time_distribution(model, y, lumped=True)
+    full = jsmkt.sojourn_time_distribution(model, y, lumped=False)
+    np.testing.assert_allclose(np.asarray(lumped.cdf(xs)), np.asarray(full.cdf(xs)), rtol=0, atol=1e-13)
+    assert float(lumped.mean) == pytest.approx(float(jsmkt.mean_sojourn_time(model, y)), rel=1e-10)
+    with pytest.raises(ValueError, match="JSQdBatchService: no waiting time distribution: a service removes several"):
+        jsmkt.waiting_time_distribution(model, y)
+    model = FIRST["repairable"][1]
+    assert model.repair == "R2"
+    with pytest.raises(ValueError, match="'repairman' moves a tagged job forward at a rate that depends on the server"):
+        jsmkt.sojourn_time_distribution(model, model.initial_state(), lumped=True)
+    with pytest.raises(ValueError, match="RepairableJSQ: no waiting time distribution: the job at the head of a queue"):
+        jsmkt.waiting_time_distribution(model, model.initial_state())
+    retrial = FIRST["retrial"][1]
+    with pytest.raises(ValueError, match="RetrialJSQ: no sojourn time distribution: .* no FCFS queues"):
+        jsmkt.sojourn_time_distribution(retrial, retrial.initial_state())
+
+
+def test_gradients_agree_with_finite_differences():
+    """`jax.grad` of p99 (the quantile's implicit derivative, through the CDF's derivative at the root and the fixed
+    point) with respect to the arrival rate and the service SCV, against central differences."""
+    K = FIRST["jsq-ph"][1].K  # the family example's shape: its fixed point compiles once
+
+    def p99(lam, scv):
+        model = jsmkt.JSQdPH(lam, jsmkt.hyperexponential2(1.0, scv), d=2, K=K)
+        return jsmkt.sojourn_time_distribution(model, jsmkt.solve_fixed_point(model), max_terms=2048).quantile(0.99)
+
+    x = (0.8, 4.0)
+    grad = np.asarray(jax.jit(jax.grad(p99, argnums=(0, 1)))(*x))
+    f, h = jax.jit(p99), 1e-5
+    fd = [(f(x[0] + h, x[1]) - f(x[0] - h, x[1])) / (2 * h), (f(x[0], x[1] + h) - f(x[0], x[1] - h)) / (2 * h)]
+    np.testing.assert_allclose(grad, np.asarray(fd), rtol=1e-6)
+
+
+def test_quantiles_and_bad_input():
+    """Quantiles invert the CDF (any shape, under vmap too), the density is the CDF's derivative; bad input is
+    refused by name."""
+    model = FIRST["jsq"][1]
+    fp = model.initial_guess()  # exact for exponential service: s_k = rho g(s_{k-1})
+    T = jsmkt.sojourn_time_distribution(model, fp)
+    ps = jnp.array([[0.01, 0.5], [0.99, 0.9999]])
+    q = T.quantile(ps)
+    assert q.shape == (2, 2)
+    np.testing.assert_allclose(np.asarray(T.cdf(q)), np.asarray(ps), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(jax.vmap(T.quantile)(ps)), np.asarray(q), rtol=1e-14)
+    t, h = jnp.ones(4) * 2.0, 1e-5
+    assert float(T.pdf(t)[0]) == pytest.approx(float((T.cdf(t + h) - T.cdf(t - h))[0] / (2 * h)), rel=1e-7)
+    with pytest.raises(ValueError, match=r"p=99.0 must be a probability .* give p=0.99"):
+        T.quantile(99)
+    with pytest.raises(ValueError, match="p=1.0 must be a probability"):
+        T.quantile(jnp.array([0.5, 1.0]))
+    with pytest.raises(ValueError, match="no sojourn time distribution: stream='class 3' is not an arrival stream"):
+        jsmkt.sojourn_time_distribution(model, fp, stream="class 3")
+    with pytest.raises(ValueError, match="RefinedMeanField: the refined mean field gives no waiting time"):
+        jsmkt.waiting_time_distribution(model, jsmkt.RefinedMeanField(fp, fp, jnp.zeros((fp.size, fp.size)), model))
+    with pytest.raises(ValueError, match="max_terms=10 must be an integer >= 64"):
+        jsmkt.sojourn_time_distribution(model, fp, max_terms=10)
+    published = jsmkt.published.JSQdPHAsPublished(0.7, jsmkt.erlang(2), d=2, K=12)
+    with pytest.raises(ValueError, match="has no physical description"):
+        jsmkt.sojourn_time_distribution(published, published.initial_state())
+
+
+# --- simulation -------------------------------------------------------------------------------------------------
+
+
+def test_simulated_percentiles_have_intervals():
+    """Any percentile of the sojourn and waiting times, with 95 % half-widths from the replications (or the
+    batches of one run); waiting times are refused where the head of a queue is not the job in service."""
+    model = jsmkt.JSQd(0.8, d=2, K=14)
+    res = jsmkt.simulate(model, 20, 300.0, key=jr.PRNGKey(0), n_replications=3, percentiles=(50, 99.9),
+                         waiting_times=True)
+    assert set(res.sojourn_time_percentiles) == set(res.waiting_time_percentiles) == {50, 99.9}
+    for table, ci in ((res.sojourn_time_percentiles, res.sojourn_time_percentiles_ci),
+                      (res.waiting_time_percentiles, res.waiting_time_percentiles_ci)):
+        assert table[50] < table[99.9] and all(np.isfinite(v) and v > 0 for v in ci.values())
+    assert res.sojourn_time_percentile(99.9) == (res.sojourn_time_percentiles[99.9],
+                                                 res.sojourn_time_percentiles_ci[99.9])
+    assert res.sojourn_time_histograms.shape[0] == 3  # one section per replication
+    v, ci = res.waiting_time_percentile(10)
+    assert v == 0.0  # most jobs find a server empty at load 0.8 with d = 2
+    d = res.to_dict()
+    assert set(d["sojourn_time_percentiles"]) == set(d["waiting_time_percentiles_ci"]) == {"p50", "p99.9"}
+    with pytest.raises(ValueError, match=r"percentiles=\(50, 100\): 100.0 is not in \(0, 100\)"):
+        jsmkt.simulate(model, 20, 300.0, key=jr.PRNGKey(0), percentiles=(50, 100))
+    batch_service = FIRST["jsq-batch-service"][1]
+    with pytest.raises(ValueError, match="waiting_times=True: a JSQdBatchService removes several jobs at once"):
+        jsmkt.simulate(batch_service, 20, 300.0, key=jr.PRNGKey(0), waiting_times=True)
+    repairable = FIRST["repairable"][1]
+    with pytest.raises(ValueError, match="head of a RepairableJSQ's queue is not always in service"):
+        jsmkt.simulate(repairable, 20, 300.0, key=jr.PRNGKey(0), waiting_times=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("service", ["h2", "erlang2"])
+@pytest.mark.parametrize("lam", [0.5, 0.9])
+def test_percentiles_against_simulation(service, lam):
+    """JSQ(2) at N = 1000 servers (8 replications): the mean field's p99 of the sojourn time lies within the
+    simulation's 95 % interval; its p50, p90, p99.9 and the waiting time's percentiles within 4 standard errors
+    plus 1 % (finite-N effects are of order 1/N)."""
+    law = jsmkt.hyperexponential2(1.0, 4.0) if service == "h2" else jsmkt.erlang(2)
+    model = jsmkt.JSQdPH(lam, law, d=2)
+    fp = jsmkt.solve_fixed_point(model)
+    qs = (50, 90, 99, 99.9)
+    res = jsmkt.simulate(model, 1000, 1000.0, key=jr.PRNGKey(3), n_replications=8, percentiles=qs,
+                         waiting_times=True)
+    p = jnp.asarray(qs, dtype=float) / 100.0
+    for what, dist, sim, ci in (
+            ("sojourn", jsmkt.sojourn_time_distribution(model, fp), res.sojourn_time_percentiles,
+             res.sojourn_time_percentiles_ci),
+            ("waiting", jsmkt.waiting_time_distribution(model, fp), res.waiting_time_percentiles,
+             res.waiting_time_percentiles_ci)):
+        mf = np.asarray(dist.quantile(p))
+        for q, v in zip(qs, mf, strict=True):
+            gap = abs(v - sim[q])
+            if what == "sojourn" and q == 99:
+                assert gap <= ci[q], (what, q, v, sim[q], ci[q])
+            elif sim[q] > 0:
+                assert gap <= 4 * ci[q] / 2.365 + 0.01 * sim[q], (what, q, v, sim[q], ci[q])
+
+
+def _laws_are_consistent(model, fp):
+    """Batches: the waiting time's mean is Little's law and its atom 1 - `prob_wait` (a job waits for those ahead
+    of it in its own batch). Classes: per arrival stream, the laws mix, weighted by the streams' job rates, into
+    the law of all jobs."""
+    if isinstance(model, jsmkt.JSQdBatch):
+        W = jsmkt.waiting_time_distribution(model, fp)
+        assert float(W.mean) == pytest.approx(float(jsmkt.mean_waiting_time(model, fp)), rel=1e-10)
+        assert float(W.atom) == pytest.approx(1.0 - float(jsmkt.prob_wait(model, fp)), rel=1e-10)
+        return
+    model2 = jsmkt.JSQdClasses([0.4, 0.2], d=[1, 3], batch_sizes=[None, jnp.array([0.5, 0.5])],
+                               service=model.service, helper_rates=model.helper_rates, f=[2], K=model.K)
+    fp2 = jsmkt.solve_fixed_point(model2)
+    rates = np.asarray(model2.class_arrival_rates)
+    xs = jnp.array([0.5, 1.0, 3.0])
+    per = [jsmkt.sojourn_time_distribution(model2, fp2, stream=f"class {j + 1} arrival") for j in range(2)]
+    mixed = sum(w * np.asarray(D.cdf(xs)) for w, D in zip(rates / rates.sum(), per, strict=True))
+    np.testing.assert_allclose(mixed, np.asarray(jsmkt.sojourn_time_distribution(model2, fp2).cdf(xs)), atol=1e-13)
+    assert float(per[0].mean) > float(per[1].mean)  # one choice against three
+
+
+@pytest.mark.slow
+def test_helpers_against_simulation():
+    """The generic engine's waiting times (batch arrivals: a job waits for those ahead of it in its own batch) and
+    a family run on the full chain (helpers that complete the job in service at the longest of two queues):
+    mean-field percentiles within 4 standard errors plus 1 % of N = 1000 simulations, the means equal to Little's
+    law. Also the full chain of repairable servers with an R.2 repairman: its mean is Little's law."""
+    repair = FIRST["repairable"][1]
+    fp = jsmkt.solve_fixed_point(repair)
+    assert float(jsmkt.sojourn_time_distribution(repair, fp).mean) == pytest.approx(
+        float(jsmkt.mean_sojourn_time(repair, fp)), rel=1e-10)
+    qs = (50, 90, 99)
+    p = jnp.asarray(qs, dtype=float) / 100.0
+    batch = jsmkt.JSQdBatch(0.3, jnp.array([0.5, 0.25, 0.25]), d=2)
+    helpers = jsmkt.JSQdClasses([0.6], d=[2], service=jsmkt.hyperexponential2(1.0, 2.0), helper_rates=[0.3],
+                                f=[2])
+    for model, waiting in ((batch, True), (helpers, False)):
+        fp = jsmkt.solve_fixed_point(model)
+        _laws_are_consistent(model, fp)
+        assert float(jsmkt.sojourn_time_distribution(model, fp).mean) == pytest.approx(
+            float(jsmkt.mean_sojourn_time(model, fp)), rel=1e-10)
+        res = jsmkt.simulate(model, 1000, 400.0, key=jr.PRNGKey(5), n_replications=4, percentiles=qs,
+                             waiting_times=waiting)
+        checks = [(jsmkt.sojourn_time_distribution(model, fp), res.sojourn_time_percentiles,
+                   res.sojourn_time_percentiles_ci)]
+        if waiting:
+            checks.append((jsmkt.waiting_time_distribution(model, fp), res.waiting_time_percentiles,
+                           res.waiting_time_percentiles_ci))
+        for dist, sim, ci in checks:
+            for q, v in zip(qs, np.asarray(dist.quantile(p)), strict=True):
+                if sim[q] > 0:
+                    assert abs(v - sim[q]) <= 4 * ci[q] / 3.182 + 0.01 * sim[q], (type(model).__name__, q, v, sim[q])
