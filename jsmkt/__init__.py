@@ -7,6 +7,7 @@ from ._choice import AbstractChoice as AbstractChoice
 from ._choice import FixedChoice as FixedChoice
 from ._choice import InterpolatedChoice as InterpolatedChoice
 from ._choice import MixedChoice as MixedChoice
+from ._distributions.bmap import BMAP as BMAP
 from ._distributions.fit import fit_ph2_three_moments as fit_ph2_three_moments
 from ._distributions.ph import PH as PH
 from ._distributions.ph import coxian as coxian
@@ -43,6 +44,7 @@ from ._models.base import AbstractDescribedModel as AbstractDescribedModel
 from ._models.base import AbstractSupermarketModel as AbstractSupermarketModel
 from ._models.batch import JSQdBatch as JSQdBatch
 from ._models.batch_service import JSQdBatchService as JSQdBatchService
+from ._models.bmap import JSQdBMAP as JSQdBMAP
 from ._models.classes import JSQdClasses as JSQdClasses
 from ._models.description import INELIGIBLE as INELIGIBLE
 from ._models.description import Description as Description
@@ -73,6 +75,7 @@ __all__ = [
     "AbstractChoice",
     "AbstractDescribedModel",
     "AbstractSupermarketModel",
+    "BMAP",
     "availability",
     "coxian",
     "coxian2",
@@ -95,6 +98,7 @@ __all__ = [
     "JSQd",
     "JSQdBatch",
     "JSQdBatchService",
+    "JSQdBMAP",
     "JSQdClasses",
     "JSQdPH",
     "LocalEvent",

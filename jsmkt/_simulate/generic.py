@@ -102,7 +102,8 @@ class Config(NamedTuple):
     def n_words(self) -> int:
         """Random words per event: time step, row, move, choice number, candidates (and, with origins, the move,
         choice number and candidates of the dispatch a clock action starts)."""
-        return 4 + self.max_d + (2 + self.max_d if self.structure.origins else 0) + int(self.structure.pool)
+        s = self.structure
+        return 4 + self.max_d + (2 + self.max_d if s.origins else 0) + int(s.pool) + int(s.phases > 0)
 
 
 class Params(NamedTuple):
@@ -125,6 +126,11 @@ class Params(NamedTuple):
     pool_units: jax.Array  # int32 units of the pool, J (0 without a pool)
     pool_kind: jax.Array  # (C,) int32: 1 where a server holds a unit, 2 where it waits for one, 0 elsewhere
     pool_other: jax.Array  # (C,) int32: a held cell's redirect, a waiting cell's promotion (the cell itself elsewhere)
+    # ((S + 1) * m * m,) with a global phase: per row r and phase i the cumulative probabilities, over the next phase
+    # j, that an event of the row fires (phase_rates[r, i, :j + 1].sum() / stream_rate[r]); the clock's row keeps the
+    # phase and always fires. A zero otherwise.
+    phase_cum: jax.Array
+    phase_init: jax.Array  # (m,) law of the phase at time 0 (a one otherwise)
 
 
 def pool_units(tables, n: int) -> int:
@@ -136,6 +142,14 @@ def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
     """`Params` of checked `tables` with `structure` (their integer part), for `n` servers (the pool's size)."""
     S, C = structure.n_streams, structure.n_cells
     key = np.concatenate([structure.key.reshape(-1), np.zeros(C, np.int32)])
+    phase_cum, phase_init = np.zeros(1), np.ones(1)
+    if structure.phases:
+        m = structure.phases
+        rate = np.asarray(tables.stream_rate, np.float64)
+        p = np.asarray(tables.phase_rates, np.float64) / np.where(rate > 0, rate, 1.0)[:, None, None]
+        clock = np.tril(np.ones((m, m)))  # cumulative over j of the identity: stays in phase i, always fires
+        phase_cum = np.concatenate([np.cumsum(p, axis=2), clock[None]]).reshape(-1)
+        phase_init = np.asarray(tables.phase_init, np.float64)
     return Params(
         u=jnp.asarray(tables.u, jnp.float64),
         act_prob=jnp.asarray(np.asarray(tables.act_prob)[:, structure.act_cols], jnp.float64),
@@ -154,6 +168,7 @@ def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
         pool_other=jnp.asarray(np.where(structure.pool_held, structure.pool_redirect,
                                         np.where(structure.pool_promote >= 0, structure.pool_promote, np.arange(C))),
                                jnp.int32),
+        phase_cum=jnp.asarray(phase_cum, jnp.float64), phase_init=jnp.asarray(phase_init, jnp.float64),
     )
 
 
@@ -210,6 +225,8 @@ def _draw(cfg: Config, prep: _Prep, seed, ctr, t) -> _Draw:
         uni.append(core._uniform(w2[:, 0]))
     if s.pool:
         uni.append(core._uniform(words[:, 4 + D]))
+    if s.phases:  # the phase's move (the last word)
+        uni.append(core._uniform(words[:, cfg.n_words - 1]))
     table = jnp.concatenate([c.astype(jnp.int32) for c in cols], axis=1)
     return _Draw(tau, kind, table, jnp.stack(uni, axis=1))
 
@@ -236,6 +253,7 @@ class State(NamedTuple):
     # with a pool: (units held, waiting servers, (n + 1,) list of the waiting, (n + 1,) their positions; slot n is
     # scratch, where a write that is not to happen goes)
     pool: tuple | None
+    phase: jax.Array | None  # int32 phase of the global Markov phase (None without one)
 
 
 @core._broadcasting
@@ -243,7 +261,8 @@ def init_state(cfg: Config, params: Params, key) -> State:
     """Every server in the empty cell at time 0 (one replication; `vmap` it over keys). The seed is drawn as in
     `core.init_state`: the same key gives the same event words, so that, for instance, an exponential JSQ(d) runs
     along the same path in both engines."""
-    seed = jr.bits(jr.split(key, 3)[1], (), jnp.uint64)
+    keys = jr.split(key, 3)
+    seed = jr.bits(keys[1], (), jnp.uint64)
     zero = jnp.zeros((), jnp.float64)
     ctr = jnp.zeros((), jnp.uint64)
     i64 = jnp.zeros((), jnp.int64)
@@ -256,6 +275,8 @@ def init_state(cfg: Config, params: Params, key) -> State:
         hist=jnp.zeros(cfg.n_bins + 2, jnp.int64), events=i64, real=i64, accepted=i64, overflow=i64, blocks=i64,
         pool=(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(cfg.n + 1, jnp.int32),
               jnp.zeros(cfg.n + 1, jnp.int32)) if cfg.structure.pool else None,
+        phase=(jr.choice(keys[2], cfg.structure.phases, p=params.phase_init).astype(jnp.int32)
+               if cfg.structure.phases else None),
     )
 
 
@@ -269,7 +290,7 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
     `masked`: run all `block` iterations, those after `t_end` changing nothing (the vmapped form)."""
     s = cfg.structure
     B, D, S, C, W, Q = cfg.block, cfg.max_d, s.n_streams, s.n_cells, s.width, s.queue
-    fcfs, origins, up, down, pool = s.fcfs, s.origins, s.up, s.down, s.pool
+    fcfs, origins, up, down, pool, n_ph = s.fcfs, s.origins, s.up, s.down, s.pool, s.phases
     tau, kind, table, uni = state.draw
     nv = jnp.sum(tau <= t_end, dtype=jnp.int32)
     pd = cfg.packed_dtype
@@ -310,7 +331,7 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         return base * W + e
 
     def event(i, carry):
-        packed, ring, rec, arrived, pl = carry
+        packed, ring, rec, arrived, pl, ph = carry
         active = (i < nv) if masked else True
         ti = tau[i]
         row_c = col(i, 0)
@@ -325,6 +346,15 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         idx = move(row_c, c, lax.dynamic_slice(uni, (i, jnp.zeros_like(i)), (1, 1))[0, 0])
         t = one(params.target, idx)
         ok = active & (k_best < INELIGIBLE)
+        if n_ph:  # thinning by the phase: the row fires with the phase's move j (j = n_ph: it does not fire)
+            u_ph = lax.dynamic_slice(uni, (i, jnp.asarray(uni.shape[1] - 1, i.dtype)), (1, 1))[0, 0]
+            base = (_div(row_c, C) * n_ph + ph) * n_ph
+            j = jnp.zeros((), jnp.int32)
+            for q in range(n_ph):
+                j = j + (u_ph >= one(params.phase_cum, base + q)).astype(jnp.int32)
+            fires = j < n_ph
+            ok = ok & fires
+            ph = jnp.where(active & fires, j, ph)
         goes = ok & (t < C)
         ct = jnp.where(goes, t, c)
         if pool:  # a server entering a held cell with no free unit waits instead; a unit it frees goes to the
@@ -398,15 +428,15 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             packed = put(packed, n2, ct2.astype(pd))
             rec_row += [c2, jnp.where(ok2 & (t2 == C), C, ct2), s2]
         rec = lax.dynamic_update_slice(rec, jnp.stack(rec_row).astype(jnp.int32)[None], (i, jnp.zeros_like(i)))
-        return packed, ring, rec, arrived, pl
+        return packed, ring, rec, arrived, pl, ph
 
     n_rec = 5 if origins else 4 if pool else 2
     carry = (state.packed, state.ring if fcfs else jnp.zeros(1), jnp.zeros((B, n_rec), jnp.int32),
-             jnp.zeros((B, max(down, 1)), jnp.float64), state.pool)
-    packed, ring, rec, arrived, pl = lax.fori_loop(0, B if masked else nv, event, carry)
+             jnp.zeros((B, max(down, 1)), jnp.float64), state.pool, state.phase)
+    packed, ring, rec, arrived, pl, ph = lax.fori_loop(0, B if masked else nv, event, carry)
     ctr = state.ctr + nv.astype(jnp.uint64)
     t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
-    state = state._replace(ctr=ctr, t=t, packed=packed, ring=ring if fcfs else None, pool=pl,
+    state = state._replace(ctr=ctr, t=t, packed=packed, ring=ring if fcfs else None, pool=pl, phase=ph,
                            draw=_draw(cfg, prep, state.seed, ctr, t))
     return _finish(cfg, params, state, tau, kind, nv, rec, arrived, hist_base)
 
