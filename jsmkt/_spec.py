@@ -4,7 +4,8 @@
 model = "jsq-ph"      # "jsq" (exponential service), "jsq-ph", "jsq-batch" (batch_rate, batch_sizes, d, mu, K),
                       # "jsq-classes" ([[classes]] tables of lam, d, batch_sizes; mu or [service]; optional
                       # [[helpers]] tables of rate and f, helpers that serve the longest of f queues; K),
-                      # "jsq-batch-service" (lam, d, [service] epochs, service_batch_sizes, K) or
+                      # "jsq-batch-service" (lam, d, [service] epochs, service_batch_sizes, K),
+                      # "jsq-bmap" ([arrivals] table of C and D, the BMAP per server; d, mu, K) or
                       # "retrial" (lam, theta, d1, d2, mu, retrial = "reprobe"|"own", policy = "linear"|"constant", K)
                       # or "repairable" (lam, alpha, beta, d1, d2, mu, arrival = "A1"|"A2", repair = "R1"|"R2"|"R3",
                       # j for R3, K)
@@ -19,6 +20,10 @@ kind = "erlang"       # exponential | erlang | hyperexponential | h2 | coxian | 
 k = 2                 # erlang: phases;  mean = 1.0 for erlang / h2 / coxian2 / exponential (or rate, not both)
 # h2, coxian2: mean, scv;  hyperexponential: probs, rates;  coxian: rates, probs;  ph: alpha, T
 # moments: m1, m2, m3 (Telek-Heindl PH(2) fit; clip = true projects infeasible moments onto the PH(2) range)
+
+[arrivals]            # "jsq-bmap" only: the BMAP (C, D_1, D_2, ...) per server
+C = [[-0.52, 0.02], [0.0, -0.41]]                    # phase moves without arrivals; diagonal: minus the total rate
+D = [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [0.0, 0.35]]]   # D[b-1]: rates of batches of b (one matrix: a MAP)
 
 [simulation]          # optional, read by `jsmkt simulate` (and by `jsmkt solve --servers` for `sampling`)
 sampling = "with_replacement"   # or "without_replacement"
@@ -38,10 +43,12 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
+from ._distributions.bmap import BMAP
 from ._distributions.fit import fit_ph2_three_moments
 from ._distributions.ph import PH, coxian, coxian2, erlang, exponential, hyperexponential, hyperexponential2
 from ._models.batch import JSQdBatch
 from ._models.batch_service import JSQdBatchService
+from ._models.bmap import JSQdBMAP
 from ._models.classes import JSQdClasses
 from ._models.jsqd import JSQd
 from ._models.jsqd_ph import JSQdPH
@@ -316,6 +323,55 @@ def _batch_service_like(m, **changes):
     return JSQdBatchService(**(kw | changes))
 
 
+def _bmap_from_spec(table: Any, where: str = "[arrivals]") -> BMAP:
+    """A BMAP from an `[arrivals]` table: `C` a matrix, `D` a list of matrices (the rates of batches of 1, 2, ...)
+    or one matrix (single arrivals, a MAP)."""
+    if not isinstance(table, dict):
+        raise SpecError(f"{where} must be a table with C and D (got {show(table)})")
+    _allowed(table, {"C", "D"}, where)
+    C = _numbers(table, "C", where, matrix=True)
+    D = _require(table, "D", where)
+    if isinstance(D, list) and D and all(isinstance(x, list) and x and isinstance(x[0], list) for x in D):
+        D = [_numbers({"D": x}, "D", f"{where} D[{b}]", matrix=True) for b, x in enumerate(D)]
+    else:
+        D = [_numbers(table, "D", where, matrix=True)]
+    try:
+        return BMAP(C, D)
+    except ValueError as e:
+        raise SpecError(f"{where}: {e}") from None
+
+
+def _jsq_bmap(spec: dict[str, Any], where: str):
+    return JSQdBMAP(_bmap_from_spec(_require(spec, "arrivals", where)), d=_choice_number(spec, where),
+                    mu=_number(spec, "mu", where, 1.0), K=_integer(spec, "K", where, None))
+
+
+def _bmap_like(m, C=None, D=None, **changes):
+    bmap = BMAP(m.bmap.C if C is None else C, m.bmap.D if D is None else D)
+    kw = dict(bmap=bmap, d=m.choice, mu=m.mu, K=m.K)
+    return JSQdBMAP(**(kw | changes))
+
+
+def _bmap_move(m, h, b: int, i: int, j: int):
+    """`m` with the rate of batches of `b + 1` moving the phase `i -> j` raised by `h` (the diagonal of C takes
+    the change, so that the rows of C + sum D still sum to 0); `b = -1`: the silent move `C[i, j]`."""
+    C, D = m.bmap.C.at[i, i].add(-h), m.bmap.D
+    if b < 0:
+        C = C.at[i, j].add(h)
+    else:
+        D = D.at[b, i, j].add(h)
+    return _bmap_like(m, C=C, D=D)
+
+
+def _bmap_text(m) -> str:
+    B, order = m.bmap.max_batch, m.bmap.order
+    return (f"BMAP of order {order}, batches 1..{B} (rates {', '.join(f'{float(x):.6g}' for x in m.batch_rates)})   "
+            f"d = {_choice_text(m)}")
+
+
+_EXAMPLE_BMAP = ([[-0.52, 0.02], [0.0, -0.41]], [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [0.0, 0.35]]])
+
+
 def _retrial(spec: dict[str, Any], where: str):
     return RetrialJSQ(_number(spec, "lam", where), _number(spec, "theta", where),
                       d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
@@ -493,6 +549,18 @@ FAMILIES: dict[str, Family] = {
                        "service_batch_sizes": lambda m, h: _batch_service_like(
                            m, service_batch_sizes=m.service_batch_sizes
                            + h * jnp.zeros_like(m.service_batch_sizes).at[0].set(1.0).at[1].set(-1.0))},
+    ),
+    "jsq-bmap": Family(
+        "jsq-bmap", JSQdBMAP, frozenset({"arrivals", "d", "mu", "K"}), _jsq_bmap,
+        parameters=lambda m: {"arrivals": {"C": m.bmap.C.tolist(), "D": m.bmap.D.tolist()},
+                              "d": float(m.choice.mean), "mu": float(m.mu), "lam": float(m.arrival_rate),
+                              "batch_rates": [float(x) for x in m.batch_rates]},
+        describe=_bmap_text,
+        examples=lambda: {"bmap-mmpp-pairs": JSQdBMAP(BMAP(*_EXAMPLE_BMAP), d=2, K=40),
+                          "bmap-real-d": JSQdBMAP(BMAP(*_EXAMPLE_BMAP), d=1.5, mu=0.8, K=40)},
+        perturbations={"C[0, 1]": lambda m, h: _bmap_move(m, h, -1, 0, 1),
+                       "D[0][1, 0]": lambda m, h: _bmap_move(m, h, 0, 1, 0),
+                       "D[1][1, 1]": lambda m, h: _bmap_move(m, h, 1, 1, 1)},
     ),
     "retrial": Family(
         "retrial", RetrialJSQ, frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,

@@ -205,14 +205,15 @@ def _sample(C, D, key, start, n):
             phase, t, key, _ = c
             key, k1, k2 = jr.split(key, 3)
             t = t + jr.exponential(k1) / out[phase]
-            o = jr.choice(k2, (B + 1) * m, p=probs[phase])
+            o = jr.choice(k2, (B + 1) * m, p=probs[phase]).astype(jnp.int32)
             return o % m, t, key, o
 
         phase, t, key, o = jax.lax.while_loop(cond, body, (phase, t, key, jnp.zeros((), jnp.int32)))
         return (phase, t, key), (t, o // m, phase)
 
+    start = jnp.asarray(start, jnp.int32)
     _, (times, size, phases) = jax.lax.scan(one_batch, (start, jnp.zeros(()), key), None, length=n)
-    return times, size.astype(jnp.int32), phases
+    return times, size, phases
 
 
 def not_a_bmap(bmap: BMAP) -> Array:

