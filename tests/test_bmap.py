@@ -98,3 +98,51 @@ def test_d1_is_the_mx_m1_queue():
     EN = float(lam @ (b * (b + 1) / 2)) / (mu - float(lam @ b))
     assert float(jsmkt.mean_queue_length(model, fp)) == pytest.approx(EN, rel=1e-10)
     assert float(jsmkt.throughput(model, fp)) == pytest.approx(float(lam @ b), rel=1e-10)
+
+
+def _bmap_m1_mean_queue(C, D, mu, levels=300):
+    """E[Q] of the BMAP/M/1 queue (one server fed by the BMAP itself), from the stationary law of its
+    (level, phase) chain truncated at `levels` (batches that would pass it are cut), by a dense linear solve."""
+    m, B = C.shape[0], D.shape[0]
+    n = (levels + 1) * m
+    Q = np.zeros((n, n))
+    for k in range(levels + 1):
+        rows = slice(k * m, (k + 1) * m)
+        Q[rows, rows] += C
+        for b in range(1, B + 1):
+            t = min(k + b, levels)
+            Q[rows, t * m:(t + 1) * m] += D[b - 1]
+        if k:
+            Q[rows, (k - 1) * m:k * m] += mu * np.eye(m)
+    np.fill_diagonal(Q, 0.0)
+    np.fill_diagonal(Q, -Q.sum(axis=1))
+    A = np.vstack([Q.T[:-1], np.ones(n)])
+    pi = np.linalg.solve(A, np.eye(n)[-1])
+    return float(np.repeat(np.arange(levels + 1), m) @ pi)
+
+
+@pytest.mark.slow
+def test_simulated_phase_with_one_server_is_the_bmap_m1_queue():
+    """N = 1, d = 1: the simulator's global phase drives one queue, a BMAP/M/1 queue (whose mean differs from the
+    M^X/M/1 limit's: the phase's correlation is not averaged out with one server)."""
+    mu = 0.9
+    model = jsmkt.JSQdBMAP(jsmkt.BMAP(C, D), d=1, mu=mu)
+    exact = _bmap_m1_mean_queue(C, D, mu)
+    mx = float(jsmkt.mean_queue_length(model, jsmkt.solve_fixed_point(model)))
+    sim = jsmkt.simulate(model, 1, 6e5, key=jr.PRNGKey(5), n_replications=8, max_queue=300)
+    se = sim.mean_queue_length_ci / 2.365  # 95 % half-width of 8 replications -> standard error
+    assert abs(sim.mean_queue_length - exact) < 4 * se, (sim.mean_queue_length, sim.mean_queue_length_ci, exact)
+    assert abs(exact - mx) > 8 * se  # the test tells BMAP/M/1 (2.135) from M^X/M/1 (1.948)
+
+
+@pytest.mark.slow
+def test_agrees_with_simulation_n1000_at_load_09():
+    """A strongly correlated BMAP at load 0.9: E[T] of N = 1000 servers within 1 % (plus the 95 % CI) of the
+    batch-Poisson limit, and the job throughput within its CI of the BMAP's rate."""
+    A = jsmkt.BMAP(C, D)
+    mu = float(A.rate) / 0.9
+    model = jsmkt.JSQdBMAP(A, d=2, mu=mu)
+    ET = float(jsmkt.mean_sojourn_time(model, jsmkt.solve_fixed_point(model)))
+    sim = jsmkt.simulate(model, 1000, 3000.0, warmup=300.0, key=jr.PRNGKey(11), n_replications=4)
+    assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
+    assert abs(sim.throughput - float(A.rate)) < 2 * sim.throughput_ci + 1e-3 * float(A.rate)

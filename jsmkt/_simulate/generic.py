@@ -147,7 +147,7 @@ def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
         m = structure.phases
         rate = np.asarray(tables.stream_rate, np.float64)
         p = np.asarray(tables.phase_rates, np.float64) / np.where(rate > 0, rate, 1.0)[:, None, None]
-        clock = np.tril(np.ones((m, m)))  # cumulative over j of the identity: stays in phase i, always fires
+        clock = np.triu(np.ones((m, m)))  # cumulative over j of the identity: stays in phase i, always fires
         phase_cum = np.concatenate([np.cumsum(p, axis=2), clock[None]]).reshape(-1)
         phase_init = np.asarray(tables.phase_init, np.float64)
     return Params(
