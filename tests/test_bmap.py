@@ -146,3 +146,45 @@ def test_agrees_with_simulation_n1000_at_load_09():
     sim = jsmkt.simulate(model, 1000, 3000.0, warmup=300.0, key=jr.PRNGKey(11), n_replications=4)
     assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
     assert abs(sim.throughput - float(A.rate)) < 2 * sim.throughput_ci + 1e-3 * float(A.rate)
+
+
+def test_the_phase_noise_is_the_bmap_counting_variance():
+    """`modulation_noise`'s Sigma, for the job count (Phi_s = the batch size s + 1), with the Poisson part
+    sum_b lam_b b^2 gives the asymptotic variance rate of the BMAP's job count, lim Var N(t) / t. Independently:
+    the second derivative at 0 of the Perron eigenvalue of C + sum_b D_b e^(theta b) (its cumulant rate), by
+    finite differences of `numpy.linalg.eigvals`."""
+    from jsmkt._models import description as Dsc
+
+    model = jsmkt.JSQdBMAP(jsmkt.BMAP(C, D), d=2, K=8)
+    x = jnp.full(model.K + 1, 1.0 / (model.K + 1))
+    Phi, sigma, _ = Dsc.modulation_noise(model.description(), x)
+    assert Phi.shape == (2, model.K + 1) and np.allclose(np.sum(Phi, axis=1), 0.0, atol=1e-15)
+    _, lam = _independent_rates(C, D)
+    b = np.arange(1, 3)
+    var = lam @ b**2 + b @ np.asarray(sigma) @ b
+
+    def perron(t):
+        return np.max(np.linalg.eigvals(C + sum(D[k] * np.exp(t * (k + 1)) for k in range(2))).real)
+
+    h = 1e-2
+    curv = (-perron(2 * h) + 16 * perron(h) - 30 * perron(0.0) + 16 * perron(-h) - perron(-2 * h)) / (12 * h * h)
+    assert var == pytest.approx(curv, rel=1e-6)
+    assert var > 1.25 * (lam @ b**2)  # the phase's correlation adds 30 % to the Poisson part here
+
+
+@pytest.mark.slow
+def test_refined_mean_field_predicts_the_finite_n_gap():
+    """N = 100, slow switching: the simulated E[Q] within 4 standard errors of the refined mean field with the
+    phase's noise and bias, and not of the refined mean field of the batch-Poisson limit (which misses the phase's
+    correlation)."""
+    A = jsmkt.BMAP([[-0.502, 0.002], [0.0, -0.356]], [[[0.5, 0.0], [0.006, 0.0]], [[0.0, 0.0], [0.0, 0.35]]])
+    model = jsmkt.JSQdBMAP(A, d=2, mu=float(A.rate) / 0.8)
+    limit = model.limit()
+    refined = float(jsmkt.mean_queue_length(
+        model, jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model)).state(100)))
+    poisson = float(jsmkt.mean_queue_length(
+        limit, jsmkt.refined_mean_field(jsmkt.solve_fixed_point(limit)).state(100)))
+    sim = jsmkt.simulate(model, 100, 20000.0, key=jr.PRNGKey(1), n_replications=4)
+    se = sim.mean_queue_length_ci / 3.182  # 95 % half-width of 4 replications -> standard error
+    assert abs(sim.mean_queue_length - refined) < 4 * se, (sim.mean_queue_length, sim.mean_queue_length_ci, refined)
+    assert abs(sim.mean_queue_length - poisson) > 8 * se, (sim.mean_queue_length, poisson)

@@ -474,6 +474,56 @@ def origin_drift_correction(desc: Description, x: Float[Array, " C"]) -> Float[A
     return out
 
 
+def modulation_noise(desc: Description, x: Float[Array, " C"]):
+    r"""The $1/N$ terms of a modulating phase at occupancy $x$ (`jsmkt.refined_mean_field`).
+
+    With $\Phi_s(x)$ the occupancy's drift per unit rate of modulated stream $s$ (the tail rule), $r_s(i)$ its
+    rate in phase $i$, $\bar r_s = \gamma r_s$, the drift in phase $i$ is $f_i = f_0 + \sum_s r_s(i)\Phi_s$. The
+    phase's generator $G$ is $N$ times faster than the occupancy: the corrector $h_i = \sum_s \eta_s(i)\Phi_s / N$
+    with $G\eta_s = -(r_s - \bar r_s)$, $\gamma\eta_s = 0$ ($\eta_s = (\mathbf1\gamma - G)^{-1}(r_s - \bar r_s)$)
+    makes $x + h_J$ a process with the averaged drift $\bar f$ up to $O(1/N)$. Its martingale's jumps,
+    $(\ell + h_j - h_i)$ at an event that moves the phase $i \to j$, give the diffusion
+    $Q + \Phi^\top\Sigma\,\Phi$ (per $1/N$) with
+
+    $$\Sigma = a + a^\top + c,\quad a_{ss'} = \textstyle\sum_{ij}\gamma_i R_s[i, j]\,(\eta_{s'}(j) - \eta_{s'}(i)),
+      \quad c_{s's''} = \sum_{ij}\gamma_i G_{ij}(\eta_{s'}(j) - \eta_{s'}(i))(\eta_{s''}(j) - \eta_{s''}(i)),$$
+
+    and its drift the $1/N$ bias $b = \sum_{s s'}\kappa_{ss'}\,D\Phi_{s'}[\Phi_s]$, $\kappa_{ss'} = (\gamma R_s)\,
+    \eta_{s'}$ (the chosen server's law moves with the occupancy between the phase's moves). For a counting process
+    ($\Phi_s$ the batch size) $\bar r + \Phi^\top\Sigma\Phi$ is the BMAP's asymptotic variance rate.
+
+    Returns `(Phi, Sigma, kappa)`: `(S, C)`, `(S, S)`, `(S, S)` for the modulated streams, in order."""
+    mod = check_modulation(desc)
+    from .._distributions.bmap import stationary_vector
+
+    G = phase_generator(mod)
+    m = mod.order
+    gamma = stationary_vector(G)
+    R = jnp.asarray(mod.rates)
+    r = jnp.sum(R, axis=2)  # (S, m)
+    rbar = r @ gamma
+    Z = jnp.linalg.inv(jnp.outer(jnp.ones(m, G.dtype), gamma) - G)
+    eta = (r - rbar[:, None]) @ Z.T  # (S, m): eta[s] = Z (r_s - rbar_s e)
+    gR = jnp.einsum("i,sij->sj", gamma, R)  # (S, m): gamma R_s
+    kappa = gR @ eta.T  # kappa[s, s'] = (gamma R_s) eta_s'
+    a = kappa - (gamma[None, :] * r) @ eta.T  # a[s, s'] = sum_ij gamma_i R_s[i, j] (eta_s'(j) - eta_s'(i))
+    c = (gamma[None, :] * eta) @ r.T
+    c = c + c.T  # c[s', s''] = (gamma o eta_s'') r_s' + (gamma o eta_s') r_s''
+    sigma = a + a.T + c
+    return modulated_displacements(desc, x), sigma, kappa
+
+
+def modulated_displacements(desc: Description, x: Float[Array, " C"]) -> Float[Array, "S C"]:
+    """$\Phi_s(x)$, the occupancy's drift per unit rate of each modulated stream of `desc`, in order."""
+    mod = check_modulation(desc)
+    rows = []
+    for s in mod.streams:
+        one = desc._replace(local_events=(), dispatches=(desc.dispatches[s]._replace(rate=jnp.ones((), x.dtype)),),
+                            environment=None)
+        rows.append(drift(transitions(one, x), x))
+    return jnp.stack(rows)
+
+
 # --- derived: reduced coordinates -----------------------------------------------------------------------------
 
 
