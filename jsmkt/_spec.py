@@ -549,6 +549,7 @@ FAMILIES: dict[str, Family] = {
                        "service_batch_sizes": lambda m, h: _batch_service_like(
                            m, service_batch_sizes=m.service_batch_sizes
                            + h * jnp.zeros_like(m.service_batch_sizes).at[0].set(1.0).at[1].set(-1.0))},
+        published=True,
     ),
     "jsq-bmap": Family(
         "jsq-bmap", JSQdBMAP, frozenset({"arrivals", "d", "mu", "K"}), _jsq_bmap,
@@ -561,6 +562,7 @@ FAMILIES: dict[str, Family] = {
         perturbations={"C[0, 1]": lambda m, h: _bmap_move(m, h, -1, 0, 1),
                        "D[0][1, 0]": lambda m, h: _bmap_move(m, h, 0, 1, 0),
                        "D[1][1, 1]": lambda m, h: _bmap_move(m, h, 1, 1, 1)},
+        published=True,
     ),
     "retrial": Family(
         "retrial", RetrialJSQ, frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,

@@ -551,3 +551,20 @@ def test_repairable_solve_and_simulate(tmp_path, capsys):
         code, _, err = run(["solve", str(spec)], capsys)
         assert code == 2 and message in err, (text, err)
         spec.write_text('model = "repairable"\nlam = 0.5\nalpha = 0.2\nbeta = 0.5\narrival = "A2"\nK = 40\n')
+
+
+def test_jsq_bmap_spec_as_published_and_bad_entries(tmp_path, capsys):
+    """`jsq-bmap`: `--as-published` gives the paper's closed form (35)-(36) and the fixed point of (14)-(16); a bad
+    descriptor entry is named."""
+    code, out, err = run(["solve", str(EXAMPLES / "jsq_bmap.toml"), "--as-published", "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    A = jsmkt.BMAP([[-0.52, 0.02], [0.0, -0.41]], [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [0.0, 0.35]]])
+    pi = np.asarray(jsmkt.published.bmap_fixed_point(A, 2, 0.7, res["K"]))
+    np.testing.assert_allclose(res["tail"], pi.sum(1)[: len(res["tail"])], rtol=1e-12)
+    assert res["lam"] == pytest.approx(0.565) and res["published_equations"]["mean_queue_length"] > 0
+    spec = tmp_path / "bad.toml"
+    spec.write_text('model = "jsq-bmap"\n[arrivals]\nC = [[-0.52, 0.02], [0.0, -0.41]]\n'
+                    'D = [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [-0.1, 0.35]]]\n')
+    code, _, err = run(["solve", str(spec)], capsys)
+    assert code == 2 and r"[arrivals]: D[1][1, 0]=-0.1 (rate of batches of 2" in err
