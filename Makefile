@@ -57,6 +57,7 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/repair/compute.py
 	$(BIN)/python experiments/repair/plot.py
 	$(BIN)/python experiments/framework/compute.py
+	$(BIN)/python experiments/framework/bmap.py
 
 experiments-quick: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py --quick
@@ -71,6 +72,7 @@ experiments-quick: $(STAMP)
 	$(BIN)/python experiments/repair/compute.py --quick
 	$(BIN)/python experiments/repair/plot.py --quick
 	$(BIN)/python experiments/framework/compute.py --quick
+	$(BIN)/python experiments/framework/bmap.py --quick
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

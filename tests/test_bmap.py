@@ -188,3 +188,21 @@ def test_refined_mean_field_predicts_the_finite_n_gap():
     se = sim.mean_queue_length_ci / 3.182  # 95 % half-width of 4 replications -> standard error
     assert abs(sim.mean_queue_length - refined) < 4 * se, (sim.mean_queue_length, sim.mean_queue_length_ci, refined)
     assert abs(sim.mean_queue_length - poisson) > 8 * se, (sim.mean_queue_length, poisson)
+
+
+def test_refined_bias_is_the_exact_finite_n_slope_at_d1():
+    """d = 1: server i of the N-server system is exactly a BMAP/M/1 queue, fed by the batches sent to it (D_b) while
+    the global phase also moves at N C and with the batches sent elsewhere ((N - 1) D_b). The slope
+    N (E[Q]_N - E[Q]_inf) of that exact solution (Richardson-extrapolated from N = 500, 1000, 2000, which removes its
+    1/N and 1/N^2 terms; larger N make the chain stiff) is the refined mean field's 1/N coefficient (the phase's
+    bias: d = 1 has a linear drift, so this is all of V)."""
+    mu = 0.9
+    model = jsmkt.JSQdBMAP(jsmkt.BMAP(C, D), d=1, mu=mu)
+    fp = jsmkt.solve_fixed_point(model)
+    EQ = float(jsmkt.mean_queue_length(model, fp))
+    rmf = jsmkt.refined_mean_field(fp)
+    slope_refined = float(jsmkt.mean_queue_length(model, rmf.state(1.0))) - EQ
+    slopes = [n * (_bmap_m1_mean_queue(n * C + (n - 1) * D.sum(axis=0), D, mu) - EQ) for n in (500, 1000, 2000)]
+    slope_exact = (slopes[0] - 6 * slopes[1] + 8 * slopes[2]) / 3
+    assert slope_refined == pytest.approx(slope_exact, rel=1e-5), (slope_refined, slopes)
+    assert slope_refined > 0.3  # the phase's correlation gives a 1/N term (none for Poisson batches, d = 1)

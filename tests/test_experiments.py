@@ -215,3 +215,23 @@ def test_reading_scripts_say_which_script_writes_their_input(tmp_path, folder, s
     with pytest.raises(SystemExit) as e:
         _load(folder, script).main(["--quick", "--out", str(tmp_path)])
     assert str(e.value).endswith(f"run `python experiments/{producer} --quick --out {tmp_path}` first (it writes it)")
+
+
+@pytest.mark.slow
+def test_framework_bmap_quick(tmp_path):
+    """The BMAP study's smoke run (d = 2, N = 50 and 200, short runs): it writes its tables; the limit and the
+    paper's forms are as solved here, the BMAP's simulated E[T] lies above the limit (the phase's correlation), and
+    the refined values move towards the simulation."""
+    assert _load("framework", "bmap").main(["--quick", "--out", str(tmp_path)]) == 0
+    for name in ("bmap.csv", "bmap_fit.csv", "bmap.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "bmap.json").read_text())
+    _check_metadata(data["meta"])
+    assert data["batch_rates"] == pytest.approx([0.45, 0.0, 0.125])
+    forms = data["forms"]["2"]
+    assert forms["ET_closed_form"] < 0.5 * forms["ET_limit"] and forms["ET_published_equations"] < 0.5 * forms["ET_limit"]
+    for r in data["rows"]:
+        assert r["ET_sim_ci"] > 0 and abs(r["throughput_sim"] / 0.825 - 1) < 0.1, r
+        if r["arrivals"] == "bmap":
+            assert r["ET_refined"] > r["ET_limit"] and r["ET_sim"] > r["ET_limit"], r
+    assert {f["arrivals"] for f in data["fits"]} == {"bmap", "poisson"}

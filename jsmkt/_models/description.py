@@ -514,7 +514,7 @@ def modulation_noise(desc: Description, x: Float[Array, " C"]):
 
 
 def modulated_displacements(desc: Description, x: Float[Array, " C"]) -> Float[Array, "S C"]:
-    """$\Phi_s(x)$, the occupancy's drift per unit rate of each modulated stream of `desc`, in order."""
+    r"""$\Phi_s(x)$, the occupancy's drift per unit rate of each modulated stream of `desc`, in order."""
     mod = check_modulation(desc)
     rows = []
     for s in mod.streams:

@@ -47,6 +47,14 @@ server at a uniformly drawn position of the list: one more move, recorded like t
 scratch slot, where the writes of an event that changes nothing go). XLA copies the server and list arrays at every
 event of a model with a pool, so its event loop is not one kernel (about a tenth of the events per second).
 
+**A global phase** (`tables` module docstring: a BMAP's phase, which modulates the streams). Each stream is drawn
+at the largest of its rates over the phases and thinned: with the event's uniform, `_draw` finds, vectorised, the
+outcome of the event in each phase it may find (the next phase, or "does not fire"), and the loop reads the one
+of the current phase, a single element: the phase adds one read, a comparison and a select to an event, and the
+loop stays one kernel. An event that does not fire moves no server; one that fires moves the phase, whether or not
+a sampled server is eligible (the phase's silent moves are a stream with no eligible cell). The state holds the
+phase; the system starts with the phase drawn from `phase_init`.
+
 **Random numbers, chunks, statistics.** Event `e` uses the SplitMix64 words `h(seed, e * W + w)` of
 `core._words`; a pending event past `t_end` keeps its time and words, so chunking does not change the run. Time
 integrals of the cell counts use the same trick as `core`: each move adds $\pm(\tau - a)$ to the two cells it
@@ -101,7 +109,8 @@ class Config(NamedTuple):
     @property
     def n_words(self) -> int:
         """Random words per event: time step, row, move, choice number, candidates (and, with origins, the move,
-        choice number and candidates of the dispatch a clock action starts)."""
+        choice number and candidates of the dispatch a clock action starts; with a pool, its draw; with a global
+        phase, its move)."""
         s = self.structure
         return 4 + self.max_d + (2 + self.max_d if s.origins else 0) + int(s.pool) + int(s.phases > 0)
 
@@ -177,6 +186,7 @@ class _Prep(NamedTuple):
     kind_cum: jax.Array  # (S,) thresholds: outcome s < S a stream, S the clock
     d_cum: jax.Array  # (S + 1, max_d - 1) thresholds of the choice number per row (clock: always 1)
     move_cum: jax.Array  # ((S + 1) * C * (W - 1),) cumulative move probabilities without the last entry
+    phase_cum: jax.Array  # (S + 1, m, m) the phase's thinning tables (`Params.phase_cum`), or a zero
 
 
 def _prepare(cfg: Config, params: Params) -> _Prep:
@@ -193,7 +203,8 @@ def _prepare(cfg: Config, params: Params) -> _Prep:
     effects = jnp.concatenate([params.eff_prob, jnp.zeros((S, C, W - E))], axis=2)
     prob = jnp.concatenate([effects, clock[None]], axis=0)  # (S + 1, C, W)
     move_cum = jnp.cumsum(prob, axis=2)[:, :, :-1].reshape(-1)
-    return _Prep(cfg.n * total, kind_cum, d_cum, move_cum)
+    phase_cum = params.phase_cum.reshape(S + 1, s.phases, s.phases) if s.phases else params.phase_cum
+    return _Prep(cfg.n * total, kind_cum, d_cum, move_cum, phase_cum)
 
 
 class _Draw(NamedTuple):
@@ -202,7 +213,8 @@ class _Draw(NamedTuple):
     tau: jax.Array  # (B,) event times
     kind: jax.Array  # (B,) row: stream s < S, or S for a clock event
     table: jax.Array  # (B, cols) int32: row * C, the candidates (masked); with origins the second candidates and
-    #                   the choice number of each stream
+    #                   the choice number of each stream; with a global phase, last, the event's outcome for each
+    #                   phase it may find (the next phase, or m: it does not fire)
     uni: jax.Array  # (B, 1 or 2) uniforms of the moves
 
 
@@ -225,8 +237,10 @@ def _draw(cfg: Config, prep: _Prep, seed, ctr, t) -> _Draw:
         uni.append(core._uniform(w2[:, 0]))
     if s.pool:
         uni.append(core._uniform(words[:, 4 + D]))
-    if s.phases:  # the phase's move (the last word)
-        uni.append(core._uniform(words[:, cfg.n_words - 1]))
+    if s.phases:  # the phase's move (the last word), drawn here for each phase the event may find (columns
+        # `phase_column(cfg)` + phase: the next phase j, or m where the event does not fire)
+        u_ph = core._uniform(words[:, cfg.n_words - 1])
+        cols.append(jnp.sum(u_ph[:, None, None] >= prep.phase_cum[kind], axis=2))
     table = jnp.concatenate([c.astype(jnp.int32) for c in cols], axis=1)
     return _Draw(tau, kind, table, jnp.stack(uni, axis=1))
 
@@ -292,6 +306,7 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
     B, D, S, C, W, Q = cfg.block, cfg.max_d, s.n_streams, s.n_cells, s.width, s.queue
     fcfs, origins, up, down, pool, n_ph = s.fcfs, s.origins, s.up, s.down, s.pool, s.phases
     tau, kind, table, uni = state.draw
+    phase_col = table.shape[1] - n_ph  # the drawn next phases, one column per current phase
     nv = jnp.sum(tau <= t_end, dtype=jnp.int32)
     pd = cfg.packed_dtype
 
@@ -347,11 +362,7 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         t = one(params.target, idx)
         ok = active & (k_best < INELIGIBLE)
         if n_ph:  # thinning by the phase: the row fires with the phase's move j (j = n_ph: it does not fire)
-            u_ph = lax.dynamic_slice(uni, (i, jnp.asarray(uni.shape[1] - 1, i.dtype)), (1, 1))[0, 0]
-            base = (_div(row_c, C) * n_ph + ph) * n_ph
-            j = jnp.zeros((), jnp.int32)
-            for q in range(n_ph):
-                j = j + (u_ph >= one(params.phase_cum, base + q)).astype(jnp.int32)
+            j = col(i, phase_col + ph)
             fires = j < n_ph
             ok = ok & fires
             ph = jnp.where(active & fires, j, ph)

@@ -118,7 +118,7 @@ class FrameworkAsPublished(AbstractSupermarketModel):
 
     @property
     def choice(self) -> FixedChoice:
-        """The first input choice number ($d_1$, the arrivals' in the paper's examples), for the JSQ formulas of the
+        r"""The first input choice number ($d_1$, the arrivals' in the paper's examples), for the JSQ formulas of the
         metrics (throughput $\lambda(1 - s_K^{d})$, P(wait) $s_1^{d}$) that jsmkt keeps for published models."""
         return FixedChoice(self.right_choices[0])
 
