@@ -138,7 +138,8 @@ def test_simulated_phase_with_one_server_is_the_bmap_m1_queue():
 @pytest.mark.slow
 def test_agrees_with_simulation_n1000_at_load_09():
     """A strongly correlated BMAP at load 0.9: E[T] of N = 1000 servers within 1 % (plus the 95 % CI) of the
-    batch-Poisson limit, and the job throughput within its CI of the BMAP's rate."""
+    batch-Poisson limit, and the job throughput within its CI of the BMAP's rate; the paper's closed form (35)-(36)
+    is far from it (E[T] by Little's law)."""
     A = jsmkt.BMAP(C, D)
     mu = float(A.rate) / 0.9
     model = jsmkt.JSQdBMAP(A, d=2, mu=mu)
@@ -146,6 +147,8 @@ def test_agrees_with_simulation_n1000_at_load_09():
     sim = jsmkt.simulate(model, 1000, 3000.0, warmup=300.0, key=jr.PRNGKey(11), n_replications=4)
     assert abs(sim.mean_sojourn_time - ET) < 0.01 * ET + sim.mean_sojourn_time_ci, (sim.mean_sojourn_time, ET)
     assert abs(sim.throughput - float(A.rate)) < 2 * sim.throughput_ci + 1e-3 * float(A.rate)
+    closed = float(np.sum(np.asarray(jsmkt.published.bmap_fixed_point(A, 2, mu, model.K))[1:])) / float(A.rate)
+    assert abs(sim.mean_sojourn_time - closed) > 0.3 * ET, (sim.mean_sojourn_time, closed)
 
 
 def test_the_phase_noise_is_the_bmap_counting_variance():
