@@ -60,6 +60,7 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/repair/plot.py
 	$(BIN)/python experiments/framework/compute.py
 	$(BIN)/python experiments/sizing/compute.py
+	$(BIN)/python experiments/framework/bmap.py
 
 experiments-quick: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py --quick
@@ -75,6 +76,7 @@ experiments-quick: $(STAMP)
 	$(BIN)/python experiments/repair/plot.py --quick
 	$(BIN)/python experiments/framework/compute.py --quick
 	$(BIN)/python experiments/sizing/compute.py --quick
+	$(BIN)/python experiments/framework/bmap.py --quick
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -28,7 +28,10 @@ Model: JSQ(2), N = 1000 servers, Poisson arrivals of rate N * 0.9, H2 service wi
   and `jsmkt.JSQdBatch` (batches of 1 or 2 jobs with probability 1/2 at rate 0.6 per server, exponential service
   of rate 1), the tables of its description: events/s, real events/s (events that changed a server or refused a job, no
   self-loops), their ratio to the fast engine's events/s on JSQ(2)-H2, and the targets >= 0.5x and >= 2e6 real
-  events/s (`--sections generic` for this part alone, `--generic-time` for its run length).
+  events/s (`--sections generic` for this part alone, `--generic-time` for its run length); and `jsmkt.JSQdBMAP`
+  with the same averaged batches (an MMPP-like BMAP: singles at rate 0.6 in phase 0, pairs at 0.6 in phase 1,
+  switching at rate 0.05 per server), whose global phase the engine runs by thinning (each batch size drawn at
+  its largest rate over the phases): its events/s and real events/s against the batch model's.
 
 The speed-up compares simulated time per wall second (summed over replications or processes), since the loops
 count different events: uniformisation adds phase changes and self-loops (about 1.5 events per arrival or
@@ -98,6 +101,9 @@ NATIVE_SOURCE = pathlib.Path(__file__).parent / "reference" / "jsqd_h2.c"
 TARGET_EVENTS_PER_S = 1e6
 TARGET_SPEEDUP = 100.0
 BATCH_RATE, BATCH_SIZES = 0.6, (0.5, 0.5)  # the batch model of the generic section: job load 0.9
+# The BMAP of the generic section: the batch model's averaged batches, from two phases that switch slowly
+BMAP_C = [[-0.65, 0.05], [0.05, -0.65]]
+BMAP_D = [[[0.6, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.6]]]
 TARGET_GENERIC_RATIO = 0.5  # generic engine's events/s against the fast PH engine's, one replication
 TARGET_GENERIC_REAL = 2e6  # generic engine's real events/s, one replication (one core)
 
@@ -237,12 +243,14 @@ def generic_section(t_sim, repeats, verbose):
     h2 = jsmkt.hyperexponential2(1.0, SCV)
     model = jsmkt.JSQdPH(LAM, h2, d=D)
     batch = jsmkt.JSQdBatch(BATCH_RATE, jnp.asarray(BATCH_SIZES), d=D)
+    bmap = jsmkt.JSQdBMAP(jsmkt.BMAP(BMAP_C, BMAP_D), d=D)
     rows = {
         "fast": ("fast PH engine, JSQ(2)-H2", lambda t, k: jsmkt.simulate(model, N, t, key=k, engine="fast")),
         "generic": ("generic engine, JSQ(2)-H2 (JSQdPH's description)",
                     lambda t, k: jsmkt.simulate(model, N, t, key=k, engine="generic")),
         "batch": (f"generic engine, JSQdBatch (rate {BATCH_RATE}, sizes 1, 2)",
                   lambda t, k: jsmkt.simulate(batch, N, t, key=k)),
+        "bmap": ("generic engine, JSQdBMAP (same batches, 2 phases)", lambda t, k: jsmkt.simulate(bmap, N, t, key=k)),
     }
     print(f"\nGeneric engine: N = {N}, 1 replication (one core), {t_sim:g} time units (warm-up 10 %), medians of "
           f"{repeats} interleaved repeats")
@@ -281,8 +289,10 @@ def generic_section(t_sim, repeats, verbose):
         print(f"{label:{W}} {wall:7.2f} {eps:11.3e} {rps:11.3e} {res.real_events / res.events:9.3f} "
               f"{eps / fast_eps:7.2f}x   {res.mean_queue_length:.3f}, {res.mean_sojourn_time:.3f}")
     print()
-    for name in ("generic", "batch"):
+    for name in ("generic", "batch", "bmap"):
         print(f"first call (trace + compile + a 1-unit run), {rows[name][0]}: {first[name]:.2f} s")
+    (_, b_eps, b_rps), (_, m_eps, m_rps) = med("batch"), med("bmap")
+    print(f"JSQdBMAP against JSQdBatch: {m_eps / b_eps:.2f}x the events/s, {m_rps / b_rps:.2f}x the real events/s")
     print()
     for name in ("generic", "batch"):
         label = rows[name][0]

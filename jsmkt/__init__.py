@@ -22,6 +22,7 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._choice import FixedChoice as FixedChoice
     from ._choice import InterpolatedChoice as InterpolatedChoice
     from ._choice import MixedChoice as MixedChoice
+    from ._distributions.bmap import BMAP as BMAP
     from ._distributions.fit import fit_ph2_three_moments as fit_ph2_three_moments
     from ._distributions.ph import PH as PH
     from ._distributions.ph import coxian as coxian
@@ -58,6 +59,7 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._models.base import AbstractSupermarketModel as AbstractSupermarketModel
     from ._models.batch import JSQdBatch as JSQdBatch
     from ._models.batch_service import JSQdBatchService as JSQdBatchService
+    from ._models.bmap import JSQdBMAP as JSQdBMAP
     from ._models.classes import JSQdClasses as JSQdClasses
     from ._models.description import INELIGIBLE as INELIGIBLE
     from ._models.description import Description as Description

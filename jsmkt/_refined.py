@@ -17,7 +17,9 @@ $$A W + W A^\top + Q = 0 \qquad\text{and}\qquad A V = -\tfrac12\, D^2 f : W.$$
 Sampling without replacement makes the finite-N rates $N\beta_c(x) + \beta_c^{(1)}(x) + O(1/N)$; their drift
 $f^{(1)}$ joins the bias: $A V = -\tfrac12 D^2 f : W - f^{(1)}$. So does the $1/N$ drift of a stream that starts
 at a server (a retrial, a push: `jsmkt._models.description.origin_drift_correction`), which samples after its
-origin has moved. The
+origin has moved. A modulating phase (a BMAP's, `jsmkt._models.description.Modulation`) adds its own noise to
+$Q$ and a bias term (`description.modulation_noise`): the phase moves $N$ times faster than the occupancy, so its
+correlations enter at order $1/N$, through a corrector of the averaging. The
 Lyapunov equation is solved by Smith's doubling iteration on its Cayley transform (pure JAX, so everything here
 is differentiable and vmappable); second derivatives enter only contracted with `W`, by nested forward-mode
 products (no Hessian tensor).
@@ -43,7 +45,13 @@ from ._choice import (
 )
 from ._errors import error_if, is_concrete
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
-from ._models.description import jump_second_moment, origin_drift_correction
+from ._models.description import (
+    check_modulation,
+    jump_second_moment,
+    modulated_displacements,
+    modulation_noise,
+    origin_drift_correction,
+)
 from ._solution import RESULTS, FixedPoint
 
 
@@ -292,6 +300,18 @@ def _refine(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) ->
     f = lambda z: ravel_pytree(model.vector_field(None, unravel(z)))[0] / scale  # noqa: E731
     A = jax.jacfwd(f)(flat)
     Q = _jump_covariance(model, y) / scale
+    mod = None
+    if isinstance(model, AbstractDescribedModel):
+        desc = model.description()
+        mod = check_modulation(desc)
+    if mod is not None:  # a modulating phase: its noise and its bias (`description.modulation_noise`)
+        x = model.occupancy(y)
+        reduce_flat = lambda v: ravel_pytree(model.reduce(v))[0]  # noqa: E731
+        Phi, sigma, kappa = modulation_noise(desc, x)
+        P = jax.vmap(reduce_flat)(Phi)  # (S, n)
+        Q = Q + P.T @ sigma @ P / scale
+        dPhi = jax.vmap(lambda v: jax.jvp(lambda z: modulated_displacements(desc, z), (x,), (v,))[1])(Phi)
+        mod_bias = reduce_flat(jnp.einsum("ab,abc->c", kappa, dPhi)) / scale
     W = lyapunov(A, Q)
     bias = 0.5 * _contract_hessian(f, flat, W)
     if not replace:  # the 1/N term of the finite-N drift itself: d/d(1/N) at 1/N = 0
@@ -303,5 +323,7 @@ def _refine(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) ->
         if any(d.origin is not None for d in desc.dispatches):  # streams that start at a server: see the docstring
             f1 = origin_drift_correction(desc, model.occupancy(y))
             bias = bias + ravel_pytree(model.reduce(f1))[0] / scale
+    if mod is not None:
+        bias = bias + mod_bias
     V = jnp.linalg.solve(A, -bias)
     return RefinedMeanField(value=y, correction=unravel(V), covariance=W, model=model)

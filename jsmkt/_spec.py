@@ -4,7 +4,8 @@
 model = "jsq-ph"      # "jsq" (exponential service), "jsq-ph", "jsq-batch" (batch_rate, batch_sizes, d, mu, K),
                       # "jsq-classes" ([[classes]] tables of lam, d, batch_sizes; mu or [service]; optional
                       # [[helpers]] tables of rate and f, helpers that serve the longest of f queues; K),
-                      # "jsq-batch-service" (lam, d, [service] epochs, service_batch_sizes, K) or
+                      # "jsq-batch-service" (lam, d, [service] epochs, service_batch_sizes, K),
+                      # "jsq-bmap" ([arrivals] table of C and D, the BMAP per server; d, mu, K) or
                       # "retrial" (lam, theta, d1, d2, mu, retrial = "reprobe"|"own", policy = "linear"|"constant", K)
                       # or "repairable" (lam, alpha, beta, d1, d2, mu, arrival = "A1"|"A2", repair = "R1"|"R2"|"R3",
                       # j for R3, K)
@@ -19,6 +20,10 @@ kind = "erlang"       # exponential | erlang | hyperexponential | h2 | coxian | 
 k = 2                 # erlang: phases;  mean = 1.0 for erlang / h2 / coxian2 / exponential (or rate, not both)
 # h2, coxian2: mean, scv;  hyperexponential: probs, rates;  coxian: rates, probs;  ph: alpha, T
 # moments: m1, m2, m3 (Telek-Heindl PH(2) fit; clip = true projects infeasible moments onto the PH(2) range)
+
+[arrivals]            # "jsq-bmap" only: the BMAP (C, D_1, D_2, ...) per server
+C = [[-0.52, 0.02], [0.0, -0.41]]                    # phase moves without arrivals; diagonal: minus the total rate
+D = [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [0.0, 0.35]]]   # D[b-1]: rates of batches of b (one matrix: a MAP)
 
 [simulation]          # optional, read by `jsmkt simulate` (and by `jsmkt solve --servers` for `sampling`)
 sampling = "with_replacement"   # or "without_replacement"
@@ -153,8 +158,9 @@ def _numbers(table: dict, key: str, where: str, *, matrix: bool = False) -> list
 
 
 class ServiceSpec(NamedTuple):
-    """A checked `[service]` (or `[simulation.service]`) table: the jsmkt constructor `kind` calls for, with its
-    arguments. `build()` makes the distribution (it imports JAX, which checking the table does not)."""
+    """A checked `[service]` (or `[simulation.service]`, or `[arrivals]`: kind `bmap`) table: the jsmkt constructor
+    `kind` calls for, with its arguments. `build()` makes the distribution (it imports JAX, which checking the table
+    does not)."""
 
     kind: str
     args: tuple
@@ -162,11 +168,12 @@ class ServiceSpec(NamedTuple):
     clip: bool = False
 
     def build(self):
-        """The distribution (a `jsmkt.PH`, or a `jsmkt.GeneralService` for the simulation-only kinds); a
+        """The distribution (a `jsmkt.PH`, a `jsmkt.GeneralService` for the simulation-only kinds, a `jsmkt.BMAP`); a
         `SpecError` naming the table when the values are not a valid distribution."""
         make = {"exponential": "exponential", "erlang": "erlang", "h2": "hyperexponential2",
                 "hyperexponential": "hyperexponential", "coxian": "coxian", "coxian2": "coxian2", "ph": "PH",
-                "moments": "fit_ph2_three_moments", "deterministic": "deterministic", "lognormal": "lognormal"}
+                "moments": "fit_ph2_three_moments", "deterministic": "deterministic", "lognormal": "lognormal",
+                "bmap": "BMAP"}
         try:
             if self.kind == "moments" and self.clip:
                 return jsmkt.fit_ph2_three_moments(*self.args, clip=True)[0]
@@ -320,6 +327,26 @@ def _repairable(spec: dict[str, Any], where: str) -> dict[str, Any]:
                 j=_number(spec, "j", where, None), K=_integer(spec, "K", where, None))
 
 
+def _bmap_from_spec(table: Any, where: str = "[arrivals]") -> ServiceSpec:
+    """An `[arrivals]` table, checked: `C` a matrix, `D` a list of matrices (the rates of batches of 1, 2, ...) or
+    one matrix (single arrivals, a MAP); built as `jsmkt.BMAP(C, D)`, which checks the values."""
+    if not isinstance(table, dict):
+        raise SpecError(f"{where} must be a table with C and D (got {show(table)})")
+    _allowed(table, {"C", "D"}, where)
+    C = _numbers(table, "C", where, matrix=True)
+    D = _require(table, "D", where)
+    if isinstance(D, list) and D and all(isinstance(x, list) and x and isinstance(x[0], list) for x in D):
+        D = [_numbers({"D": x}, "D", f"{where} D[{b}]", matrix=True) for b, x in enumerate(D)]
+    else:
+        D = [_numbers(table, "D", where, matrix=True)]
+    return ServiceSpec("bmap", (C, D), where)
+
+
+def _jsq_bmap(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    return dict(bmap=_bmap_from_spec(_require(spec, "arrivals", where)), d=_choice_number(spec, where),
+                mu=_number(spec, "mu", where, 1.0), K=_integer(spec, "K", where, None))
+
+
 # --- what the CLI shows of a model (these run on built models, JAX imported) ----------------------------------------
 
 
@@ -350,6 +377,32 @@ def _classes_text(m) -> str:
 def _batch_service_like(m, **changes):
     kw = dict(lam=m.lam, service=m.service, service_batch_sizes=m.service_batch_sizes, d=m.choice, K=m.K)
     return type(m)(**(kw | changes))
+
+
+def _bmap_like(m, C=None, D=None, **changes):
+    bmap = type(m.bmap)(m.bmap.C if C is None else C, m.bmap.D if D is None else D)
+    kw = dict(bmap=bmap, d=m.choice, mu=m.mu, K=m.K)
+    return type(m)(**(kw | changes))
+
+
+def _bmap_move(m, h, b: int, i: int, j: int):
+    """`m` with the rate of batches of `b + 1` moving the phase `i -> j` raised by `h` (the diagonal of C takes
+    the change, so that the rows of C + sum D still sum to 0); `b = -1`: the silent move `C[i, j]`."""
+    C, D = m.bmap.C.at[i, i].add(-h), m.bmap.D
+    if b < 0:
+        C = C.at[i, j].add(h)
+    else:
+        D = D.at[b, i, j].add(h)
+    return _bmap_like(m, C=C, D=D)
+
+
+def _bmap_text(m) -> str:
+    B, order = m.bmap.max_batch, m.bmap.order
+    return (f"BMAP of order {order}, batches 1..{B} (rates {', '.join(f'{float(x):.6g}' for x in m.batch_rates)})   "
+            f"d = {_choice_text(m)}")
+
+
+_EXAMPLE_BMAP = ([[-0.52, 0.02], [0.0, -0.41]], [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [0.0, 0.35]]])
 
 
 def _repairable_metrics(model, fp) -> dict[str, Any]:
@@ -529,6 +582,20 @@ FAMILIES: dict[str, Family] = {
                            m.service.alpha, m.service.T * (1 + h))),
                        "service_batch_sizes": lambda m, h: _batch_service_like(
                            m, service_batch_sizes=_to_size_one(m.service_batch_sizes, h))},
+        published=True,
+    ),
+    "jsq-bmap": Family(
+        "jsq-bmap", "JSQdBMAP", frozenset({"arrivals", "d", "mu", "K"}), _jsq_bmap,
+        parameters=lambda m: {"arrivals": {"C": m.bmap.C.tolist(), "D": m.bmap.D.tolist()},
+                              "d": float(m.choice.mean), "mu": float(m.mu), "lam": float(m.arrival_rate),
+                              "batch_rates": [float(x) for x in m.batch_rates]},
+        describe=_bmap_text,
+        examples=lambda: {"bmap-mmpp-pairs": jsmkt.JSQdBMAP(jsmkt.BMAP(*_EXAMPLE_BMAP), d=2, K=40),
+                          "bmap-real-d": jsmkt.JSQdBMAP(jsmkt.BMAP(*_EXAMPLE_BMAP), d=1.5, mu=0.8, K=40)},
+        perturbations={"C[0, 1]": lambda m, h: _bmap_move(m, h, -1, 0, 1),
+                       "D[0][1, 0]": lambda m, h: _bmap_move(m, h, 0, 1, 0),
+                       "D[1][1, 1]": lambda m, h: _bmap_move(m, h, 1, 1, 1)},
+        published=True,
     ),
     "retrial": Family(
         "retrial", "RetrialJSQ", frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,

@@ -314,10 +314,21 @@ def _published_tails(model, K: int):
     import jsmkt
     from ._models.jsqd_ph import JSQdPH
 
+    from ._models.batch_service import JSQdBatchService
+    from ._models.bmap import JSQdBMAP
+
     pub = jsmkt.published
     if isinstance(model, JSQdPH):
         pi = np.asarray(pub.ph_fixed_point(model.lam, model.service, model.choice.d, K))
         return np.concatenate([[1.0], pi.sum(1)]), pi
+    if isinstance(model, JSQdBMAP):  # the closed form's pi_0..pi_K: phase vectors from level 0 on
+        pi = np.asarray(pub.bmap_fixed_point(model.bmap, model.choice.d, model.mu, K))
+        return pi.sum(1), pi[1:]
+    if isinstance(model, JSQdBatchService):  # the framework's fixed point (7)-(8) with Section 4's blocks
+        fw = pub.framework_batch_service(model.lam, model.service, model.service_batch_sizes, model.choice.d, K)
+        fp = jsmkt.solve_fixed_point(fw, tail_tol=1.0)  # the truncation is judged by the caller
+        S = np.asarray(fw.full(fp.value))
+        return np.asarray(jsmkt.tails(fw, fp)), S[1:].reshape(K, -1)
     return np.asarray(pub.exponential_tails(model.lam, model.choice.d, model.mu, K)), None
 
 
@@ -340,6 +351,8 @@ def _solve_published(model, grown_by: str | None = None) -> tuple[dict[str, Any]
 
     import jsmkt
     from ._choice import FixedChoice
+    from ._models.batch_service import JSQdBatchService
+    from ._models.bmap import JSQdBMAP
     from ._models.jsqd_ph import JSQdPH
 
     pub = jsmkt.published
@@ -363,6 +376,26 @@ def _solve_published(model, grown_by: str | None = None) -> tuple[dict[str, Any]
                  "phase_tails": [[float(v) for v in row] for row in pi[: len(_trim(s)) - 1]],
                  "note": (f"E[T] is the paper's Section 3 formula and E[Q] the sum of its tails; they need not obey "
                           f"Little's law (here lam E[T] = {float(model.lam) * ET:.6g}, E[Q] = {EQ:.6g})")}
+    elif isinstance(model, JSQdBMAP):
+        EQ = float(np.sum(s[1:]))
+        ET = EQ / float(model.arrival_rate)
+        res = pub.bmap_fixed_point_residuals(model.bmap, d, model.mu, model.K)
+        eqs = pub.JSQdBMAPAsPublished(model.bmap, d, model.mu, model.K)
+        fp = jsmkt.solve_fixed_point(eqs, tail_tol=1.0)
+        source = "Li, Section 3: the super-exponential closed form (35)-(36); E[T] by Little's law"
+        extra = {"residual_in_published_equations": float(res["published"]),
+                 "residual_in_exact_equations": float(res["exact"]),
+                 "phase_tails": [[float(v) for v in row] for row in pi[: len(_trim(s)) - 1]],
+                 "published_equations": {"mean_queue_length": float(jsmkt.mean_queue_length(eqs, fp)),
+                                         "tail": _trim(np.asarray(jsmkt.tails(eqs, fp)))},
+                 "note": ("the closed form solves neither the published equations (14)-(16) nor the exact ones; "
+                          "published_equations is the fixed point of (14)-(16) themselves")}
+    elif isinstance(model, JSQdBatchService):
+        EQ = float(np.sum(s[1:]))
+        ET = EQ / float(model.lam)
+        source = ("Li, Section 4 in the framework's fixed-point system (7)-(8) (our copy breaks off: the blocks are "
+                  "built as Section 2 sets them up); E[T] by Little's law")
+        extra = {"phase_tails": [[float(v) for v in row] for row in pi[: len(_trim(s)) - 1]]}
     else:
         ET = float(pub.exponential_sojourn_time(model.lam, d, model.mu))
         source = "rho^((d^k-1)/(d-1)) and Mitzenmacher's E[T]"
@@ -371,7 +404,7 @@ def _solve_published(model, grown_by: str | None = None) -> tuple[dict[str, Any]
         "variant": "as-published",
         "source": source,
         "model": type(model).__name__,
-        "lam": float(model.lam),
+        "lam": float(model.arrival_rate),
         "d": float(d),
         "K": model.K,
         "load": float(model.load()),

@@ -634,6 +634,8 @@ def _unstable_spec(path: pathlib.Path) -> str:
         for key in ("lam", "batch_rate"):
             if key in table:
                 table[key] *= 4
+    if "arrivals" in spec:  # a BMAP: all its rates times 4
+        spec["arrivals"] = {k: (np.asarray(v) * 4).tolist() for k, v in spec["arrivals"].items()}
     lines = []
     for key, v in spec.items():
         if not isinstance(v, (dict, list)) or (isinstance(v, list) and not isinstance(v[0], dict)):
@@ -771,3 +773,20 @@ def test_percentiles(tmp_path, capsys):
     assert code == 2 and "--percentiles (sojourn-time distribution) applies to the exact mean field" in err
     code, _, err = run(["solve", str(EXAMPLES / "retrial_reprobe.toml"), "--percentiles", "50"], capsys)
     assert code == 2 and "RetrialJSQ: no sojourn time distribution" in err
+
+
+def test_jsq_bmap_spec_as_published_and_bad_entries(tmp_path, capsys):
+    """`jsq-bmap`: `--as-published` gives the paper's closed form (35)-(36) and the fixed point of (14)-(16); a bad
+    descriptor entry is named."""
+    code, out, err = run(["solve", str(EXAMPLES / "jsq_bmap.toml"), "--as-published", "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    A = jsmkt.BMAP([[-0.52, 0.02], [0.0, -0.41]], [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [0.0, 0.35]]])
+    pi = np.asarray(jsmkt.published.bmap_fixed_point(A, 2, 0.7, res["K"]))
+    np.testing.assert_allclose(res["tail"], pi.sum(1)[: len(res["tail"])], rtol=1e-12)
+    assert res["lam"] == pytest.approx(0.565) and res["published_equations"]["mean_queue_length"] > 0
+    spec = tmp_path / "bad.toml"
+    spec.write_text('model = "jsq-bmap"\n[arrivals]\nC = [[-0.52, 0.02], [0.0, -0.41]]\n'
+                    'D = [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [-0.1, 0.35]]]\n')
+    code, _, err = run(["solve", str(spec)], capsys)
+    assert code == 2 and r"[arrivals]: D[1][1, 0]=-0.1 (rate of batches of 2" in err

@@ -230,3 +230,23 @@ def test_sizing_quick(tmp_path):
         assert abs(r["p99_mean_field"] - r["bound_p99"]) < 1e-8 and 0 < r["lam_max"] < 1 and r["dp99_dlam"] > 0
     assert rows[0]["lam_max"] == pytest.approx(1 + math.log(0.01) / 10, rel=1e-9)
     assert rows[1]["lam_max"] > rows[0]["lam_max"]  # two choices carry more load at the same tail latency
+
+
+@pytest.mark.slow
+def test_framework_bmap_quick(tmp_path):
+    """The BMAP study's smoke run (d = 2, N = 50 and 200, short runs): it writes its tables; the limit and the
+    paper's forms are as solved here, the BMAP's simulated E[T] lies above the limit (the phase's correlation), and
+    the refined values move towards the simulation."""
+    assert _load("framework", "bmap").main(["--quick", "--out", str(tmp_path)]) == 0
+    for name in ("bmap.csv", "bmap_fit.csv", "bmap.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "bmap.json").read_text())
+    _check_metadata(data["meta"])
+    assert data["batch_rates"] == pytest.approx([0.45, 0.0, 0.125])
+    forms = data["forms"]["2"]
+    assert forms["ET_closed_form"] < 0.5 * forms["ET_limit"] and forms["ET_published_equations"] < 0.5 * forms["ET_limit"]
+    for r in data["rows"]:
+        assert r["ET_sim_ci"] > 0 and abs(r["throughput_sim"] / 0.825 - 1) < 0.1, r
+        if r["arrivals"] == "bmap":
+            assert r["ET_refined"] > r["ET_limit"] and r["ET_sim"] > r["ET_limit"], r
+    assert {f["arrivals"] for f in data["fits"]} == {"bmap", "poisson"}

@@ -366,13 +366,16 @@ def _run_hlo(tables, max_d_replace=True, sequential=True) -> str:
 def test_event_loop_is_one_kernel():
     """Performance guard: XLA compiles the generic engine's event loop into a single kernel (a "small call") for
     JSQ(d) with PH service up to `_GENERIC_ONE_KERNEL_MAX_D` sampled servers (here H2, a random choice number,
-    distinct samples) and for batches of up to 3 jobs."""
+    distinct samples), for batches of up to 3 jobs, and for those batches from a BMAP's global phase."""
     d = driver._GENERIC_ONE_KERNEL_MAX_D
     h2 = jsmkt.hyperexponential2(1.0, 4.0)
     jsq = jsq_tables.jsq_tables(0.9, np.ones(d) / d, h2.alpha, h2.T, 13)
     assert 'xla_cpu_small_call="true"' in _run_hlo(jsq, max_d_replace=False)
     batch = jsq_tables.batch_jsq_tables(0.3, [0.4, 0.3, 0.3], [0.0, 1.0], 1.0, 13)
     assert 'xla_cpu_small_call="true"' in _run_hlo(batch)
+    # A global phase (a BMAP, batches of up to 3 from two phases and its silent moves): one read more per event.
+    bmap = jsmkt.BMAP([[-0.61, 0.01], [0.03, -0.53]], [np.diag([0.6, 0.0]), np.zeros((2, 2)), np.diag([0.0, 0.5])])
+    assert 'xla_cpu_small_call="true"' in _run_hlo(jsmkt.JSQdBMAP(bmap, d=2, K=13).simulation_tables(13))
 
 
 @pytest.mark.parametrize("sequential", [True, False])

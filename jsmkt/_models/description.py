@@ -22,7 +22,10 @@ coordinates, the Jacobian's structure, the metrics, the refined mean field and t
 4. *An environment* (optional): a `Pool` of units that servers of one status hold (a group of small repairmen):
    a move into that status finds a free unit or goes to a waiting status instead, and a unit that frees goes at
    once to a uniformly chosen waiting server. The family says in which regime the mean field is: a pool that
-   never fills changes nothing; a saturated one pins the holding status's mass at the pool's size.
+   never fills changes nothing; a saturated one pins the holding status's mass at the pool's size. Or a
+   `Modulation`: one global Markov phase (a BMAP's) that sets the rates of some dispatch streams and moves with
+   or without them; its rates are per server like every rate, so in the $N$-server system it moves $N$ times
+   faster as $N$ grows.
 5. Targets beyond the truncation (a level above `K`) are allowed: the mean field keeps the server at level `K`
    (the jobs above are lost, so throughput counts them out, and the solvers check that the mass at `K` is
    negligible), the simulator refuses them as an overflow.
@@ -45,6 +48,13 @@ $s_1..s_K$; for PH service it is the phase tails $S_k$. Queueing drifts are loca
 $r$ from every level $\ge k$ sums to $r$ times a tail), so their Jacobians are banded in the levels. A saturated
 pool's status has a fixed mass: its total tail (at its lowest cell) is pinned at the pool's size and is not an
 unknown (else it would be a neutral direction of the drift, and the fixed-point Jacobian singular).
+
+**A modulating phase in the mean field** (averaging). The phase $J$ is a Markov chain of generator $NG$, $G$ the
+`Modulation`'s per-server rates; a modulated stream fires at rate $N r_s(J)$. The occupancy moves by $O(1/N)$
+per event, so over the time the occupancy takes to change the phase makes $O(N)$ moves and its fraction of time
+in phase $i$ tends to $\gamma_i$, the stationary law of $G$, whatever the occupancy: the limit is the
+description with stream $s$ at the constant rate $\gamma r_s$ (`averaged`). The phase's correlations enter the
+$O(1/N)$ terms (`modulation_noise`), not the limit.
 
 **A saturated pool in the mean field.** Every unit is held and servers wait, so a move into the holding status
 goes to the waiting status (same level), and a move out of it carries a partner: the uniformly chosen waiting
@@ -174,13 +184,39 @@ class Pool(NamedTuple):
     saturated: bool
 
 
+class Modulation(NamedTuple):
+    r"""A global Markov phase $J \in \{0..m-1\}$ that modulates dispatch streams (the phase of a BMAP).
+
+    - `streams`: the indices, in `Description.dispatches`, of the modulated streams (their `rate` is `None`: the
+      phase gives it).
+    - `rates`: `(len(streams), m, m)`: `rates[s, i, j]` is the per-server rate at which, in phase $i$, stream
+      `streams[s]` fires and the phase moves to $j$ ($j = i$: it stays).
+    - `silent`: `(m, m)`: per-server rates of phase moves $i \to j \ne i$ without a dispatch (diagonal ignored).
+
+    As every rate of a description, these are per server: the $N$-server system has them times $N$, so its phase
+    moves $N$ times faster as $N$ grows (a BMAP of descriptor $(NC, ND_1, \ldots)$). The phase's generator is
+    $G$ = the off-diagonal parts of `silent` and $\sum_s$ `rates[s]`, minus their row sums on the diagonal; the
+    mean field averages the streams' rates over its stationary law $\gamma$ (module docstring, `averaged`). The
+    simulator runs the phase itself; the system starts with $J \sim \gamma$."""
+
+    streams: tuple[int, ...]
+    rates: Float[Array, "S m m"]
+    silent: Float[Array, "m m"]
+
+    @property
+    def order(self) -> int:
+        """The number of phases m."""
+        return self.silent.shape[0]
+
+
 class Description(NamedTuple):
-    """A family's physics: cells, local events, dispatches, and a global environment (a `Pool`, or `None`)."""
+    """A family's physics: cells, local events, dispatches, and a global environment (a `Pool`, a `Modulation`, or
+    `None`)."""
 
     cells: Cells
     local_events: tuple[LocalEvent, ...]
     dispatches: tuple[Dispatch, ...]
-    environment: Pool | None = None
+    environment: Pool | Modulation | None = None
     fcfs: bool = True  # servers hold FCFS queues of their `jobs` (per-job sojourn times in simulation)
 
 
@@ -246,7 +282,54 @@ def stream_rate(dispatch: Dispatch, x: Float[Array, " C"]) -> Float[Array, ""]:
 def saturated_pool(desc: Description) -> Pool | None:
     """The description's pool when it is saturated in the mean field, else `None`."""
     pool = desc.environment
-    return pool if pool is not None and pool.saturated else None
+    return pool if isinstance(pool, Pool) and pool.saturated else None
+
+
+def phase_generator(mod: Modulation) -> Float[Array, "m m"]:
+    """The generator of a `Modulation`'s phase: its moves with and without a dispatch (per server)."""
+    moves = mod.silent + jnp.sum(mod.rates, axis=0)
+    off = moves - jnp.diag(jnp.diagonal(moves))
+    return off - jnp.diag(jnp.sum(off, axis=1))
+
+
+def check_modulation(desc: Description) -> Modulation | None:
+    """The description's `Modulation` (or `None`), after its static checks: shapes, the modulated streams exist,
+    have no `rate` of their own and start at no server; every other stream has a rate or an origin."""
+    mod = desc.environment if isinstance(desc.environment, Modulation) else None
+    S = len(desc.dispatches)
+    streams = () if mod is None else tuple(int(s) for s in mod.streams)
+    if mod is not None:
+        m = mod.order
+        if jnp.shape(mod.silent) != (m, m) or jnp.shape(mod.rates) != (len(streams), m, m) or m < 1:
+            raise ValueError(f"the modulation's silent rates have shape {jnp.shape(mod.silent)} and its stream rates "
+                             f"{jnp.shape(mod.rates)}; expected (m, m) and ({len(streams)}, m, m)")
+        if len(set(streams)) != len(streams) or any(not 0 <= s < S for s in streams):
+            raise ValueError(f"the modulation's streams {list(streams)} must be distinct dispatch indices 0..{S - 1}")
+    for s, disp in enumerate(desc.dispatches):
+        if s in streams:
+            if disp.rate is not None or disp.origin is not None:
+                raise ValueError(f"{disp.name}: a modulated stream takes its rate from the phase (rate=None) and "
+                                 "starts at no server (origin=None)")
+        elif disp.rate is None and disp.origin is None:
+            raise ValueError(f"{disp.name}: a stream needs a rate, an origin, or a modulating phase")
+    return mod
+
+
+def averaged(desc: Description) -> Description:
+    r"""The mean-field description of `desc`: a modulated stream $s$ at the constant rate $\gamma r_s$ ($r_s(i) =
+    \sum_j$ `rates[s, i, j]`, $\gamma$ the phase's stationary law; module docstring), and no modulation. Other
+    descriptions are returned unchanged."""
+    mod = check_modulation(desc)
+    if mod is None:
+        return desc
+    from .._distributions.bmap import stationary_vector
+
+    gamma = stationary_vector(phase_generator(mod))
+    mean = jnp.einsum("i,sij->s", gamma, mod.rates)
+    dispatches = list(desc.dispatches)
+    for k, s in enumerate(mod.streams):
+        dispatches[s] = dispatches[s]._replace(rate=mean[k])
+    return desc._replace(dispatches=tuple(dispatches), environment=None)
 
 
 def _pooled(desc: Description, moves: Moves) -> tuple[Moves, np.ndarray]:
@@ -298,7 +381,9 @@ def _classes(desc: Description, name: str, source, target, rate, frees, x) -> li
 
 
 def transitions(desc: Description, x: Float[Array, " C"]) -> list[TransitionClass]:
-    """The mean-field transition classes of `desc` at occupancy `x`, by the tail rule (module docstring)."""
+    """The mean-field transition classes of `desc` at occupancy `x`, by the tail rule (module docstring); a
+    modulating phase is averaged out (`averaged`)."""
+    desc = averaged(desc)
     cells = desc.cells
     out = []
     for ev in desc.local_events:
@@ -387,6 +472,56 @@ def origin_drift_correction(desc: Description, x: Float[Array, " C"]) -> Float[A
 
         out = out + jax.jvp(displacement, (x,), (u,))[1]
     return out
+
+
+def modulation_noise(desc: Description, x: Float[Array, " C"]):
+    r"""The $1/N$ terms of a modulating phase at occupancy $x$ (`jsmkt.refined_mean_field`).
+
+    With $\Phi_s(x)$ the occupancy's drift per unit rate of modulated stream $s$ (the tail rule), $r_s(i)$ its
+    rate in phase $i$, $\bar r_s = \gamma r_s$, the drift in phase $i$ is $f_i = f_0 + \sum_s r_s(i)\Phi_s$. The
+    phase's generator $G$ is $N$ times faster than the occupancy: the corrector $h_i = \sum_s \eta_s(i)\Phi_s / N$
+    with $G\eta_s = -(r_s - \bar r_s)$, $\gamma\eta_s = 0$ ($\eta_s = (\mathbf1\gamma - G)^{-1}(r_s - \bar r_s)$)
+    makes $x + h_J$ a process with the averaged drift $\bar f$ up to $O(1/N)$. Its martingale's jumps,
+    $(\ell + h_j - h_i)$ at an event that moves the phase $i \to j$, give the diffusion
+    $Q + \Phi^\top\Sigma\,\Phi$ (per $1/N$) with
+
+    $$\Sigma = a + a^\top + c,\quad a_{ss'} = \textstyle\sum_{ij}\gamma_i R_s[i, j]\,(\eta_{s'}(j) - \eta_{s'}(i)),
+      \quad c_{s's''} = \sum_{ij}\gamma_i G_{ij}(\eta_{s'}(j) - \eta_{s'}(i))(\eta_{s''}(j) - \eta_{s''}(i)),$$
+
+    and its drift the $1/N$ bias $b = \sum_{s s'}\kappa_{ss'}\,D\Phi_{s'}[\Phi_s]$, $\kappa_{ss'} = (\gamma R_s)\,
+    \eta_{s'}$ (the chosen server's law moves with the occupancy between the phase's moves). For a counting process
+    ($\Phi_s$ the batch size) $\bar r + \Phi^\top\Sigma\Phi$ is the BMAP's asymptotic variance rate.
+
+    Returns `(Phi, Sigma, kappa)`: `(S, C)`, `(S, S)`, `(S, S)` for the modulated streams, in order."""
+    mod = check_modulation(desc)
+    from .._distributions.bmap import stationary_vector
+
+    G = phase_generator(mod)
+    m = mod.order
+    gamma = stationary_vector(G)
+    R = jnp.asarray(mod.rates)
+    r = jnp.sum(R, axis=2)  # (S, m)
+    rbar = r @ gamma
+    Z = jnp.linalg.inv(jnp.outer(jnp.ones(m, G.dtype), gamma) - G)
+    eta = (r - rbar[:, None]) @ Z.T  # (S, m): eta[s] = Z (r_s - rbar_s e)
+    gR = jnp.einsum("i,sij->sj", gamma, R)  # (S, m): gamma R_s
+    kappa = gR @ eta.T  # kappa[s, s'] = (gamma R_s) eta_s'
+    a = kappa - (gamma[None, :] * r) @ eta.T  # a[s, s'] = sum_ij gamma_i R_s[i, j] (eta_s'(j) - eta_s'(i))
+    c = (gamma[None, :] * eta) @ r.T
+    c = c + c.T  # c[s', s''] = (gamma o eta_s'') r_s' + (gamma o eta_s') r_s''
+    sigma = a + a.T + c
+    return modulated_displacements(desc, x), sigma, kappa
+
+
+def modulated_displacements(desc: Description, x: Float[Array, " C"]) -> Float[Array, "S C"]:
+    r"""$\Phi_s(x)$, the occupancy's drift per unit rate of each modulated stream of `desc`, in order."""
+    mod = check_modulation(desc)
+    rows = []
+    for s in mod.streams:
+        one = desc._replace(local_events=(), dispatches=(desc.dispatches[s]._replace(rate=jnp.ones((), x.dtype)),),
+                            environment=None)
+        rows.append(drift(transitions(one, x), x))
+    return jnp.stack(rows)
 
 
 # --- derived: reduced coordinates -----------------------------------------------------------------------------
@@ -525,18 +660,43 @@ def simulation_tables(desc: Description):
         eff_prob[s, :, : p.shape[1]] = p
         eff_target[s, :, : t.shape[1]] = np.where(p > 0, t, np.arange(C)[:, None])
     origin = any(d.origin is not None for d in desc.dispatches)
-    pool = {}
-    if desc.environment is not None:
+    env = {}
+    mod = check_modulation(desc)
+    if isinstance(desc.environment, Pool):
         held, _, redirect, promote = pool_cells(cells, desc.environment)
-        pool = dict(pool_held=held, pool_redirect=redirect, pool_promote=promote,
-                    pool_capacity=float(_concrete("the pool's capacity", desc.environment.capacity)))
+        env = dict(pool_held=held, pool_redirect=redirect, pool_promote=promote,
+                   pool_capacity=float(_concrete("the pool's capacity", desc.environment.capacity)))
+    stream_rate = np.array([0.0 if d.rate is None else float(_concrete(f"the rate of {d.name}", d.rate))
+                            for d in desc.dispatches])
+    arrivals = np.array([d.arrivals for d in desc.dispatches], dtype=bool)
+    if mod is not None:
+        # Every stream gets its rates per phase move; the phase's silent moves are one more stream, which samples
+        # one server and moves none (every cell ineligible). A stream runs at the largest of its phases' rates, the
+        # engine thinning it in the others.
+        if origin:
+            raise ValueError("a modulating phase with streams that start at servers (origins) is not supported by "
+                             "the simulator")
+        m = mod.order
+        rates = _concrete("the modulation's stream rates", mod.rates)
+        silent = _concrete("the modulation's silent rates", mod.silent) * (1.0 - np.eye(m))
+        phase_rates = stream_rate[:, None, None] * np.eye(m)[None]
+        phase_rates[list(mod.streams)] = rates
+        phase_rates = np.concatenate([phase_rates, silent[None]])
+        stream_rate = phase_rates.sum(axis=2).max(axis=1)
+        arrivals = np.concatenate([arrivals, [False]])
+        choice = np.concatenate([choice, np.eye(1, choice.shape[1])])
+        keys = np.concatenate([keys, np.full((1, C), SIM_INELIGIBLE, dtype=np.int64)])
+        eff_prob = np.concatenate([eff_prob, np.zeros((1, C, E))])
+        eff_target = np.concatenate([eff_target, np.tile(np.arange(C)[None, :, None], (1, 1, E))])
+        from .._distributions.bmap import stationary_vector
+
+        init = np.asarray(stationary_vector(jnp.asarray(phase_generator(Modulation(mod.streams, rates, silent)))))
+        env |= dict(phase_rates=phase_rates, phase_init=np.maximum(init, 0.0) / np.maximum(init, 0.0).sum())
     return SimTables(
         level=cells.level, status=cells.status, status_names=cells.status_names, jobs=cells.jobs, empty_cell=0,
         fcfs=bool(desc.fcfs and not origin), u=u, act_prob=act_prob, act_target=act_target, act_stream=act_stream,
-        stream_rate=np.array([0.0 if d.rate is None else float(_concrete(f"the rate of {d.name}", d.rate))
-                              for d in desc.dispatches]),
-        choice=choice, key=keys, eff_prob=eff_prob, eff_target=eff_target,
-        arrivals=np.array([d.arrivals for d in desc.dispatches], dtype=bool), **pool,
+        stream_rate=stream_rate, choice=choice, key=keys, eff_prob=eff_prob, eff_target=eff_target,
+        arrivals=arrivals, **env,
     )
 
 
@@ -603,7 +763,9 @@ class JobFlows(NamedTuple):
 
 
 def job_flows(desc: Description, x: Float[Array, " C"], stream: str | None = None) -> JobFlows:
-    """`JobFlows` of every stream flagged `arrivals` (or of the one named `stream`)."""
+    """`JobFlows` of every stream flagged `arrivals` (or of the one named `stream`), in the mean field (a
+    modulating phase averaged out)."""
+    desc = averaged(desc)
     cells = desc.cells
     jobs, busy = jnp.asarray(cells.jobs, x.dtype), jnp.asarray(cells.in_service, x.dtype)
     zero = jnp.zeros((), x.dtype)

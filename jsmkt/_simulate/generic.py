@@ -47,6 +47,14 @@ server at a uniformly drawn position of the list: one more move, recorded like t
 scratch slot, where the writes of an event that changes nothing go). XLA copies the server and list arrays at every
 event of a model with a pool, so its event loop is not one kernel (about a tenth of the events per second).
 
+**A global phase** (`tables` module docstring: a BMAP's phase, which modulates the streams). Each stream is drawn
+at the largest of its rates over the phases and thinned: with the event's uniform, `_draw` finds, vectorised, the
+outcome of the event in each phase it may find (the next phase, or "does not fire"), and the loop reads the one
+of the current phase, a single element: the phase adds one read, a comparison and a select to an event, and the
+loop stays one kernel. An event that does not fire moves no server; one that fires moves the phase, whether or not
+a sampled server is eligible (the phase's silent moves are a stream with no eligible cell). The state holds the
+phase; the system starts with the phase drawn from `phase_init`.
+
 **Random numbers, chunks, statistics.** Event `e` uses the SplitMix64 words `h(seed, e * W + w)` of
 `core._words`; a pending event past `t_end` keeps its time and words, so chunking does not change the run. Time
 integrals of the cell counts use the same trick as `core`: each move adds $\pm(\tau - a)$ to the two cells it
@@ -107,8 +115,10 @@ class Config(NamedTuple):
     @property
     def n_words(self) -> int:
         """Random words per event: time step, row, move, choice number, candidates (and, with origins, the move,
-        choice number and candidates of the dispatch a clock action starts)."""
-        return 4 + self.max_d + (2 + self.max_d if self.structure.origins else 0) + int(self.structure.pool)
+        choice number and candidates of the dispatch a clock action starts; with a pool, its draw; with a global
+        phase, its move)."""
+        s = self.structure
+        return 4 + self.max_d + (2 + self.max_d if s.origins else 0) + int(s.pool) + int(s.phases > 0)
 
 
 class Params(NamedTuple):
@@ -131,6 +141,11 @@ class Params(NamedTuple):
     pool_units: jax.Array  # int32 units of the pool, J (0 without a pool)
     pool_kind: jax.Array  # (C,) int32: 1 where a server holds a unit, 2 where it waits for one, 0 elsewhere
     pool_other: jax.Array  # (C,) int32: a held cell's redirect, a waiting cell's promotion (the cell itself elsewhere)
+    # ((S + 1) * m * m,) with a global phase: per row r and phase i the cumulative probabilities, over the next phase
+    # j, that an event of the row fires (phase_rates[r, i, :j + 1].sum() / stream_rate[r]); the clock's row keeps the
+    # phase and always fires. A zero otherwise.
+    phase_cum: jax.Array
+    phase_init: jax.Array  # (m,) law of the phase at time 0 (a one otherwise)
 
 
 def pool_units(tables, n: int) -> int:
@@ -142,6 +157,14 @@ def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
     """`Params` of checked `tables` with `structure` (their integer part), for `n` servers (the pool's size)."""
     S, C = structure.n_streams, structure.n_cells
     key = np.concatenate([structure.key.reshape(-1), np.zeros(C, np.int32)])
+    phase_cum, phase_init = np.zeros(1), np.ones(1)
+    if structure.phases:
+        m = structure.phases
+        rate = np.asarray(tables.stream_rate, np.float64)
+        p = np.asarray(tables.phase_rates, np.float64) / np.where(rate > 0, rate, 1.0)[:, None, None]
+        clock = np.triu(np.ones((m, m)))  # cumulative over j of the identity: stays in phase i, always fires
+        phase_cum = np.concatenate([np.cumsum(p, axis=2), clock[None]]).reshape(-1)
+        phase_init = np.asarray(tables.phase_init, np.float64)
     return Params(
         u=jnp.asarray(tables.u, jnp.float64),
         act_prob=jnp.asarray(np.asarray(tables.act_prob)[:, structure.act_cols], jnp.float64),
@@ -160,6 +183,7 @@ def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
         pool_other=jnp.asarray(np.where(structure.pool_held, structure.pool_redirect,
                                         np.where(structure.pool_promote >= 0, structure.pool_promote, np.arange(C))),
                                jnp.int32),
+        phase_cum=jnp.asarray(phase_cum, jnp.float64), phase_init=jnp.asarray(phase_init, jnp.float64),
     )
 
 
@@ -168,6 +192,7 @@ class _Prep(NamedTuple):
     kind_cum: jax.Array  # (S,) thresholds: outcome s < S a stream, S the clock
     d_cum: jax.Array  # (S + 1, max_d - 1) thresholds of the choice number per row (clock: always 1)
     move_cum: jax.Array  # ((S + 1) * C * (W - 1),) cumulative move probabilities without the last entry
+    phase_cum: jax.Array  # (S + 1, m, m) the phase's thinning tables (`Params.phase_cum`), or a zero
 
 
 def _prepare(cfg: Config, params: Params) -> _Prep:
@@ -184,7 +209,8 @@ def _prepare(cfg: Config, params: Params) -> _Prep:
     effects = jnp.concatenate([params.eff_prob, jnp.zeros((S, C, W - E))], axis=2)
     prob = jnp.concatenate([effects, clock[None]], axis=0)  # (S + 1, C, W)
     move_cum = jnp.cumsum(prob, axis=2)[:, :, :-1].reshape(-1)
-    return _Prep(cfg.n * total, kind_cum, d_cum, move_cum)
+    phase_cum = params.phase_cum.reshape(S + 1, s.phases, s.phases) if s.phases else params.phase_cum
+    return _Prep(cfg.n * total, kind_cum, d_cum, move_cum, phase_cum)
 
 
 class _Draw(NamedTuple):
@@ -193,7 +219,8 @@ class _Draw(NamedTuple):
     tau: jax.Array  # (B,) event times
     kind: jax.Array  # (B,) row: stream s < S, or S for a clock event
     table: jax.Array  # (B, cols) int32: row * C, the candidates (masked); with origins the second candidates and
-    #                   the choice number of each stream
+    #                   the choice number of each stream; with a global phase, last, the event's outcome for each
+    #                   phase it may find (the next phase, or m: it does not fire)
     uni: jax.Array  # (B, 1 or 2) uniforms of the moves
 
 
@@ -216,6 +243,10 @@ def _draw(cfg: Config, prep: _Prep, seed, ctr, t) -> _Draw:
         uni.append(core._uniform(w2[:, 0]))
     if s.pool:
         uni.append(core._uniform(words[:, 4 + D]))
+    if s.phases:  # the phase's move (the last word), drawn here for each phase the event may find (columns
+        # `phase_column(cfg)` + phase: the next phase j, or m where the event does not fire)
+        u_ph = core._uniform(words[:, cfg.n_words - 1])
+        cols.append(jnp.sum(u_ph[:, None, None] >= prep.phase_cum[kind], axis=2))
     table = jnp.concatenate([c.astype(jnp.int32) for c in cols], axis=1)
     return _Draw(tau, kind, table, jnp.stack(uni, axis=1))
 
@@ -242,6 +273,7 @@ class State(NamedTuple):
     # with a pool: (units held, waiting servers, (n + 1,) list of the waiting, (n + 1,) their positions; slot n is
     # scratch, where a write that is not to happen goes)
     pool: tuple | None
+    phase: jax.Array | None  # int32 phase of the global Markov phase (None without one)
 
 
 @core._broadcasting
@@ -249,7 +281,8 @@ def init_state(cfg: Config, params: Params, key) -> State:
     """Every server in the empty cell at time 0 (one replication; `vmap` it over keys). The seed is drawn as in
     `core.init_state`: the same key gives the same event words, so that, for instance, an exponential JSQ(d) runs
     along the same path in both engines."""
-    seed = jr.bits(jr.split(key, 3)[1], (), jnp.uint64)
+    keys = jr.split(key, 3)
+    seed = jr.bits(keys[1], (), jnp.uint64)
     zero = jnp.zeros((), jnp.float64)
     ctr = jnp.zeros((), jnp.uint64)
     i64 = jnp.zeros((), jnp.int64)
@@ -262,6 +295,8 @@ def init_state(cfg: Config, params: Params, key) -> State:
         hist=jnp.zeros(cfg.hist_size, jnp.int64), events=i64, real=i64, accepted=i64, overflow=i64, blocks=i64,
         pool=(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(cfg.n + 1, jnp.int32),
               jnp.zeros(cfg.n + 1, jnp.int32)) if cfg.structure.pool else None,
+        phase=(jr.choice(keys[2], cfg.structure.phases, p=params.phase_init).astype(jnp.int32)
+               if cfg.structure.phases else None),
     )
 
 
@@ -275,8 +310,9 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
     `masked`: run all `block` iterations, those after `t_end` changing nothing (the vmapped form)."""
     s = cfg.structure
     B, D, S, C, W, Q = cfg.block, cfg.max_d, s.n_streams, s.n_cells, s.width, s.queue
-    fcfs, origins, up, down, pool = s.fcfs, s.origins, s.up, s.down, s.pool
+    fcfs, origins, up, down, pool, n_ph = s.fcfs, s.origins, s.up, s.down, s.pool, s.phases
     tau, kind, table, uni = state.draw
+    phase_col = table.shape[1] - n_ph  # the drawn next phases, one column per current phase
     nv = jnp.sum(tau <= t_end, dtype=jnp.int32)
     pd = cfg.packed_dtype
 
@@ -316,7 +352,7 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         return base * W + e
 
     def event(i, carry):
-        packed, ring, rec, arrived, pl = carry
+        packed, ring, rec, arrived, pl, ph = carry
         active = (i < nv) if masked else True
         ti = tau[i]
         row_c = col(i, 0)
@@ -331,6 +367,11 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         idx = move(row_c, c, lax.dynamic_slice(uni, (i, jnp.zeros_like(i)), (1, 1))[0, 0])
         t = one(params.target, idx)
         ok = active & (k_best < INELIGIBLE)
+        if n_ph:  # thinning by the phase: the row fires with the phase's move j (j = n_ph: it does not fire)
+            j = col(i, phase_col + ph)
+            fires = j < n_ph
+            ok = ok & fires
+            ph = jnp.where(active & fires, j, ph)
         goes = ok & (t < C)
         ct = jnp.where(goes, t, c)
         if pool:  # a server entering a held cell with no free unit waits instead; a unit it frees goes to the
@@ -407,15 +448,15 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             packed = put(packed, n2, ct2.astype(pd))
             rec_row += [c2, jnp.where(ok2 & (t2 == C), C, ct2), s2]
         rec = lax.dynamic_update_slice(rec, jnp.stack(rec_row).astype(jnp.int32)[None], (i, jnp.zeros_like(i)))
-        return packed, ring, rec, arrived, pl
+        return packed, ring, rec, arrived, pl, ph
 
     n_rec = 5 if origins else 4 if pool else 2
     carry = (state.packed, state.ring if fcfs else jnp.zeros(1), jnp.zeros((B, n_rec), jnp.int32),
-             jnp.zeros((B, max(down + cfg.waiting, 1)), jnp.float64), state.pool)
-    packed, ring, rec, arrived, pl = lax.fori_loop(0, B if masked else nv, event, carry)
+             jnp.zeros((B, max(down + cfg.waiting, 1)), jnp.float64), state.pool, state.phase)
+    packed, ring, rec, arrived, pl, ph = lax.fori_loop(0, B if masked else nv, event, carry)
     ctr = state.ctr + nv.astype(jnp.uint64)
     t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
-    state = state._replace(ctr=ctr, t=t, packed=packed, ring=ring if fcfs else None, pool=pl,
+    state = state._replace(ctr=ctr, t=t, packed=packed, ring=ring if fcfs else None, pool=pl, phase=ph,
                            draw=_draw(cfg, prep, state.seed, ctr, t))
     return _finish(cfg, params, state, tau, kind, nv, rec, arrived, hist_base)
 

@@ -22,7 +22,15 @@ What a model's `simulation_tables(top)` returns, as `simulate` uses it:
   is free, goes to `pool_redirect` of that cell; a move out of the held cells frees a unit, which goes at once to a
   uniformly chosen server in a waiting cell (`pool_promote >= 0`), moving it to its `pool_promote` cell. The empty
   cell neither holds nor waits; redirects and promotions keep the level and the jobs; no stream has an origin and
-  no move goes from a held cell straight to a waiting one.
+  no move goes from a held cell straight to a waiting one;
+- optionally a global phase (`phase_rates`, `phase_init`): a Markov chain $J$ on `m` phases, started from
+  `phase_init`, whose moves come with the streams' events: in phase $i$ stream $s$ fires at rate
+  $N$ `phase_rates[s, i, j]` together with a move to phase $j$ ($j = i$: the phase stays). `stream_rate[s]` is
+  then the largest of its phases' rates, $\max_i \sum_j$ `phase_rates[s, i, j]`: the engine draws the stream at
+  that rate and thins it (an event of stream $s$ in phase $i$ fires with probability
+  $\sum_j$ `phase_rates[s, i, j]` / `stream_rate[s]`). A stream at a constant rate has `phase_rates[s]` = its
+  rate times the identity; the phase's moves without a dispatch are a stream whose cells are all ineligible. No
+  stream has an origin.
 """
 
 import hashlib
@@ -80,6 +88,9 @@ class SimTables(NamedTuple):
     pool_redirect: np.ndarray | None = None  # (C,) int: where a move into a held cell goes when no unit is free
     pool_promote: np.ndarray | None = None  # (C,) int: the held cell a waiting server moves to (-1: the cell never waits)
     pool_capacity: float = 0.0  # units per server
+    # an optional global phase (module docstring); None: none
+    phase_rates: np.ndarray | None = None  # (S, m, m) float: per-server rate of stream s in phase i moving it to j
+    phase_init: np.ndarray | None = None  # (m,) float: the law of the phase at time 0
 
 
 _TOL = 1e-9  # rounding allowed in probability sums
@@ -200,11 +211,41 @@ def check_tables(tables) -> SimTables:
         raise ValueError("tables.fcfs is True but some act_stream >= 0: a job that moves between servers has no "
                          "FCFS queue to keep (give fcfs=False; the mean sojourn time then comes from Little's law)")
     pool = _check_pool(tables, C, level, jobs, empty, act_stream)
+    phase = _check_phase(tables, stream_rate, act_stream)
     return SimTables(
         level=level, status=status, status_names=names, jobs=jobs, empty_cell=empty, fcfs=fcfs, u=u,
         act_prob=act_prob, act_target=act_target, act_stream=act_stream, stream_rate=stream_rate, choice=choice,
-        key=key, eff_prob=eff_prob, eff_target=eff_target, arrivals=arrivals, **pool,
+        key=key, eff_prob=eff_prob, eff_target=eff_target, arrivals=arrivals, **pool, **phase,
     )
+
+
+def _check_phase(tables, stream_rate, act_stream) -> dict:
+    """The checked global-phase fields of `tables` (module docstring)."""
+    if tables.phase_rates is None:
+        if tables.phase_init is not None:
+            raise ValueError("tables.phase_init needs tables.phase_rates")
+        return {}
+    S = stream_rate.size
+    rates = np.asarray(tables.phase_rates, dtype=np.float64)
+    if rates.ndim != 3 or rates.shape[0] != S or rates.shape[1] != rates.shape[2] or rates.shape[1] < 1:
+        raise ValueError(f"tables.phase_rates has shape {rates.shape}; expected (S, m, m) with S = {S}")
+    m = rates.shape[1]
+    rates = _float_table("phase_rates", rates, rates.shape)
+    if (rates < 0).any():
+        raise ValueError(f"tables.phase_rates{_where(rates < 0)} is negative")
+    top = rates.sum(axis=2).max(axis=1)
+    bad = np.abs(top - stream_rate) > _TOL * np.maximum(top, 1.0)
+    if bad.any():
+        s = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"tables.stream_rate[{s}]={stream_rate[s]!r} must be the largest rate of stream {s} over the "
+                         f"phases, {top[s]!r} (max_i sum_j phase_rates[{s}, i, j])")
+    init = _float_table("phase_init", tables.phase_init, (m,))
+    if (init < 0).any() or abs(init.sum() - 1) > _TOL:
+        raise ValueError(f"tables.phase_init={init.tolist()!r} must be a probability vector")
+    if (act_stream >= 0).any():
+        raise ValueError("tables: a global phase with streams that start at servers (act_stream >= 0) is not "
+                         "supported")
+    return dict(phase_rates=rates, phase_init=init)
 
 
 def _check_pool(tables, C, level, jobs, empty, act_stream) -> dict:
@@ -307,6 +348,7 @@ class Structure:
         self.level = t.level
         self.status = t.status
         self.status_names = t.status_names
+        self.phases = 0 if t.phase_rates is None else int(t.phase_rates.shape[1])  # 0: no global phase
         self.pool = t.pool_held is not None
         self.pool_held = t.pool_held if self.pool else np.zeros(C, bool)
         self.pool_redirect = t.pool_redirect if self.pool else cells
@@ -316,7 +358,8 @@ class Structure:
                   self.act_cols, self.eff_cols, self.pool_held, self.pool_redirect, self.pool_promote):
             h.update(str(a.shape).encode())
             h.update(np.ascontiguousarray(a).tobytes())
-        h.update(repr((C, S, W, self.max_d, self.fcfs, self.empty_cell, self.status_names, self.pool)).encode())
+        h.update(repr((C, S, W, self.max_d, self.fcfs, self.empty_cell, self.status_names, self.pool,
+                       self.phases)).encode())
         self._digest = h.digest()
 
     def __hash__(self) -> int:
@@ -327,4 +370,5 @@ class Structure:
 
     def __repr__(self) -> str:
         return (f"Structure(cells={self.n_cells}, streams={self.n_streams}, width={self.width}, max_d={self.max_d}, "
-                f"fcfs={self.fcfs}, origins={self.origins}, pool={self.pool}, up={self.up}, down={self.down})")
+                f"fcfs={self.fcfs}, origins={self.origins}, pool={self.pool}, phases={self.phases}, up={self.up}, "
+                f"down={self.down})")

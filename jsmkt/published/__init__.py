@@ -27,6 +27,16 @@ Mitzenmacher's 1.40744 (which the exact model gives for both). `hyperexponential
 representation at `scv = 1` (one reachable phase there, two balanced phases above), so the published forms jump
 there, and their derivative with respect to `scv` at 1 is that of the one-phase branch only.
 
+Li, "Super-exponential solution in Markovian supermarket models: framework and challenge" (`jsmkt.published.bmap`,
+`jsmkt.published.framework`):
+
+- `FrameworkAsPublished`: the general framework, eqs. (5)–(8), for truncated blocks $Q_{\rm left}(f_l)$,
+  $Q_{\rm right}(d_k)$; `framework_bmap` (Section 3, M/G/1 type) and `framework_batch_service` (Section 4, GI/M/1
+  type; JSQ(d) with exponential or PH service as its single-batch case) build the paper's examples;
+- `JSQdBMAPAsPublished`: the ODE (11)–(13) for BMAP arrivals; `bmap_fixed_point`: its super-exponential closed
+  form, $\pi_0 = \theta\gamma^{\odot 1/d}$, $\pi_k = r(k)\gamma^{\odot 1/d}$ (35)–(36);
+  `bmap_fixed_point_residuals` its residuals.
+
 Classic exponential JSQ(d) (Vvedenskaya et al. 1996; Mitzenmacher 2001):
 
 - `exponential_tails`: $s_k = \rho^{(d^k-1)/(d-1)}$ ($\rho^k$ for $d = 1$);
@@ -46,9 +56,15 @@ from .._models.jsqd_ph import JSQdPH
 
 
 __all__ = [
+    "FrameworkAsPublished",
+    "JSQdBMAPAsPublished",
     "JSQdPHAsPublished",
+    "bmap_fixed_point",
+    "bmap_fixed_point_residuals",
     "exponential_sojourn_time",
     "exponential_tails",
+    "framework_batch_service",
+    "framework_bmap",
     "ph_fixed_point",
     "ph_fixed_point_residuals",
     "ph_sojourn_time",
@@ -321,3 +337,11 @@ def ph_fixed_point_residuals(lam: ArrayLike, service: PH, d: int, K: int) -> dic
     r_pub = jnp.max(jnp.abs(pub.vector_field(0.0, pi)[:-1]))
     r_exact = jnp.max(jnp.abs(exact.vector_field(0.0, pi)[:-1]))
     return {"published": r_pub, "exact": r_exact}
+
+
+from .bmap import JSQdBMAPAsPublished as JSQdBMAPAsPublished  # noqa: E402
+from .bmap import bmap_fixed_point as bmap_fixed_point  # noqa: E402
+from .bmap import bmap_fixed_point_residuals as bmap_fixed_point_residuals  # noqa: E402
+from .framework import FrameworkAsPublished as FrameworkAsPublished  # noqa: E402
+from .framework import framework_batch_service as framework_batch_service  # noqa: E402
+from .framework import framework_bmap as framework_bmap  # noqa: E402
