@@ -643,8 +643,6 @@ def _cmd_transient(args) -> int:
         raise SpecError(f"--time={args.time} must be a positive finite time")
     if args.points < 2:
         raise SpecError(f"--points={args.points} must be >= 2 (the times 0 and --time at least)")
-    if args.percentiles and args.as_published:
-        raise SpecError("--percentiles (sojourn-time distribution) applies to the exact mean field, not --as-published")
     if args.plot:
         _check_plot_path(args.plot)
     model = _build(parsed, args)

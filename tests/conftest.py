@@ -65,3 +65,22 @@ def _bounded_compilation_caches():
     usage = _maps.map_usage()
     if usage is None or 3 * usage[0] > usage[1]:
         jax.clear_caches()
+
+
+_CPU_LOG = os.environ.get("JSMKT_TEST_CPU_LOG")  # a file: each test's CPU seconds (user + system, this process's
+# threads, setup to teardown), one `seconds<TAB>test id` line per test; what the suite's budget is measured in
+
+
+if _CPU_LOG:
+    import resource
+
+    def _cpu_seconds() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start = _cpu_seconds()
+        yield
+        with open(_CPU_LOG, "a", encoding="utf-8") as f:
+            f.write(f"{_cpu_seconds() - start:.2f}\t{item.nodeid}\n")
