@@ -697,6 +697,7 @@ def test_cache_folder_follows_the_options_and_the_environment(monkeypatch, tmp_p
     def folder(*options):
         return _cache_dir(build_parser().parse_args(["solve", "s.toml", *options]))
 
+    before = jax.config.jax_compilation_cache_dir
     monkeypatch.delenv("JSMKT_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert folder() == str(tmp_path / "xdg" / "jsmkt")
@@ -709,7 +710,7 @@ def test_cache_folder_follows_the_options_and_the_environment(monkeypatch, tmp_p
     assert folder("--cache-dir", str(tmp_path / "opt"), "--no-cache") is None
     monkeypatch.setenv("JSMKT_CACHE_DIR", "off")
     assert folder() is None and folder("--cache-dir", "OFF") is None
-    assert jax.config.jax_compilation_cache_dir is None  # nothing in this process turned it on
+    assert jax.config.jax_compilation_cache_dir == before  # nothing here moved it (the tests' own cache, if any)
 
 
 @pytest.mark.slow
