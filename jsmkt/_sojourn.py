@@ -52,6 +52,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from . import _maps
 from ._errors import error_if, is_concrete
+from ._graph import reachable
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
 from ._models.description import (
     Description,
@@ -182,14 +183,7 @@ def _reachable(desc: Description, moves: _Moves) -> np.ndarray:
 def _reachable_from(C: int, source: np.ndarray, target: np.ndarray) -> np.ndarray:
     adj = np.zeros((C, C), bool)
     adj[source, target] = True
-    seen = np.zeros(C, bool)
-    seen[0] = True
-    frontier = seen.copy()
-    while frontier.any():
-        new = adj[frontier].any(axis=0) & ~seen
-        seen |= new
-        frontier = new
-    return seen
+    return reachable(adj)
 
 
 def _arrival_flows(desc: Description, x: Array, stream: str | None):

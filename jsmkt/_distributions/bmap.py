@@ -17,6 +17,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from .._errors import as_float_array, check_count, concrete_array
+from .._graph import reachable
 
 
 _ATOL = 1e-10  # relative rounding allowed in row sums and signs (relative to the phase's total rate)
@@ -30,7 +31,6 @@ def _where(index) -> str:
 
 def _check_bmap_values(C: np.ndarray, D: np.ndarray) -> None:
     """Raise `ValueError` naming the offending entry when `(C, D)` is not a BMAP descriptor."""
-    m = C.shape[0]
     scale = np.abs(np.diagonal(C))  # the total rate out of each phase
     off = C - np.diag(np.diagonal(C))
     bad = off < -_ATOL * scale[:, None]
@@ -54,13 +54,7 @@ def _check_bmap_values(C: np.ndarray, D: np.ndarray) -> None:
     moves = (off + D.sum(axis=0)) > 0
     np.fill_diagonal(moves, False)
     for direction, adj in (("reach", moves), ("be reached from", moves.T)):
-        seen = np.zeros(m, bool)
-        seen[0] = True
-        frontier = seen.copy()
-        while frontier.any():
-            new = adj[frontier].any(axis=0) & ~seen
-            seen |= new
-            frontier = new
+        seen = reachable(adj)
         if not seen.all():
             j = int(np.argmin(seen))
             raise ValueError(f"C + sum_b D[b] is reducible: phase 0 cannot {direction} phase {j}; a BMAP's phase "
