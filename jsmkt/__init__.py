@@ -7,6 +7,10 @@ from ._choice import AbstractChoice as AbstractChoice
 from ._choice import FixedChoice as FixedChoice
 from ._choice import InterpolatedChoice as InterpolatedChoice
 from ._choice import MixedChoice as MixedChoice
+from ._design import Optimum as Optimum
+from ._design import optimise_choice as optimise_choice
+from ._design import optimise_repair as optimise_repair
+from ._distributions.fit import fit_ph as fit_ph
 from ._distributions.fit import fit_ph2_three_moments as fit_ph2_three_moments
 from ._distributions.ph import PH as PH
 from ._distributions.ph import coxian as coxian
@@ -34,6 +38,7 @@ from ._metrics import phase_tails as phase_tails
 from ._metrics import prob_blocked as prob_blocked
 from ._metrics import prob_retrial_success as prob_retrial_success
 from ._metrics import prob_wait as prob_wait
+from ._metrics import probe_rate as probe_rate
 from ._metrics import queue_length_distribution as queue_length_distribution
 from ._metrics import tail_mass_at_K as tail_mass_at_K
 from ._metrics import tails as tails
@@ -56,7 +61,11 @@ from ._models.jsqd import JSQd as JSQd
 from ._models.jsqd_ph import JSQdPH as JSQdPH
 from ._models.repairable import RepairableJSQ as RepairableJSQ
 from ._models.retrial import RetrialJSQ as RetrialJSQ
+from ._optimise import OptimiseResult as OptimiseResult
+from ._optimise import optimise as optimise
 from ._refined import RefinedMeanField as RefinedMeanField
+from ._sensitivity import Sensitivity as Sensitivity
+from ._sensitivity import sensitivity as sensitivity
 from ._refined import refined_mean_field as refined_mean_field
 from ._simulate import GeneralService as GeneralService
 from ._simulate import SimulationResult as SimulationResult
@@ -82,6 +91,7 @@ __all__ = [
     "Dispatch",
     "erlang",
     "exponential",
+    "fit_ph",
     "fit_ph2_three_moments",
     "fraction_failed_waiting",
     "FixedChoice",
@@ -107,6 +117,11 @@ __all__ = [
     "mean_sojourn_time_tagged",
     "mean_waiting_time",
     "MixedChoice",
+    "optimise",
+    "optimise_choice",
+    "optimise_repair",
+    "Optimum",
+    "OptimiseResult",
     "orbit_size_distribution",
     "Moves",
     "Partner",
@@ -114,6 +129,7 @@ __all__ = [
     "phase_tails",
     "prob_blocked",
     "prob_wait",
+    "probe_rate",
     "prob_retrial_success",
     "published",
     "queue_length_distribution",
@@ -123,6 +139,8 @@ __all__ = [
     "RepairableJSQ",
     "RESULTS",
     "RetrialJSQ",
+    "sensitivity",
+    "Sensitivity",
     "simulate",
     "SimulationResult",
     "solve_fixed_point",

@@ -279,12 +279,6 @@ def _jsq_classes(spec: dict[str, Any], where: str):
                        service=service, helper_rates=rates, f=f, K=_integer(spec, "K", where, None))
 
 
-def _classes_like(m, **changes):
-    kw = dict(lam=m.lam, d=list(m.choices), batch_sizes=list(m.batch_sizes), service=m.service,
-              helper_rates=list(m.helper_rates), f=list(m.helper_choices), K=m.K)
-    return JSQdClasses(**(kw | changes))
-
-
 def _classes_metrics(model, fp) -> dict[str, float]:
     import jsmkt
 
@@ -311,11 +305,6 @@ def _jsq_batch_service(spec: dict[str, Any], where: str):
                             d=_choice_number(spec, where), K=_integer(spec, "K", where, None))
 
 
-def _batch_service_like(m, **changes):
-    kw = dict(lam=m.lam, service=m.service, service_batch_sizes=m.service_batch_sizes, d=m.choice, K=m.K)
-    return JSQdBatchService(**(kw | changes))
-
-
 def _retrial(spec: dict[str, Any], where: str):
     return RetrialJSQ(_number(spec, "lam", where), _number(spec, "theta", where),
                       d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
@@ -340,12 +329,6 @@ def _repairable_metrics(model, fp) -> dict[str, float]:
     if model.repair == "R3":
         out["fraction_failed_waiting"] = float(jsmkt.fraction_failed_waiting(model, fp))
     return out
-
-
-def _repairable_like(m, **changes):
-    kw = dict(lam=m.lam, alpha=m.alpha, beta=m.beta, d1=m.choice1, d2=m.choice2, mu=m.mu, arrival=m.arrival,
-              repair=m.repair, j=m.j, K=m.K, saturated=m.saturated if m.repair == "R3" else None)
-    return RepairableJSQ(**(kw | changes))
 
 
 def _choice_text(model, choice=None) -> str:
@@ -378,10 +361,30 @@ def _service_text(model) -> str:
     return f"service: exponential, rate mu = {float(model.mu):.6g}"
 
 
+class Parameter(NamedTuple):
+    """A named parameter of a family, for sensitivities and optimisation (`jsmkt.sensitivity`): `where` picks the
+    model's field it sets (an array leaf, a choice rule, the service `PH`, or a tuple of them), `kind` how its value
+    reads and how a new value is written (`jsmkt._sensitivity`):
+
+    - `"real"`: the array itself (a rate, or a vector of rates);
+    - `"probabilities"`: a probability vector (or a tuple of them); its derivatives are taken along directions that
+      keep the sum 1;
+    - `"choice"`: a choice rule (or a tuple of them): a fixed integer `d` reads as the real `d` of
+      `InterpolatedChoice` (a right derivative), a real `d` as itself, probabilities over 1, 2, ... servers as a
+      probability vector;
+    - `"service mean"`: the mean of the service `PH`, moved by scaling time (`T / c`: every moment scales, the SCV
+      and the shape stay)."""
+
+    where: Callable[[Any], Any]
+    kind: str = "real"
+    doc: str = ""
+
+
 class Family(NamedTuple):
-    """A registered model family: its TOML name, class, spec keys and builder, how the CLI describes it, and small
-    instances (`examples`) with the parameter perturbations (`perturbations`: name -> `(model, h) -> model`) that
-    the contract tests run on every family."""
+    """A registered model family: its TOML name, class, spec keys and builder, how the CLI describes it, small
+    instances (`examples`) that the contract tests run on every family, and its named parameters (`params`: name ->
+    `Parameter`, for sensitivities and optimisation; a parameter the model lacks, e.g. `j` outside R.3, is left out
+    by `parameters_of`)."""
 
     name: str
     model: type
@@ -390,31 +393,17 @@ class Family(NamedTuple):
     parameters: Callable[[Any], dict[str, Any]]  # the model's parameters for the JSON output
     describe: Callable[[Any], str]  # one line of parameters (the CLI's header)
     examples: Callable[[], dict[str, Any]]
-    perturbations: dict[str, Callable[[Any, float], Any]]
+    params: dict[str, Parameter]
     published: bool = False  # `jsmkt solve --as-published` applies
     metrics: Callable[[Any, Any], dict[str, float]] | None = None  # the family's own metrics at a fixed point
     level: str = "Q"  # what a level counts, for the tables: "Q" (jobs at a server) or "orbit"
     utilisation: str = "utilisation s_1"  # the tables' label of the fraction of servers serving
 
 
-def _retrial_like(m, **changes):
-    kw = dict(lam=m.lam, theta=m.theta, d1=m.choice1, d2=m.choice2, mu=m.mu, retrial=m.retrial, policy=m.policy, K=m.K)
-    return RetrialJSQ(**(kw | changes))
-
-
-def _shift_choice(choice, h):
-    """A real choice number moved by `h`; an integer one moved by `h` as the real `d + h` (`InterpolatedChoice`,
-    whose derivative at an integer is one-sided: the perturbations then move up from it)."""
-    from ._choice import InterpolatedChoice
-
-    if isinstance(choice, InterpolatedChoice):
-        return InterpolatedChoice(choice.d + h, d_max=choice.d_max)
-    return choice
-
-
-def _scale_service(model, h):
-    s = model.service
-    return JSQdPH(model.lam, PH(s.alpha, s.T * (1.0 + h)), d=model.choice, K=model.K)
+_LAM = Parameter(lambda m: m.lam, doc="arrival rate per server")
+_MU = Parameter(lambda m: m.mu, doc="service rate")
+_D = Parameter(lambda m: m.choice, "choice", "choice number of arrivals")
+_MEAN = Parameter(lambda m: m.service, "service mean", "mean service time (time scaled, shape kept)")
 
 
 FAMILIES: dict[str, Family] = {
@@ -424,8 +413,7 @@ FAMILIES: dict[str, Family] = {
         describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
         examples=lambda: {"jsq2": JSQd(0.7, d=2, K=14), "jsq-mixed": JSQd(0.8, d=jnp.array([0.2, 0.3, 0.5]), K=24),
                           "jsq-real-d": JSQd(0.8, d=2.5, K=14)},
-        perturbations={"lam": lambda m, h: JSQd(m.lam + h, d=m.choice, mu=m.mu, K=m.K),
-                       "mu": lambda m, h: JSQd(m.lam, d=m.choice, mu=m.mu + h, K=m.K)},
+        params={"lam": _LAM, "mu": _MU, "d": _D},
         published=True,
     ),
     "jsq-ph": Family(
@@ -434,8 +422,7 @@ FAMILIES: dict[str, Family] = {
         describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
         examples=lambda: {"jsq2-h2": JSQdPH(0.8, hyperexponential2(1.0, 4.0), d=2, K=24),
                           "jsq-erlang-real-d": JSQdPH(0.7, erlang(3), d=2.5, K=12)},
-        perturbations={"lam": lambda m, h: JSQdPH(m.lam + h, m.service, d=m.choice, K=m.K),
-                       "service rate": _scale_service},
+        params={"lam": _LAM, "mean": _MEAN, "d": _D},
         published=True,
     ),
     "jsq-batch": Family(
@@ -447,12 +434,9 @@ FAMILIES: dict[str, Family] = {
                             f"(mean {float(m.mean_batch_size):.6g})   d = {_choice_text(m)}"),
         examples=lambda: {"batch-halves": JSQdBatch(0.6, jnp.array([0.5, 0.5]), d=2, K=40),
                           "batch-uniform4-d3": JSQdBatch(0.3, jnp.full(4, 0.25), d=3, K=40)},
-        perturbations={"batch_rate": lambda m, h: JSQdBatch(m.batch_rate + h, m.batch_sizes, d=m.choice, mu=m.mu,
-                                                             K=m.K),
-                       "mu": lambda m, h: JSQdBatch(m.batch_rate, m.batch_sizes, d=m.choice, mu=m.mu + h, K=m.K),
-                       "batch_sizes": lambda m, h: JSQdBatch(  # move probability from size 2 to size 1
-                           m.batch_rate, m.batch_sizes + h * jnp.zeros_like(m.batch_sizes).at[0].set(1.0).at[1].set(-1.0),
-                           d=m.choice, mu=m.mu, K=m.K)},
+        params={"batch_rate": Parameter(lambda m: m.batch_rate, doc="batch arrival rate per server"),
+                "batch_sizes": Parameter(lambda m: m.batch_sizes, "probabilities", "batch-size probabilities"),
+                "mu": _MU, "d": _D},
     ),
     "jsq-classes": Family(
         "jsq-classes", JSQdClasses, frozenset({"classes", "helpers", "mu", "service", "K"}), _jsq_classes,
@@ -467,13 +451,13 @@ FAMILIES: dict[str, Family] = {
                               [0.3, 0.2], d=[2, 1.5], batch_sizes=[None, jnp.array([0.5, 0.5])],
                               service=hyperexponential2(1.0, 2.0), helper_rates=[0.2], f=[2], K=32),
                           "classes-d1-d3": JSQdClasses([0.3, 0.4], d=[1, 3], K=24)},
-        perturbations={"lam": lambda m, h: _classes_like(m, lam=m.lam + h * jnp.array([1.0] + [0.5] * (m.n_classes - 1))),
-                       "service rate": lambda m, h: _classes_like(m, service=PH(m.service.alpha, m.service.T * (1 + h))),
-                       "batch_sizes": lambda m, h: _classes_like(m, batch_sizes=[
-                           p if p.shape[0] < 2 else p + h * jnp.zeros_like(p).at[0].set(1.0).at[1].set(-1.0)
-                           for p in m.batch_sizes]),
-                       "helper_rates": lambda m, h: _classes_like(m, helper_rates=list(m.helper_rates + h)),
-                       "d": lambda m, h: _classes_like(m, d=[_shift_choice(c, h) for c in m.choices])},
+        params={"lam": Parameter(lambda m: m.lam, doc="batch arrival rate per server of each class"),
+                "mean": _MEAN,
+                "batch_sizes": Parameter(lambda m: m.batch_sizes, "probabilities",
+                                         "batch-size probabilities of each class"),
+                "d": Parameter(lambda m: m.choices, "choice", "choice number of each class"),
+                "helper_rates": Parameter(lambda m: m.helper_rates, doc="rate per server of each helper pool"),
+                "f": Parameter(lambda m: m.helper_choices, "choice", "choice number of each helper pool")},
         metrics=_classes_metrics,
     ),
     "jsq-batch-service": Family(
@@ -487,12 +471,10 @@ FAMILIES: dict[str, Family] = {
                                                                d=2, K=32),
                           "batch-service-exp-d3": JSQdBatchService(1.4, exponential(1.0), jnp.full(3, 1 / 3), d=3,
                                                                    K=24)},
-        perturbations={"lam": lambda m, h: _batch_service_like(m, lam=m.lam + h),
-                       "service rate": lambda m, h: _batch_service_like(m, service=PH(m.service.alpha,
-                                                                                      m.service.T * (1 + h))),
-                       "service_batch_sizes": lambda m, h: _batch_service_like(
-                           m, service_batch_sizes=m.service_batch_sizes
-                           + h * jnp.zeros_like(m.service_batch_sizes).at[0].set(1.0).at[1].set(-1.0))},
+        params={"lam": _LAM, "mean": _MEAN,
+                "service_batch_sizes": Parameter(lambda m: m.service_batch_sizes, "probabilities",
+                                                 "service batch-size probabilities"),
+                "d": _D},
     ),
     "retrial": Family(
         "retrial", RetrialJSQ, frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,
@@ -505,11 +487,9 @@ FAMILIES: dict[str, Family] = {
         examples=lambda: {"retrial-reprobe-real-d": RetrialJSQ(0.7, 1.0, d1=1.5, d2=2.5, K=16),
                           "retrial-own-constant-real-d": RetrialJSQ(0.6, 2.0, d1=2.5, retrial="own",
                                                                     policy="constant", K=16)},
-        perturbations={"lam": lambda m, h: _retrial_like(m, lam=m.lam + h),
-                       "theta": lambda m, h: _retrial_like(m, theta=m.theta + h),
-                       "mu": lambda m, h: _retrial_like(m, mu=m.mu + h),
-                       "d1": lambda m, h: _retrial_like(m, d1=_shift_choice(m.choice1, h)),
-                       "d2": lambda m, h: _retrial_like(m, d2=_shift_choice(m.choice2, h))},
+        params={"lam": _LAM, "theta": Parameter(lambda m: m.theta, doc="retrial rate"), "mu": _MU,
+                "d1": Parameter(lambda m: m.choice1, "choice", "choice number of primary arrivals"),
+                "d2": Parameter(lambda m: m.choice2, "choice", "choice number of retrials")},
         metrics=_retrial_metrics, level="orbit", utilisation="utilisation (busy)",
     ),
     "repairable": Family(
@@ -527,12 +507,11 @@ FAMILIES: dict[str, Family] = {
         examples=lambda: {"model-II-real-d": RepairableJSQ(0.5, 0.2, 0.5, d1=1.5, d2=2.5, repair="R2", K=48),
                           "R3-saturated-A2": RepairableJSQ(0.5, 0.2, 0.5, arrival="A2", repair="R3", j=0.1,
                                                            K=24)},
-        perturbations={"lam": lambda m, h: _repairable_like(m, lam=m.lam + h),
-                       "alpha": lambda m, h: _repairable_like(m, alpha=m.alpha + h),
-                       "beta": lambda m, h: _repairable_like(m, beta=m.beta + h),
-                       "mu": lambda m, h: _repairable_like(m, mu=m.mu + h),
-                       "d1": lambda m, h: _repairable_like(m, d1=_shift_choice(m.choice1, h)),
-                       "d2": lambda m, h: _repairable_like(m, d2=_shift_choice(m.choice2, h))},
+        params={"lam": _LAM, "alpha": Parameter(lambda m: m.alpha, doc="failure rate"),
+                "beta": Parameter(lambda m: m.beta, doc="repair rate"), "mu": _MU,
+                "d1": Parameter(lambda m: m.choice1, "choice", "choice number of arrivals"),
+                "d2": Parameter(lambda m: m.choice2, "choice", "choice number of the (large) repairman"),
+                "j": Parameter(lambda m: m.j, doc="R.3: fraction of servers with a small repairman")},
         metrics=_repairable_metrics, utilisation="utilisation (serving)",
     ),
 }
