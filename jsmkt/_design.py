@@ -208,7 +208,9 @@ def optimise_repair(model, cost: float = 0.0, *, metric: Any = "mean_sojourn_tim
     - `K`: the truncation level of the search; by default the largest that `auto_K` finds at the corners of the
       search ($j \in \{0, j^*\}$, $d_2 \in \{1, d_{2,\max}\}$), at least the model's (give `K` to skip those
       solves).
-    - `init`: starting `(j, d2)`; default `(j*/2, (1 + d2_max)/2)`.
+    - `init`: the starting `(j, d2)`; by default three starts, $j \in \{0.1, 0.5, 0.9\}j^*$ with
+      $d_2 = (1 + d_{2,\max})/2$, and the best result is kept (the objective need not be convex in $j$: with
+      a probing cost, availability has a local maximum at each end of $[0, j^*]$).
     - `optimiser`, `steps`, `progress`: passed to `jsmkt.optimise` (default `optax.lbfgs()`).
 
     **Returns:** a `jsmkt.Optimum` (`model` at the best `j` and `d2`, `objective`, `value`, `probes`, `run`).
@@ -230,10 +232,12 @@ def optimise_repair(model, cost: float = 0.0, *, metric: Any = "mean_sojourn_tim
     sign = -1.0 if maximise else 1.0
     alpha, beta = float(model.alpha), float(model.beta)
     j_star = alpha / (alpha + beta)
-    j0, d0 = (0.5 * j_star, 0.5 * (1 + d2_max)) if init is None else (float(init[0]), float(init[1]))
-    if not (0.0 < j0 < j_star and 1.0 < d0 < d2_max):
-        raise ValueError(f"init=({j0!r}, {d0!r}) must have 0 < j < j* = alpha/(alpha + beta) = {j_star:.6g} and "
-                         f"1 < d2 < d2_max = {d2_max}")
+    starts = [(f * j_star, 0.5 * (1 + d2_max)) for f in (0.1, 0.5, 0.9)] if init is None else [tuple(init)]
+    for j0, d0 in starts:
+        if not (0.0 < float(j0) < j_star and 1.0 < float(d0) < d2_max):
+            raise ValueError(f"init=({j0!r}, {d0!r}) must have 0 < j < j* = alpha/(alpha + beta) = {j_star:.6g} "
+                             f"and 1 < d2 < d2_max = {d2_max}")
+    j0, d0 = starts[0]
     base = RepairableJSQ(model.lam, model.alpha, model.beta, d1=model.choice1, d2=InterpolatedChoice(d0, d_max=d2_max),
                          mu=model.mu, arrival=model.arrival, repair="R3", j=j0, K=model.K, saturated=True)
     if K is None:
@@ -242,10 +246,16 @@ def optimise_repair(model, cost: float = 0.0, *, metric: Any = "mean_sojourn_tim
         K = max(base.K, _auto_K(corners))
     base = base.with_K(K)
     logit = lambda p: float(np.log(p / (1.0 - p)))  # noqa: E731
-    u0 = {"j": jnp.asarray(logit(j0 / j_star)), "d2": jnp.asarray(logit((d0 - 1.0) / (d2_max - 1)))}
-    run = optimise(_repair_objective, u0, optimiser if optimiser is not None else optax.lbfgs(), steps=steps,
-                   args=(base, jnp.asarray(j_star), d2_max, metric_fn, sign, jnp.asarray(cost)), has_aux=True, rtol=1e-13, atol=0.0,
-                   patience=10, progress=progress, name="optimise_repair")
+    tx = optimiser if optimiser is not None else optax.lbfgs()
+    run = None
+    for i, (j0, d0) in enumerate(starts):  # the objective need not be convex in j: a few starts across [0, j*]
+        u0 = {"j": jnp.asarray(logit(j0 / j_star)), "d2": jnp.asarray(logit((d0 - 1.0) / (d2_max - 1)))}
+        r = optimise(_repair_objective, u0, tx, steps=steps,
+                     args=(base, jnp.asarray(j_star), d2_max, metric_fn, sign, jnp.asarray(cost)), has_aux=True,
+                     rtol=1e-13, atol=0.0, patience=10, progress=progress,
+                     name=f"optimise_repair start {i + 1}/{len(starts)}")
+        if run is None or float(r.loss) < float(run.loss):
+            run = r
     j = j_star * jax.nn.sigmoid(run.params["j"])
     d2 = 1.0 + (d2_max - 1) * jax.nn.sigmoid(run.params["d2"])
     value, probes = run.aux

@@ -76,8 +76,9 @@ def _step(loss, tx, has_aux, trainable, frozen, opt_state, args):
         return out if has_aux else (out, None)
 
     (value, aux), grads = eqx.filter_value_and_grad(f, has_aux=True)(trainable)
-    updates, opt_state = tx.update(grads, opt_state, trainable, value=value, grad=grads,
-                                   value_fn=lambda tr: f(tr)[0])
+    with jax.numpy_dtype_promotion("standard"):  # optax mixes Python floats with integer step counts
+        updates, opt_state = tx.update(grads, opt_state, trainable, value=value, grad=grads,
+                                       value_fn=lambda tr: f(tr)[0])
     leaves = jax.tree_util.tree_leaves(grads)
     gnorm = jnp.sqrt(sum(jnp.sum(g**2) for g in leaves)) if leaves else jnp.zeros(())
     return eqx.apply_updates(trainable, updates), opt_state, value, aux, gnorm
@@ -162,7 +163,8 @@ def optimise(
     if not jax.tree_util.tree_leaves(trainable):
         raise ValueError("filter_spec selects no leaf of params to train: give floating-point arrays, or a "
                          "filter_spec that selects some")
-    opt_state = tx.init(trainable)
+    with jax.numpy_dtype_promotion("standard"):
+        opt_state = tx.init(trainable)
 
     history: list[float] = []
     best = (math.inf, trainable, None, 0)

@@ -140,7 +140,8 @@ def _moves(model, names):
 _MOVES: dict = {}
 
 
-@pytest.mark.parametrize("fam, name", FIRST + [c for c in CASES if c not in FIRST and c[0] in ("jsq-batch", "repairable")])
+@pytest.mark.parametrize("fam, name", FIRST + [pytest.param(*c, marks=pytest.mark.slow) for c in CASES
+                                               if c not in FIRST and c[0] in ("jsq-batch", "repairable")])
 def test_sensitivities_agree_with_central_differences(fam, name):
     """`jsmkt.sensitivity` with respect to every named parameter of the family (one solve and one adjoint for all),
     against differences of solves along each parameter's direction: central,

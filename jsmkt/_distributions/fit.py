@@ -270,7 +270,7 @@ def _moment_loss(params, target):
         v = jnp.linalg.solve(-T, v)
         ms.append(math.factorial(k) * (alpha @ v))
     ms = jnp.stack(ms)
-    n = ms[1:] / ms[0] ** jnp.arange(2, target.shape[0] + 2)
+    n = ms[1:] / ms[0] ** jnp.arange(2, target.shape[0] + 2, dtype=ms.dtype)
     return jnp.sum((jnp.log(n) - jnp.log(target)) ** 2)
 
 
