@@ -209,6 +209,9 @@ def test_repair_quick(tmp_path):
     ("verification", "refined", "verification/compute.py"),
     ("verification", "plot", "verification/compute.py"),
     ("mitzenmacher_table", "refined", "mitzenmacher_table/compute.py"),
+    ("choice_numbers", "plot", "choice_numbers/compute.py"),
+    ("repair_allocation", "plot", "repair_allocation/compute.py"),
+    ("ph_fits", "plot", "ph_fits/compute.py"),
 ])
 def test_reading_scripts_say_which_script_writes_their_input(tmp_path, folder, script, producer):
     # Regression: run before their compute script, these stopped with a FileNotFoundError traceback.
