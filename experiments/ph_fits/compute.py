@@ -43,7 +43,7 @@ NAME = "ph_fits"
 FULL = dict(lam=0.9, d=2, targets={"lognormal": dict(mean=1.0, scv=2.0), "deterministic": dict(mean=1.0)},
             orders=[2, 3, 4], ml_orders=[2], simulate=["exp", "TH PH(2)", "CDF PH(2)", "CDF PH(3)", "CDF PH(4)"],
             n_samples=5000, n_servers=1000, time=1000.0, warmup=200.0, reps=4, seed=20240601)
-QUICK = dict(FULL, orders=[2], simulate=["exp", "CDF PH(2)"], n_samples=2000, n_servers=200, time=300.0,
+QUICK = dict(FULL, orders=[2], ml_orders=[], simulate=["exp", "CDF PH(2)"], n_samples=2000, n_servers=200, time=300.0,
              warmup=50.0, reps=2)
 
 
