@@ -61,6 +61,12 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/framework/compute.py
 	$(BIN)/python experiments/sizing/compute.py
 	$(BIN)/python experiments/framework/bmap.py
+	$(BIN)/python experiments/choice_numbers/compute.py
+	$(BIN)/python experiments/choice_numbers/plot.py
+	$(BIN)/python experiments/repair_allocation/compute.py
+	$(BIN)/python experiments/repair_allocation/plot.py
+	$(BIN)/python experiments/ph_fits/compute.py
+	$(BIN)/python experiments/ph_fits/plot.py
 
 experiments-quick: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py --quick
@@ -77,6 +83,12 @@ experiments-quick: $(STAMP)
 	$(BIN)/python experiments/framework/compute.py --quick
 	$(BIN)/python experiments/sizing/compute.py --quick
 	$(BIN)/python experiments/framework/bmap.py --quick
+	$(BIN)/python experiments/choice_numbers/compute.py --quick
+	$(BIN)/python experiments/choice_numbers/plot.py --quick
+	$(BIN)/python experiments/repair_allocation/compute.py --quick
+	$(BIN)/python experiments/repair_allocation/plot.py --quick
+	$(BIN)/python experiments/ph_fits/compute.py --quick
+	$(BIN)/python experiments/ph_fits/plot.py --quick
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

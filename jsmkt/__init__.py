@@ -23,6 +23,10 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._choice import InterpolatedChoice as InterpolatedChoice
     from ._choice import MixedChoice as MixedChoice
     from ._distributions.bmap import BMAP as BMAP
+    from ._design import Optimum as Optimum
+    from ._design import optimise_choice as optimise_choice
+    from ._design import optimise_repair as optimise_repair
+    from ._distributions.fit import fit_ph as fit_ph
     from ._distributions.fit import fit_ph2_three_moments as fit_ph2_three_moments
     from ._distributions.ph import PH as PH
     from ._distributions.ph import coxian as coxian
@@ -50,6 +54,7 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._metrics import prob_blocked as prob_blocked
     from ._metrics import prob_retrial_success as prob_retrial_success
     from ._metrics import prob_wait as prob_wait
+    from ._metrics import probe_rate as probe_rate
     from ._metrics import queue_length_distribution as queue_length_distribution
     from ._metrics import tail_mass_at_K as tail_mass_at_K
     from ._metrics import tails as tails
@@ -73,8 +78,12 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._models.jsqd_ph import JSQdPH as JSQdPH
     from ._models.repairable import RepairableJSQ as RepairableJSQ
     from ._models.retrial import RetrialJSQ as RetrialJSQ
+    from ._optimise import OptimiseResult as OptimiseResult
+    from ._optimise import optimise as optimise
     from ._refined import RefinedMeanField as RefinedMeanField
     from ._refined import refined_mean_field as refined_mean_field
+    from ._sensitivity import Sensitivity as Sensitivity
+    from ._sensitivity import sensitivity as sensitivity
     from ._simulate import GeneralService as GeneralService
     from ._simulate import SimulationResult as SimulationResult
     from ._simulate import deterministic as deterministic

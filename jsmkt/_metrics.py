@@ -121,6 +121,25 @@ def prob_wait(model: AbstractSupermarketModel, state, stream: str | None = None)
     return model.choice.pgf(model.tails(y)[1])
 
 
+def probe_rate(model: AbstractSupermarketModel, state, stream: str | None = None) -> Float[Array, ""]:
+    r"""Servers sampled per unit time per server, by every dispatch stream (arrivals, retrials, repairmen, helpers)
+    or by the one named `stream`: $\sum_{\text{streams}} R\,E[D]$, $R$ the stream's rate per server (for a stream
+    that starts at the servers, such as retrials, the rate at which they start it) and $D$ its choice number. For
+    JSQ(d) this is $\lambda E[D]$: divided by the arrival rate, the mean number of probes per arrival."""
+    from ._models.description import stream_rate
+
+    y = _state(model, state)
+    if not isinstance(model, AbstractDescribedModel):
+        raise ValueError(f"probe_rate needs a model stated by its physics (its dispatch streams); "
+                         f"{type(model).__name__} is not")
+    desc = model.description()
+    names = [d.name for d in desc.dispatches]
+    if stream is not None and stream not in names:
+        raise ValueError(f"stream={stream!r} is not a dispatch stream of this model; its streams are {names}")
+    x = model.occupancy(y)
+    return sum(stream_rate(d, x) * d.choice.mean for d in desc.dispatches if stream in (None, d.name))
+
+
 def utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Fraction of busy servers, $\sum_c x_c\,\text{in service}_c$ ($s_1$ for queues; $\lambda E[S]$ at the fixed
     point)."""

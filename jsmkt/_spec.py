@@ -350,12 +350,6 @@ def _jsq_bmap(spec: dict[str, Any], where: str) -> dict[str, Any]:
 # --- what the CLI shows of a model (these run on built models, JAX imported) ----------------------------------------
 
 
-def _classes_like(m, **changes):
-    kw = dict(lam=m.lam, d=list(m.choices), batch_sizes=list(m.batch_sizes), service=m.service,
-              helper_rates=list(m.helper_rates), f=list(m.helper_choices), K=m.K)
-    return type(m)(**(kw | changes))
-
-
 def _classes_metrics(model, fp) -> dict[str, Any]:
     if model.n_classes == 1:
         return {}
@@ -374,28 +368,6 @@ def _classes_text(m) -> str:
     return "   ".join(parts)
 
 
-def _batch_service_like(m, **changes):
-    kw = dict(lam=m.lam, service=m.service, service_batch_sizes=m.service_batch_sizes, d=m.choice, K=m.K)
-    return type(m)(**(kw | changes))
-
-
-def _bmap_like(m, C=None, D=None, **changes):
-    bmap = type(m.bmap)(m.bmap.C if C is None else C, m.bmap.D if D is None else D)
-    kw = dict(bmap=bmap, d=m.choice, mu=m.mu, K=m.K)
-    return type(m)(**(kw | changes))
-
-
-def _bmap_move(m, h, b: int, i: int, j: int):
-    """`m` with the rate of batches of `b + 1` moving the phase `i -> j` raised by `h` (the diagonal of C takes
-    the change, so that the rows of C + sum D still sum to 0); `b = -1`: the silent move `C[i, j]`."""
-    C, D = m.bmap.C.at[i, i].add(-h), m.bmap.D
-    if b < 0:
-        C = C.at[i, j].add(h)
-    else:
-        D = D.at[b, i, j].add(h)
-    return _bmap_like(m, C=C, D=D)
-
-
 def _bmap_text(m) -> str:
     B, order = m.bmap.max_batch, m.bmap.order
     return (f"BMAP of order {order}, batches 1..{B} (rates {', '.join(f'{float(x):.6g}' for x in m.batch_rates)})   "
@@ -412,12 +384,6 @@ def _repairable_metrics(model, fp) -> dict[str, Any]:
     if model.repair == "R3":
         out["fraction_failed_waiting"] = jsmkt.fraction_failed_waiting(model, fp)
     return out
-
-
-def _repairable_like(m, **changes):
-    kw = dict(lam=m.lam, alpha=m.alpha, beta=m.beta, d1=m.choice1, d2=m.choice2, mu=m.mu, arrival=m.arrival,
-              repair=m.repair, j=m.j, K=m.K, saturated=m.saturated if m.repair == "R3" else None)
-    return type(m)(**(kw | changes))
 
 
 def _choice_text(model, choice=None) -> str:
@@ -459,11 +425,33 @@ def _service_text(model, mean: float, scv: float) -> str:
     return f"service: exponential, rate mu = {float(model.mu):.6g}"
 
 
+class Parameter(NamedTuple):
+    """A named parameter of a family, for sensitivities and optimisation (`jsmkt.sensitivity`): `where` picks the
+    model's field it sets (an array leaf, a choice rule, the service `PH`, or a tuple of them), `kind` how its value
+    reads and how a new value is written (`jsmkt._sensitivity`):
+
+    - `"real"`: the array itself (a rate, or a vector of rates);
+    - `"probabilities"`: a probability vector (or a tuple of them); its derivatives are taken along directions that
+      keep the sum 1;
+    - `"choice"`: a choice rule (or a tuple of them): a fixed integer `d` reads as the real `d` of
+      `InterpolatedChoice` (a right derivative), a real `d` as itself, probabilities over 1, 2, ... servers as a
+      probability vector;
+    - `"service mean"`: the mean of the service `PH`, moved by scaling time (`T / c`: every moment scales, the SCV
+      and the shape stay);
+    - `"bmap rates"`: the rates of a `BMAP`, one array `[C off its diagonal, D_1, ..., D_B]`; C's diagonal follows
+      (the rows of C + sum D sum to 0), so that every value is a BMAP of the same order and largest batch."""
+
+    where: Callable[[Any], Any]
+    kind: str = "real"
+    doc: str = ""
+
+
 class Family(NamedTuple):
     """A registered model family: its TOML name, the name of its class in `jsmkt` (`model` is the class itself,
     imported on first use), spec keys and their parser (the constructor's arguments, checked without JAX), how the
-    CLI describes it, and small instances (`examples`) with the parameter perturbations (`perturbations`:
-    name -> `(model, h) -> model`) that the contract tests run on every family."""
+    CLI describes it, small instances (`examples`) that the contract tests run on every family, and its named
+    parameters (`params`: name -> `Parameter`, for sensitivities and optimisation; a parameter the model lacks,
+    e.g. `j` outside R.3, is left out by `parameters_of`)."""
 
     name: str
     class_name: str
@@ -472,7 +460,7 @@ class Family(NamedTuple):
     parameters: Callable[[Any], dict[str, Any]]  # the model's parameters for the JSON output
     describe: Callable[[Any], str]  # one line of parameters (the CLI's header)
     examples: Callable[[], dict[str, Any]]
-    perturbations: dict[str, Callable[[Any, float], Any]]
+    params: dict[str, Parameter]
     published: bool = False  # `jsmkt solve --as-published` applies
     metrics: Callable[[Any, Any], dict[str, Any]] | None = None  # the family's own metrics at a fixed point (arrays;
     # traceable: the CLI computes them with the others in one compiled call)
@@ -485,27 +473,10 @@ class Family(NamedTuple):
         return getattr(jsmkt, self.class_name)
 
 
-def _retrial_like(m, **changes):
-    kw = dict(lam=m.lam, theta=m.theta, d1=m.choice1, d2=m.choice2, mu=m.mu, retrial=m.retrial, policy=m.policy, K=m.K)
-    return type(m)(**(kw | changes))
-
-
-def _shift_choice(choice, h):
-    """A real choice number moved by `h`; an integer one moved by `h` as the real `d + h` (`InterpolatedChoice`,
-    whose derivative at an integer is one-sided: the perturbations then move up from it)."""
-    if isinstance(choice, jsmkt.InterpolatedChoice):
-        return jsmkt.InterpolatedChoice(choice.d + h, d_max=choice.d_max)
-    return choice
-
-
-def _scale_service(model, h):
-    s = model.service
-    return type(model)(model.lam, type(s)(s.alpha, s.T * (1.0 + h)), d=model.choice, K=model.K)
-
-
-def _to_size_one(p, h):
-    """Batch-size probabilities `p` with `h` moved from size 2 to size 1 (unchanged with one size)."""
-    return p if p.shape[0] < 2 else p.at[0].add(h).at[1].add(-h)
+_LAM = Parameter(lambda m: m.lam, doc="arrival rate per server")
+_MU = Parameter(lambda m: m.mu, doc="service rate")
+_D = Parameter(lambda m: m.choice, "choice", "choice number of arrivals")
+_MEAN = Parameter(lambda m: m.service, "service mean", "mean service time (time scaled, shape kept)")
 
 
 FAMILIES: dict[str, Family] = {
@@ -515,8 +486,7 @@ FAMILIES: dict[str, Family] = {
         describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
         examples=lambda: {"jsq2": jsmkt.JSQd(0.7, d=2, K=14), "jsq-mixed": jsmkt.JSQd(0.8, d=[0.2, 0.3, 0.5], K=24),
                           "jsq-real-d": jsmkt.JSQd(0.8, d=2.5, K=14)},
-        perturbations={"lam": lambda m, h: type(m)(m.lam + h, d=m.choice, mu=m.mu, K=m.K),
-                       "mu": lambda m, h: type(m)(m.lam, d=m.choice, mu=m.mu + h, K=m.K)},
+        params={"lam": _LAM, "mu": _MU, "d": _D},
         published=True,
     ),
     "jsq-ph": Family(
@@ -525,8 +495,7 @@ FAMILIES: dict[str, Family] = {
         describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
         examples=lambda: {"jsq2-h2": jsmkt.JSQdPH(0.8, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=24),
                           "jsq-erlang-real-d": jsmkt.JSQdPH(0.7, jsmkt.erlang(3), d=2.5, K=12)},
-        perturbations={"lam": lambda m, h: type(m)(m.lam + h, m.service, d=m.choice, K=m.K),
-                       "service rate": _scale_service},
+        params={"lam": _LAM, "mean": _MEAN, "d": _D},
         published=True,
     ),
     "jsq-batch": Family(
@@ -538,11 +507,9 @@ FAMILIES: dict[str, Family] = {
                             f"(mean {float(m.mean_batch_size):.6g})   d = {_choice_text(m)}"),
         examples=lambda: {"batch-halves": jsmkt.JSQdBatch(0.6, [0.5, 0.5], d=2, K=40),
                           "batch-uniform4-d3": jsmkt.JSQdBatch(0.3, [0.25] * 4, d=3, K=40)},
-        perturbations={"batch_rate": lambda m, h: type(m)(m.batch_rate + h, m.batch_sizes, d=m.choice, mu=m.mu,
-                                                           K=m.K),
-                       "mu": lambda m, h: type(m)(m.batch_rate, m.batch_sizes, d=m.choice, mu=m.mu + h, K=m.K),
-                       "batch_sizes": lambda m, h: type(m)(m.batch_rate, _to_size_one(m.batch_sizes, h), d=m.choice,
-                                                           mu=m.mu, K=m.K)},
+        params={"batch_rate": Parameter(lambda m: m.batch_rate, doc="batch arrival rate per server"),
+                "batch_sizes": Parameter(lambda m: m.batch_sizes, "probabilities", "batch-size probabilities"),
+                "mu": _MU, "d": _D},
     ),
     "jsq-classes": Family(
         "jsq-classes", "JSQdClasses", frozenset({"classes", "helpers", "mu", "service", "K"}), _jsq_classes,
@@ -557,13 +524,13 @@ FAMILIES: dict[str, Family] = {
                               [0.3, 0.2], d=[2, 1.5], batch_sizes=[None, [0.5, 0.5]],
                               service=jsmkt.hyperexponential2(1.0, 2.0), helper_rates=[0.2], f=[2], K=32),
                           "classes-d1-d3": jsmkt.JSQdClasses([0.3, 0.4], d=[1, 3], K=24)},
-        perturbations={"lam": lambda m, h: _classes_like(m, lam=m.lam.at[0].add(h).at[1:].add(0.5 * h)),
-                       "service rate": lambda m, h: _classes_like(m, service=type(m.service)(m.service.alpha,
-                                                                                              m.service.T * (1 + h))),
-                       "batch_sizes": lambda m, h: _classes_like(m, batch_sizes=[_to_size_one(p, h)
-                                                                                 for p in m.batch_sizes]),
-                       "helper_rates": lambda m, h: _classes_like(m, helper_rates=list(m.helper_rates + h)),
-                       "d": lambda m, h: _classes_like(m, d=[_shift_choice(c, h) for c in m.choices])},
+        params={"lam": Parameter(lambda m: m.lam, doc="batch arrival rate per server of each class"),
+                "mean": _MEAN,
+                "batch_sizes": Parameter(lambda m: m.batch_sizes, "probabilities",
+                                         "batch-size probabilities of each class"),
+                "d": Parameter(lambda m: m.choices, "choice", "choice number of each class"),
+                "helper_rates": Parameter(lambda m: m.helper_rates, doc="rate per server of each helper pool"),
+                "f": Parameter(lambda m: m.helper_choices, "choice", "choice number of each helper pool")},
         metrics=_classes_metrics,
     ),
     "jsq-batch-service": Family(
@@ -577,11 +544,10 @@ FAMILIES: dict[str, Family] = {
                                                                      [0.5, 0.5], d=2, K=32),
                           "batch-service-exp-d3": jsmkt.JSQdBatchService(1.4, jsmkt.exponential(1.0), [1 / 3] * 3,
                                                                          d=3, K=24)},
-        perturbations={"lam": lambda m, h: _batch_service_like(m, lam=m.lam + h),
-                       "service rate": lambda m, h: _batch_service_like(m, service=type(m.service)(
-                           m.service.alpha, m.service.T * (1 + h))),
-                       "service_batch_sizes": lambda m, h: _batch_service_like(
-                           m, service_batch_sizes=_to_size_one(m.service_batch_sizes, h))},
+        params={"lam": _LAM, "mean": _MEAN,
+                "service_batch_sizes": Parameter(lambda m: m.service_batch_sizes, "probabilities",
+                                                 "service batch-size probabilities"),
+                "d": _D},
         published=True,
     ),
     "jsq-bmap": Family(
@@ -592,9 +558,10 @@ FAMILIES: dict[str, Family] = {
         describe=_bmap_text,
         examples=lambda: {"bmap-mmpp-pairs": jsmkt.JSQdBMAP(jsmkt.BMAP(*_EXAMPLE_BMAP), d=2, K=40),
                           "bmap-real-d": jsmkt.JSQdBMAP(jsmkt.BMAP(*_EXAMPLE_BMAP), d=1.5, mu=0.8, K=40)},
-        perturbations={"C[0, 1]": lambda m, h: _bmap_move(m, h, -1, 0, 1),
-                       "D[0][1, 0]": lambda m, h: _bmap_move(m, h, 0, 1, 0),
-                       "D[1][1, 1]": lambda m, h: _bmap_move(m, h, 1, 1, 1)},
+        params={"rates": Parameter(lambda m: m.bmap, "bmap rates",
+                                   "the BMAP's rates: [0] C off its diagonal (silent phase changes), [b] D[b - 1] "
+                                   "(batches of b); C's diagonal follows (rows of C + sum D sum to 0)"),
+                "mu": _MU, "d": _D},
         published=True,
     ),
     "retrial": Family(
@@ -608,11 +575,9 @@ FAMILIES: dict[str, Family] = {
         examples=lambda: {"retrial-reprobe-real-d": jsmkt.RetrialJSQ(0.7, 1.0, d1=1.5, d2=2.5, K=16),
                           "retrial-own-constant-real-d": jsmkt.RetrialJSQ(0.6, 2.0, d1=2.5, retrial="own",
                                                                           policy="constant", K=16)},
-        perturbations={"lam": lambda m, h: _retrial_like(m, lam=m.lam + h),
-                       "theta": lambda m, h: _retrial_like(m, theta=m.theta + h),
-                       "mu": lambda m, h: _retrial_like(m, mu=m.mu + h),
-                       "d1": lambda m, h: _retrial_like(m, d1=_shift_choice(m.choice1, h)),
-                       "d2": lambda m, h: _retrial_like(m, d2=_shift_choice(m.choice2, h))},
+        params={"lam": _LAM, "theta": Parameter(lambda m: m.theta, doc="retrial rate"), "mu": _MU,
+                "d1": Parameter(lambda m: m.choice1, "choice", "choice number of primary arrivals"),
+                "d2": Parameter(lambda m: m.choice2, "choice", "choice number of retrials")},
         metrics=_retrial_metrics, level="orbit", utilisation="utilisation (busy)",
     ),
     "repairable": Family(
@@ -630,12 +595,11 @@ FAMILIES: dict[str, Family] = {
         examples=lambda: {"model-II-real-d": jsmkt.RepairableJSQ(0.5, 0.2, 0.5, d1=1.5, d2=2.5, repair="R2", K=48),
                           "R3-saturated-A2": jsmkt.RepairableJSQ(0.5, 0.2, 0.5, arrival="A2", repair="R3", j=0.1,
                                                                  K=24)},
-        perturbations={"lam": lambda m, h: _repairable_like(m, lam=m.lam + h),
-                       "alpha": lambda m, h: _repairable_like(m, alpha=m.alpha + h),
-                       "beta": lambda m, h: _repairable_like(m, beta=m.beta + h),
-                       "mu": lambda m, h: _repairable_like(m, mu=m.mu + h),
-                       "d1": lambda m, h: _repairable_like(m, d1=_shift_choice(m.choice1, h)),
-                       "d2": lambda m, h: _repairable_like(m, d2=_shift_choice(m.choice2, h))},
+        params={"lam": _LAM, "alpha": Parameter(lambda m: m.alpha, doc="failure rate"),
+                "beta": Parameter(lambda m: m.beta, doc="repair rate"), "mu": _MU,
+                "d1": Parameter(lambda m: m.choice1, "choice", "choice number of arrivals"),
+                "d2": Parameter(lambda m: m.choice2, "choice", "choice number of the (large) repairman"),
+                "j": Parameter(lambda m: m.j, doc="R.3: fraction of servers with a small repairman")},
         metrics=_repairable_metrics, utilisation="utilisation (serving)",
     ),
 }

@@ -6,6 +6,7 @@ jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--au
 jsmkt transient SPEC.toml --time T [--points N] [--format table|json] [--plot FILE] [--auto-K] [--solver S]
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
                [--max-queue Q] [--cpu-devices K] [--progress] [--percentiles 50,90,99,99.9]
+jsmkt sensitivity SPEC.toml [--wrt lam,theta] [--metric NAME] [--format table|json] [--plot FILE]
 ```
 Every command also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`).
 Bad specifications give one error line on stderr and exit code 2.
@@ -883,6 +884,84 @@ def _common_options() -> argparse.ArgumentParser:
     return c
 
 
+_SERVICE_PARAMETRISATIONS = {"h2": "hyperexponential2", "coxian2": "coxian2"}  # [service] kinds with an scv key
+
+
+def _service_parametrisation(spec: dict[str, Any]):
+    """The two-moment constructor of the spec's `[service]` (its kind has `mean` and `scv` keys), else `None`."""
+    import jsmkt
+
+    service = spec.get("service")
+    kind = service.get("kind") if isinstance(service, dict) else None
+    return getattr(jsmkt, _SERVICE_PARAMETRISATIONS[kind]) if kind in _SERVICE_PARAMETRISATIONS else None
+
+
+def _plot_elasticities(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 0.8 + 0.35 * len(rows)))
+    names = [r["name"] for r in rows][::-1]
+    ax.barh(names, [r["elasticity"] for r in rows][::-1], color="0.35")
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_xlabel("elasticity (theta / M) dM/dtheta")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        raise SpecError(f"--plot={path}: cannot write the plot ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
+
+
+def _cmd_sensitivity(args) -> int:
+    import jsmkt
+
+    spec = load_spec(args.spec)
+    parsed = parse_spec(spec, where=args.spec)
+    wrt = None
+    if args.wrt is not None:
+        wrt = [w.strip() for w in args.wrt.split(",")]
+        if not all(wrt):
+            raise SpecError(f"--wrt={args.wrt!r}: give parameter names separated by commas, e.g. --wrt lam,theta")
+    if args.plot:
+        _check_plot_path(args.plot)
+    model = _build(parsed, args)
+    service = _service_parametrisation(spec)
+    if service is None and wrt is not None and "scv" in wrt and hasattr(model, "service"):
+        raise SpecError(f"--wrt scv: the [service] of {args.spec} has no scv key; derivatives with respect to the "
+                        f"SCV need kind = {' or '.join(map(repr, _SERVICE_PARAMETRISATIONS))} (the parametrisation "
+                        "they are taken through)")
+    s = jsmkt.sensitivity(model, args.metric, wrt, service=service)
+    rows = s.rows()
+    if args.plot:
+        _plot_elasticities(rows, args.plot, f"{family_of(model).describe(model)}\nelasticities of {s.metric}")
+    if args.format == "json":
+        out = {"variant": "sensitivity", "model": type(model).__name__, **family_of(model).parameters(model),
+               "K": model.K, **s.to_dict()}
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"jsmkt sensitivity: derivatives of {s.metric} at the mean-field fixed point")
+    print(_describe(model))
+    print(f"  {s.metric} = {float(s.value):.10g}")
+    print()
+    width = max(12, max(len(r["name"]) for r in rows) + 2)
+    header = f"d {s.metric} / d parameter"
+    dwidth = max(28, len(header) + 2)
+    print(f"  {'parameter':<{width}} {'value':<16} {header:<{dwidth}} elasticity")
+    for r in rows:
+        side = f" ({r['one_sided']})" if r["one_sided"] else ""
+        print(f"  {r['name']:<{width}} {r['value']:<16.10g} {format(r['derivative'], '.10g') + side:<{dwidth}} "
+              f"{r['elasticity']:.6g}")
+    if any(r["one_sided"] for r in rows):
+        print("  (right)/(left): one-sided derivative, a choice number at an integer (the randomised rule is "
+              "piecewise linear in d)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jsmkt", description="Mean-field solver and simulator for supermarket models.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -934,6 +1013,18 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--percentiles", type=_percentile_list, default=None, metavar="P,P,...",
                    help="percentiles of the sojourn (and waiting) time with 95%% CIs (default: 50,90,99)")
     m.set_defaults(func=_cmd_simulate)
+
+    n = sub.add_parser("sensitivity", parents=[common], help="derivatives and elasticities of a metric at the fixed point of a model "
+                       "spec (TOML) with respect to its parameters")
+    n.add_argument("spec", help="TOML model specification (see examples/)")
+    n.add_argument("--wrt", default=None, metavar="NAMES",
+                   help="parameters, separated by commas (e.g. lam,theta; default: all of the model's)")
+    n.add_argument("--metric", default="mean_sojourn_time",
+                   help="the metric differentiated (default: mean_sojourn_time; e.g. mean_queue_length, prob_wait, "
+                        "availability, mean_orbit_size, prob_blocked)")
+    n.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    n.add_argument("--plot", metavar="FILE", help="write a bar chart of the elasticities to FILE (png, pdf, svg)")
+    n.set_defaults(func=_cmd_sensitivity)
     return p
 
 

@@ -791,3 +791,50 @@ def test_jsq_bmap_spec_as_published_and_bad_entries(tmp_path, capsys):
                     'D = [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [-0.1, 0.35]]]\n')
     code, _, err = run(["solve", str(spec)], capsys)
     assert code == 2 and r"[arrivals]: D[1][1, 0]=-0.1 (rate of batches of 2" in err
+
+
+def test_sensitivity_prints_dET_dlam_of_the_jsq2_h2_example(tmp_path, capsys):
+    """`jsmkt sensitivity examples/jsq2_h2.toml --wrt lam`: dE[T]/dlam of JSQ(2) with H2 service (SCV 4) at lam = 0.9,
+    against central differences of solves; the table prints it, the JSON carries it; scv goes through the spec's h2
+    parametrisation; the plot is written."""
+    spec = str(EXAMPLES / "jsq2_h2.toml")
+    code, out, err = run(["sensitivity", spec, "--wrt", "lam,scv", "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["metric"] == "mean_sojourn_time" and res["lam"] == 0.9 and res["model"] == "JSQdPH"
+    dlam = res["parameters"]["lam"]["derivative"]
+
+    def ET(lam, scv=4.0):
+        m = jsmkt.JSQdPH(lam, jsmkt.hyperexponential2(1.0, scv), d=2, K=res["K"])
+        return float(jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m)))
+
+    h = 1e-5
+    assert dlam == pytest.approx((ET(0.9 + h) - ET(0.9 - h)) / (2 * h), rel=1e-6)
+    assert res["value"] == pytest.approx(ET(0.9), rel=1e-12)
+    assert res["parameters"]["scv"]["derivative"] == pytest.approx((ET(0.9, 4.0 + h) - ET(0.9, 4.0 - h)) / (2 * h),
+                                                                   rel=1e-6)
+    assert res["parameters"]["lam"]["elasticity"] == pytest.approx(dlam * 0.9 / res["value"], rel=1e-12)
+    plot = tmp_path / "elasticities.png"
+    code, out, err = run(["sensitivity", spec, "--wrt", "lam", "--plot", str(plot)], capsys)
+    assert code == 0 and plot.stat().st_size > 0, err
+    line = next(x for x in out.splitlines() if x.split()[:2] == ["lam", "0.9"])  # the table's row, not "lam = 0.9"
+    assert float(line.split()[2]) == pytest.approx(dlam, rel=1e-9)
+    assert "mean_sojourn_time = " in out and "d mean_sojourn_time / d parameter" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--wrt", "lam,theta"], "wrt='theta' is not a parameter of 'jsq-ph' models (JSQdPH); its parameters are lam, "
+                             "mean, d, scv"),
+    (["--wrt", "lam,"], "--wrt='lam,': give parameter names separated by commas"),
+    (["--metric", "orbit"], "metric='orbit' is not a metric jsmkt knows"),
+    (["--metric", "mean_orbit_size", "--wrt", "lam"], "mean_orbit_size is defined for retrial models"),
+])
+def test_sensitivity_bad_arguments(args, needle, capsys):
+    code, out, err = run(["sensitivity", str(EXAMPLES / "jsq2_h2.toml"), *args], capsys)
+    assert code == 2 and out == ""
+    assert err.strip() == f"jsmkt: error: {needle}" or (err.startswith("jsmkt: error: ") and needle in err), err
+
+
+def test_sensitivity_scv_needs_a_parametrised_service(capsys):
+    code, out, err = run(["sensitivity", str(EXAMPLES / "jsq2_erlang2.toml"), "--wrt", "scv"], capsys)
+    assert code == 2 and "the [service] of" in err and "has no scv key" in err and "'h2' or 'coxian2'" in err

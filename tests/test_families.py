@@ -4,7 +4,7 @@ here as soon as it is registered.
 - its hand-written fast paths (reduced coordinates, vector field, initial guess) equal the forms derived from its
   description, and so do the fixed points and gradients solved with either;
 - its declared Jacobian structure covers the sparsity of `jax.jacfwd`, and equals the detected one;
-- gradients through the fixed point agree with central differences;
+- sensitivities (`jsmkt.sensitivity`) with respect to each of its named parameters agree with central differences;
 - its simulator tables pass the engine's checks, and (slow) simulation agrees with the mean field.
 """
 
@@ -22,6 +22,7 @@ import jsmkt
 from jsmkt._models import description as D
 from jsmkt._models import structure as S
 from jsmkt._models.base import AbstractDescribedModel
+from jsmkt._sensitivity import _value_and_grad, parameter_value, parameters_of, simplex_leaves, with_parameter
 from jsmkt._spec import FAMILIES
 
 
@@ -87,34 +88,103 @@ def test_fixed_points_and_gradients_of_fast_and_derived_forms_agree(fam, name):
     derived = derived_only(model)
     fp, fpd = jsmkt.solve_fixed_point(model), jsmkt.solve_fixed_point(derived)
     np.testing.assert_allclose(np.ravel(fp.value), fpd.value, rtol=1e-12, atol=1e-15)
-    ET = lambda m: jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m))  # noqa: E731
-    assert float(ET(model)) == pytest.approx(float(ET(derived)), rel=1e-12)
-    for what, perturb in FAMILIES[fam].perturbations.items():
-        g = jax.grad(lambda h: ET(perturb(model, h)))(0.0)
-        gd = jax.grad(lambda h: ET(perturb(derived, h)))(0.0)
-        assert float(g) == pytest.approx(float(gd), rel=1e-10, abs=1e-12), what
+    # E[T] and its gradient with respect to every named parameter, in one compiled solve and adjoint per form
+    # (`jsmkt.sensitivity`'s own: the model's is shared with `test_sensitivities_agree_with_central_differences`).
+    params = parameters_of(model)
+    base = {what: parameter_value(p, model) for what, p in params.items()}
+    value, ok, g = _value_and_grad(model, params, jsmkt.mean_sojourn_time, base, {}, True)
+    valued, okd, gd = _value_and_grad(derived, params, jsmkt.mean_sojourn_time, base, {}, True)
+    assert bool(ok) and bool(okd)
+    assert float(value) == pytest.approx(float(valued), rel=1e-12)
+    for what in params:
+        for a, b in zip(jax.tree_util.tree_leaves(g[what]), jax.tree_util.tree_leaves(gd[what]), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=what)
 
 
-@pytest.mark.parametrize("fam, name", FIRST + [c for c in CASES if c not in FIRST and c[0] == "jsq-batch"])
-def test_gradients_agree_with_central_differences(fam, name):
+def _direction(model, what):
+    """A direction for parameter `what`: along every nonzero rate (unequal weights for vectors), mass from the first
+    entry of a probability vector to the second (none in a vector of one entry), +1 for a choice number."""
+    p = parameters_of(model)[what]
+    simplex = simplex_leaves(p, model)
+
+    def leaf(v, s):
+        v = np.asarray(v, dtype=float)
+        if s:
+            return np.zeros_like(v) if v.size < 2 else np.eye(v.size)[0] - np.eye(v.size)[1]
+        if not v.ndim:
+            return np.ones(())
+        u = np.linspace(1.0, 0.5, v.size).reshape(v.shape)
+        return np.where(v != 0, u, 0.0) if np.any(v != 0) else u  # rates at 0 (a BMAP's) stay: central differences
+
+    value = parameter_value(p, model)
+    if isinstance(value, tuple):
+        return tuple(leaf(v, s) for v, s in zip(value, simplex, strict=True))
+    return leaf(value, simplex)
+
+
+def moved(model, hs, target=None):
+    """`target` (default `model`) with each of `model`'s parameters `what` moved by `hs[what]` along
+    `_direction`."""
+    out = model if target is None else target
+    for what, (p, value, direction) in _moves(model, tuple(hs)).items():
+        out = with_parameter(p, out, jax.tree_util.tree_map(lambda v, u: v + hs[what] * u, value, direction))
+    return out
+
+
+def _moves(model, names):
+    """Per parameter: the `Parameter`, its value in `model` and `_direction` (concrete: computed outside any trace
+    and kept)."""
+    key = (id(model), frozenset(names))
+    if key not in _MOVES:
+        params = parameters_of(model)
+        _MOVES[key] = (model, {what: (params[what], jax.tree_util.tree_map(np.asarray, parameter_value(params[what],
+                                                                                                    model)),
+                                      _direction(model, what)) for what in names})
+    return _MOVES[key][1]
+
+
+_MOVES: dict = {}
+
+
+@pytest.mark.parametrize("fam, name", FIRST + [pytest.param(*c, marks=pytest.mark.slow) for c in CASES
+                                               if c not in FIRST and c[0] in ("jsq-batch", "repairable")])
+def test_sensitivities_agree_with_central_differences(fam, name):
+    """`jsmkt.sensitivity` with respect to every named parameter of the family (one solve and one adjoint for all),
+    against differences of solves along each parameter's direction: central,
+    or one-sided of second order where the derivative is (a choice number at an integer, whose randomised rule is
+    piecewise linear in d)."""
     model = _example(fam, name)
+    s = jsmkt.sensitivity(model, "mean_sojourn_time")
+    names = list(parameters_of(model))
+    assert set(s.derivatives) == set(names) and bool(s.ok)
+    h = 1e-5
+    side = {}
+    for what in names:
+        sides = {x for x in jax.tree_util.tree_leaves(s.one_sided[what]) if x}
+        assert len(sides) <= 1, (what, sides)
+        side[what] = 0.0 if not sides else 1.0 if sides == {"right"} else -1.0
+    steps = [{n: 0.0 for n in names}]
+    for what in names:  # central: -h, +h; one-sided (towards `side`): h, 2h
+        hs = (-h, h) if side[what] == 0 else (side[what] * h, 2 * side[what] * h)
+        steps += [{n: x if n == what else 0.0 for n in names} for x in hs]
 
-    def ET(m):
-        return jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m))
+    def ET(hs):  # concrete solves, all of one model structure (a fixed d read as the real d of its randomised rule)
+        m = moved(model, hs)
+        return float(jsmkt.mean_sojourn_time(m, jsmkt.solve_fixed_point(m)))
 
-    perturbations = FAMILIES[fam].perturbations
-
-    def perturbed(hs):
-        m = model
-        for what, perturb in perturbations.items():
-            m = perturb(m, hs[what])
-        return m
-
-    grads = jax.grad(lambda hs: ET(perturbed(hs)))({what: 0.0 for what in perturbations})  # one trace for all
-    for what, perturb in perturbations.items():
-        h = 1e-5
-        fd = (float(ET(perturb(model, h))) - float(ET(perturb(model, -h)))) / (2 * h)
-        assert float(grads[what]) == pytest.approx(fd, rel=1e-6, abs=1e-9), what
+    values = np.array([ET(st) for st in steps])
+    assert float(s.value) == pytest.approx(values[0], rel=1e-12)
+    for i, what in enumerate(names):
+        lo, hi = values[1 + 2 * i], values[2 + 2 * i]
+        fd = (hi - lo) / (2 * h) if side[what] == 0 else side[what] * (-3 * values[0] + 4 * lo - hi) / (2 * h)
+        u = _direction(model, what)
+        dd = sum(float(np.sum(np.asarray(g) * w)) for g, w in zip(jax.tree_util.tree_leaves(s.derivatives[what]),
+                                                                   jax.tree_util.tree_leaves(u), strict=True))
+        assert dd == pytest.approx(fd, rel=1e-6, abs=1e-9), what
+        # the elasticity is the derivative in units of the parameter and of the metric
+        for g, e, v in zip(*(jax.tree_util.tree_leaves(x) for x in (s.derivatives[what], s.elasticities[what],
+                                                                  s.parameters[what])), strict=True):
+            np.testing.assert_allclose(e, np.asarray(g) * np.asarray(v) / float(s.value), rtol=1e-12)
 
 
 @pytest.mark.parametrize("fam, name", CASES)

@@ -8,6 +8,7 @@ the PH-service paper; the paper's own formulas for $(\eta, \xi_1, \xi_2)$ serve 
 import math
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -311,3 +312,136 @@ def test_moments_beyond_float64_are_refused_naming_them(moments, clip):
 def test_moments_far_apart_but_representable_are_fitted():
     for m3 in (1e30, 1e100):
         np.testing.assert_allclose(jsmkt.fit_ph2_three_moments(1.0, 3.0, m3).moments(3), [1.0, 3.0, m3], rtol=1e-9)
+
+
+# --- fit_ph: gradient fits of PH(m) --------------------------------------------------------------------------------
+# Moment fits are checked against the Telek-Heindl closed form (order 2) and against the moments of random Coxian
+# targets (order 3, feasible by construction); maximum likelihood against the exponential's closed form and the
+# likelihood of the law that drew the samples; CDF fits against a target inside the fitted family. Every fit must be
+# a valid PH: `jsmkt.PH` validates concrete representations (sub-generator, probability vector, reachable exit), so a
+# fit that returns one is valid.
+
+
+def _assert_valid(S):
+    alpha, T = np.asarray(S.alpha), np.asarray(S.T)
+    jsmkt.PH(alpha, T)  # raises for an invalid representation
+    assert np.all(np.isfinite(np.asarray(S.moments(3))))
+
+
+@pytest.mark.parametrize("m", [(1.0, 1.7, 4.1), (0.5, 0.6, 1.2), (1.0, 3.0, 15.0), (3.0, 40.0, 2000.0)])
+def test_fit_ph_order_2_to_three_moments_is_the_telek_heindl_fit(m):
+    """Three moments determine an order-2 distribution: the gradient fit is the closed form's distribution."""
+    S = jsmkt.fit_ph(list(m), order=2, to="moments")
+    _assert_valid(S)
+    np.testing.assert_allclose(np.asarray(S.moments(3)), m, rtol=1e-8)
+    x = m[0] * jnp.array([0.1, 0.5, 1.0, 2.0, 5.0])
+    np.testing.assert_allclose(S.cdf(x), fit(*m).cdf(x), atol=1e-8)
+
+
+def test_fit_ph_hits_feasible_moments_of_random_coxians():
+    rng = np.random.default_rng(7)
+    for _ in range(4):
+        rates = np.exp(rng.normal(0.0, 1.0, 3))
+        target = jsmkt.coxian(rates, rng.uniform(0.1, 0.9, 2))
+        m = np.asarray(target.moments(3))
+        S = jsmkt.fit_ph(m, order=3, to="moments")
+        _assert_valid(S)
+        np.testing.assert_allclose(np.asarray(S.moments(3)), m, rtol=1e-8)
+
+
+@pytest.mark.slow
+def test_fit_ph_maximum_likelihood():
+    """Order 1: the exponential of rate 1/mean (the closed-form MLE). Order 2: a maximum of the likelihood over a
+    family that holds the law that drew the samples is at least as likely as that law."""
+    import jax.random as jr
+
+    x = np.asarray(jsmkt.exponential(2.0).sample(jr.PRNGKey(1), 400))
+    S = jsmkt.fit_ph(x, order=1, to="samples")
+    assert float(S.rate) == pytest.approx(1.0 / x.mean(), rel=1e-8)
+    truth = jsmkt.hyperexponential2(1.0, 4.0)
+    y = np.asarray(truth.sample(jr.PRNGKey(2), 400))
+    S = jsmkt.fit_ph(y, order=2, to="samples")
+    _assert_valid(S)
+    assert float(jnp.sum(jnp.log(S.pdf(y)))) >= float(jnp.sum(jnp.log(truth.pdf(y)))) - 1e-9
+
+
+def _lognormal_target(kind, scale, scv, seed):
+    import jax.random as jr
+
+    if kind == "moments":
+        sigma2 = math.log1p(scv)
+        return [scale**k * math.exp(k * (k - 1) * sigma2 / 2) for k in (1, 2, 3)]
+    L = jsmkt.lognormal(scale, scv)
+    return np.asarray(jax.vmap(L.sample)(jr.split(jr.PRNGKey(seed), 400)))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(scale=st.floats(-2.0, 2.0).map(lambda e: 10.0**e), scv=st.floats(0.2, 20.0), seed=st.integers(0, 2**20))
+def test_fit_ph_to_moments_always_returns_a_valid_ph(scale, scv, seed):
+    """Any lognormal's moments, feasible for PH(2) or not (an SCV below 1/2 is not): the fit is a valid PH(2) with
+    the target's mean."""
+    import jax.random as jr
+
+    S = jsmkt.fit_ph(_lognormal_target("moments", scale, scv, seed), order=2, to="moments", starts=2,
+                     key=jr.PRNGKey(seed))
+    assert S.order == 2
+    _assert_valid(S)
+    assert float(S.mean) == pytest.approx(scale, rel=1e-10)  # the mean is matched by scaling
+
+
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None, derandomize=True, database=None)
+@given(scale=st.floats(-2.0, 2.0).map(lambda e: 10.0**e), scv=st.floats(0.2, 20.0), seed=st.integers(0, 2**20),
+       structure=st.sampled_from(["coxian", "general"]))
+def test_fit_ph_to_samples_always_returns_a_valid_ph(scale, scv, seed, structure):
+    import jax.random as jr
+
+    S = jsmkt.fit_ph(_lognormal_target("samples", scale, scv, seed), order=2, to="samples", starts=2,
+                     structure=structure, key=jr.PRNGKey(seed))
+    assert S.order == 2
+    _assert_valid(S)
+
+
+@pytest.mark.slow
+def test_fit_ph_to_distributions():
+    """CDF fits: a PH(2) target is recovered at order 2; lognormal, Weibull, Pareto and deterministic targets at
+    orders 2..4 give valid PH whose mean is the target's, and a longer PH fits no worse."""
+    import scipy.stats
+
+    target = jsmkt.coxian([2.5, 0.7], [0.6])
+    S = jsmkt.fit_ph(target, order=2)
+    x = jnp.linspace(0.0, 8.0, 41)
+    np.testing.assert_allclose(S.cdf(x), target.cdf(x), atol=1e-6)
+    weibull = scipy.stats.weibull_min(0.6)
+    pareto = scipy.stats.pareto(2.5)
+    laws = {"lognormal": (jsmkt.lognormal(1.0, 4.0), None), "deterministic": (jsmkt.deterministic(2.0), None),
+            "weibull": (weibull.cdf, float(weibull.mean())), "pareto": (pareto.cdf, float(pareto.mean()))}
+    from jsmkt._distributions.fit import cdf_grid
+
+    xs, w = cdf_grid()
+    for name, (law, mean) in laws.items():
+        m = mean if mean is not None else law.mean
+        F = np.asarray(law.cdf(xs * m) if mean is None else law(xs * m))
+        distances = []
+        for order in (2, 3, 4):
+            S = jsmkt.fit_ph(law, order=order, mean=mean)
+            _assert_valid(S)
+            assert float(S.mean) == pytest.approx(m, rel=1e-9), name
+            distances.append(float(jnp.sum(w * (S.cdf(xs * m) - F) ** 2)))
+        assert distances[2] <= distances[0] * (1 + 1e-6) + 1e-12, (name, distances)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(structure=st.sampled_from(["coxian", "general"]), order=st.integers(1, 4), seed=st.integers(0, 2**20),
+       spread=st.floats(0.1, 40.0))
+def test_every_unconstrained_point_is_a_valid_ph(structure, order, seed, spread):
+    """The fits' parametrisations (`jsmkt._distributions.param`): any real parameters, far out included, give a
+    valid PH (`jsmkt.PH` validates the concrete representation)."""
+    from jsmkt._distributions.param import ph_arrays, random_params
+
+    rng = np.random.default_rng(seed)
+    shapes = {k: np.shape(v) for k, v in random_params(structure, order, rng).items()}
+    params = {k: jnp.asarray(rng.normal(0.0, spread, shape)) for k, shape in shapes.items()}
+    alpha, T = ph_arrays(params)
+    S = jsmkt.PH(np.asarray(alpha), np.asarray(T))
+    assert S.order == order and np.isfinite(float(S.mean))

@@ -210,6 +210,7 @@ def _laws_are_consistent(model, fp):
     model2 = jsmkt.JSQdClasses([0.4, 0.2], d=[1, 3], batch_sizes=[None, jnp.array([0.5, 0.5])],
                                service=model.service, helper_rates=model.helper_rates, f=[2], K=model.K)
     fp2 = jsmkt.solve_fixed_point(model2, auto_K=True)
+    model2 = fp2.model
     rates = np.asarray(model2.class_arrival_rates)
     xs = jnp.array([0.5, 1.0, 3.0])
     per = [jsmkt.sojourn_time_distribution(model2, fp2, stream=f"class {j + 1} arrival") for j in range(2)]

@@ -4,6 +4,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg as jsl
 import numpy as np
 
 from .ph import PH
@@ -245,3 +246,222 @@ def _closed_form(m1: float, n2: float, n3: float):
     if not all(math.isfinite(f) and abs(f - w) <= 1e-6 * w for f, w in zip(fitted, want)):
         raise ArithmeticError
     return ph, n2, n3
+
+
+# --- gradient fits of PH(m) ----------------------------------------------------------------------------------------
+
+FIT_TARGETS = ("moments", "samples", "distribution")
+# The CDF distance is taken on one grid (in units of the target's mean) for every target: _PIECES pieces [0, 1/8],
+# [1/8, 1/4], [1/4, 1/2], ... (widths doubling from the second on, up to 2^(_PIECES - 4) means), _STEPS equal steps
+# each. The step doubles with the piece, so the PH's survival function there takes one matrix exponential (for the
+# first step), a squaring per piece and a vector-matrix product per point.
+_PIECES = 24
+_STEPS = 32
+_FIRST_EDGE = 0.125
+_EXACT = 1e-22  # a moment fit whose squared log-residuals sum below this is exact: no further start is tried
+
+
+def _moment_loss(params, target):
+    """Squared log-ratios of the normalised moments $E[S^k]/E[S]^k$, $k \\ge 2$, to the target's (the mean is
+    matched by scaling)."""
+    from .param import ph_arrays
+
+    alpha, T = ph_arrays(params)
+    v, ms = jnp.ones(alpha.shape[0]), []
+    for k in range(1, target.shape[0] + 2):
+        v = jnp.linalg.solve(-T, v)
+        ms.append(math.factorial(k) * (alpha @ v))
+    ms = jnp.stack(ms)
+    n = ms[1:] / ms[0] ** jnp.arange(2, target.shape[0] + 2, dtype=ms.dtype)
+    return jnp.sum((jnp.log(n) - jnp.log(target)) ** 2)
+
+
+def _likelihood_loss(params, x):
+    """Minus the mean log-density of the samples `x` (in units of their mean)."""
+    from .param import ph_arrays
+
+    alpha, T = ph_arrays(params)
+    return -jnp.mean(jnp.log(PH(alpha, T).pdf(x)))
+
+
+def cdf_grid() -> tuple[np.ndarray, np.ndarray]:
+    """`(x, w)`: the points of the CDF distance and their trapezoid weights, in units of the target's mean."""
+    edges = np.concatenate([[0.0], _FIRST_EDGE * 2.0 ** np.arange(_PIECES)])
+    steps = np.arange(1, _STEPS + 1) / _STEPS
+    x = np.concatenate([[0.0], (edges[:-1, None] + np.diff(edges)[:, None] * steps[None, :]).ravel()])
+    w = np.zeros_like(x)
+    dx = np.diff(x)
+    w[:-1] += dx / 2
+    w[1:] += dx / 2
+    return x, w
+
+
+def survival_on_grid(alpha, T):
+    r"""$\alpha e^{Tx}\mathbf 1$ at the points $x$ of `cdf_grid` (the time unit of `T` being the target's mean)."""
+    E = jsl.expm(T * (_FIRST_EDGE / _STEPS))
+
+    def piece(carry, p):
+        v, E = carry
+
+        def step(v, _):
+            v = v @ E
+            return v, jnp.sum(v)
+
+        v, s = jax.lax.scan(step, v, None, length=_STEPS)
+        return (v, jnp.where(p >= 1, E @ E, E)), s
+
+    _, s = jax.lax.scan(piece, (alpha, E), jnp.arange(_PIECES))
+    return jnp.concatenate([jnp.sum(alpha)[None], s.ravel()])
+
+
+def _cdf_loss(params, w, F, match_mean):
+    r"""$\int (F_{PH} - F)^2\,dx$ by the trapezoid weights `w` on `cdf_grid` (in units of the target's mean); with
+    `match_mean` the PH is first scaled to mean 1."""
+    from .param import ph_arrays
+
+    alpha, T = ph_arrays(params)
+    if match_mean:
+        T = T * (alpha @ jnp.linalg.solve(-T, jnp.ones(alpha.shape[0])))
+    return jnp.sum(w * (1.0 - survival_on_grid(alpha, T) - F) ** 2)
+
+
+def _distribution_target(target, mean):
+    """`(cdf, mean)` of a distribution target: a `jsmkt.PH` or a `GeneralService` with a `cdf` (`lognormal`,
+    `deterministic`), or a function `cdf(x)` with `mean` given."""
+    if callable(getattr(target, "cdf", None)):
+        cdf = target.cdf
+        m = float(target.mean) if mean is None else mean
+    elif callable(target):
+        cdf, m = target, mean
+    else:
+        raise ValueError(f"target={target!r} is not a distribution: give a jsmkt.PH, a service with a cdf "
+                         "(jsmkt.lognormal, jsmkt.deterministic) or a function cdf(x) (with mean=...), or set "
+                         "to='moments' / to='samples' for an array")
+    if m is None:
+        raise ValueError("mean=None: a target given as a CDF function needs its mean (mean=...), which the fit "
+                         "matches and in which it measures time")
+    if not (math.isfinite(m) and m > 0):
+        raise ValueError(f"mean={m!r} must be a finite positive number (the target's mean)")
+    return lambda x: np.asarray(cdf(np.asarray(x, dtype=float)), dtype=float), m
+
+
+def fit_ph(target, order: int = 2, *, to: str | None = None, structure: str = "coxian", mean: float | None = None,
+           match_mean: bool = True, optimiser=None, steps: int = 400, starts: int = 4, key=None,
+           progress: bool = False) -> PH:
+    r"""Fit a PH distribution of order `order` by gradient descent (optax) on an unconstrained parametrisation that
+    always gives a valid PH (`jsmkt._distributions.param`: a Coxian with softplus rates and sigmoid continuations,
+    or a general PH with a softmax initial vector).
+
+    **Targets** (`to`):
+
+    - `"moments"`: `target` is a sequence of raw moments $E[S], E[S^2], \dots$. The mean is matched exactly (the
+      PH is scaled to it); the others by least squares on the logarithms of $E[S^k]/E[S]^k$, so a feasible target
+      is hit to rounding, an infeasible one (e.g. an SCV below $1/m$) as nearly as order `m` allows.
+    - `"samples"`: `target` is a 1-d array of positive samples: maximum likelihood.
+    - `"distribution"` (the default when `target` is not an array): `target` is a `jsmkt.PH`, a service with a
+      CDF (`jsmkt.lognormal`, `jsmkt.deterministic`) or a function `cdf(x)` (then give `mean`, e.g. a Weibull or
+      a Pareto law). The fit minimises $\int_0^\infty (F_{PH}(x) - F(x))^2\,dx$ (trapezoid rule on a grid of
+      pieces of doubling width, [0, 1/8], [1/8, 1/4], ... up to $10^6$ means, 32 steps each), with the mean
+      matched exactly when `match_mean`.
+
+    **Other arguments:**
+
+    - `order`: the number of phases $m \ge 1$.
+    - `structure`: `"coxian"` (acyclic; every acyclic PH(m) and every PH(2) has such a form) or `"general"`.
+    - `optimiser`, `steps`: the optax optimiser (default `optax.lbfgs()`, with its line search) and the most steps
+      of each start.
+    - `starts`: how many starting points are tried (an Erlang-like one, a hyperexponential-like one, then random
+      ones from `key`); a moment fit stops at the first that hits its target.
+    - `progress`: log lines of the optimisation (`jsmkt.optimise`).
+
+    **Returns:** a `jsmkt.PH` of order `order`, valid by construction (and checked as every concrete `PH` is).
+
+    **Raises:** `ValueError` for a target or an argument that cannot be used, naming it.
+
+    !!! example
+
+        ```python
+        S = jsmkt.fit_ph([1.0, 3.0, 15.0], order=2, to="moments")   # the Telek-Heindl PH(2) again
+        L = jsmkt.fit_ph(jsmkt.lognormal(1.0, 2.0), order=4)         # CDF distance, mean 1 matched
+        ```
+    """
+    import jax.random as jr
+    import optax
+
+    from .._optimise import optimise
+    from .param import STRUCTURES, erlang_like_params, hyper_like_params, ph_arrays, random_params
+
+    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order < 1:
+        raise ValueError(f"order={order!r} must be a positive integer (the number of phases)")
+    order = int(order)
+    if structure not in STRUCTURES:
+        raise ValueError(f"structure={structure!r} is not one of {', '.join(map(repr, STRUCTURES))}")
+    if isinstance(starts, bool) or not isinstance(starts, int) or starts < 1:
+        raise ValueError(f"starts={starts!r} must be a positive integer")
+    array_like = isinstance(target, (list, tuple, np.ndarray, jax.Array))
+    if to is None:
+        if array_like:
+            raise ValueError("target is an array: say whether it holds moments or samples (to='moments' or "
+                             "to='samples')")
+        to = "distribution"
+    if to not in FIT_TARGETS:
+        raise ValueError(f"to={to!r} is not one of {', '.join(map(repr, FIT_TARGETS))}")
+
+    if to == "moments":
+        t = np.asarray(target, dtype=float).ravel() if array_like else None
+        if t is None or t.size < 1 or not np.all(np.isfinite(t)) or not np.all(t > 0):
+            raise ValueError(f"target={target!r} must be a non-empty sequence of finite positive raw moments "
+                             "E[S], E[S^2], ...")
+        scale = float(t[0])
+        data = (jnp.asarray(t[1:] / scale ** np.arange(2, t.size + 1)),)
+        loss_fn = _moment_loss
+    elif to == "samples":
+        x = np.asarray(target, dtype=float).ravel() if array_like else None
+        if x is None or x.size < 2 or not np.all(np.isfinite(x)) or not np.all(x > 0):
+            raise ValueError("target must hold at least two finite positive samples for to='samples'")
+        scale = float(np.mean(x))
+        data = (jnp.asarray(x / scale),)
+        loss_fn = _likelihood_loss
+    else:
+        cdf, scale = _distribution_target(target, mean)
+        xs, w = cdf_grid()
+        data = (jnp.asarray(w), jnp.asarray(cdf(xs * scale)), bool(match_mean))
+        loss_fn = _cdf_loss
+
+    seed = int(np.asarray(jr.randint(key if key is not None else jr.PRNGKey(0), (), 0, 2**31 - 1)))
+    rng = np.random.default_rng(seed)
+    inits = [erlang_like_params(structure, order), hyper_like_params(structure, order)]
+    while len(inits) < starts:
+        inits.append(random_params(structure, order, rng))
+    tx = optimiser if optimiser is not None else _default_optimiser()
+    best = None
+    for i, init in enumerate(inits[:starts]):
+        res = optimise(loss_fn, init, tx, steps=steps, args=data, rtol=0.0, atol=0.0 if to == "moments" else 1e-15,
+                       patience=5, progress=progress, name=f"fit_ph start {i + 1}/{starts}",
+                       callback=_stop_when_exact if to == "moments" else None)
+        if best is None or float(res.loss) < float(best.loss):
+            best = res
+        if to == "moments" and float(best.loss) < _EXACT:
+            break
+    alpha, T = (np.asarray(a) for a in ph_arrays(best.params))
+    S = PH(alpha, T)
+    if to != "samples" and (to == "moments" or match_mean):
+        T = T * float(S.mean)  # mean exactly 1
+    return PH(alpha, T / scale)
+
+
+def _stop_when_exact(step, params, loss, aux) -> bool:
+    del step, params, aux
+    return loss < _EXACT
+
+
+_OPTIMISERS: dict = {}
+
+
+def _default_optimiser():
+    """One `optax.lbfgs()` for every fit (so that the compiled step of a loss is reused)."""
+    import optax
+
+    if "lbfgs" not in _OPTIMISERS:
+        _OPTIMISERS["lbfgs"] = optax.lbfgs()
+    return _OPTIMISERS["lbfgs"]

@@ -26,6 +26,8 @@ class GeneralService:
     - `mean`: its mean $E[S] > 0$ (used for the load check $\lambda E[S] < 1$ and to size the sojourn-time
       histogram).
     - `scv`: its squared coefficient of variation, if known; only used to choose a default `max_queue`.
+    - `cdf`: its distribution function `cdf(x)` (NumPy arrays in and out), if known; `jsmkt.fit_ph` fits a PH to
+      it.
 
     The sampler is part of the compiled program: pass the same function object again to reuse the compilation.
 
@@ -37,7 +39,8 @@ class GeneralService:
         ```
     """
 
-    def __init__(self, sampler: Callable[[PRNGKeyArray], Float[Array, ""]], mean: float, *, scv: float = 1.0):
+    def __init__(self, sampler: Callable[[PRNGKeyArray], Float[Array, ""]], mean: float, *, scv: float = 1.0,
+                 cdf: Callable | None = None):
         if not callable(sampler):
             raise ValueError(f"sampler={sampler!r} must be a function key -> service time")
         mean, scv = _real("mean", mean), _real("scv", scv)
@@ -45,9 +48,12 @@ class GeneralService:
             raise ValueError(f"mean={mean!r} must be a positive, finite mean service time")
         if not (math.isfinite(scv) and scv >= 0):
             raise ValueError(f"scv={scv!r} must be a non-negative, finite squared coefficient of variation")
+        if cdf is not None and not callable(cdf):
+            raise ValueError(f"cdf={cdf!r} must be a function x -> P(S <= x)")
         self.sampler = sampler
         self.mean = mean
         self.scv = scv
+        self.cdf = cdf
 
     def sample(self, key: PRNGKeyArray) -> Float[Array, ""]:
         """One service time."""
@@ -98,7 +104,8 @@ def deterministic(mean: float = 1.0) -> GeneralService:
     mean = _real("mean", mean)
     if not (math.isfinite(mean) and mean > 0):
         raise ValueError(f"mean={mean!r} must be a positive, finite service time")
-    return GeneralService(_deterministic_sampler(mean), mean, scv=0.0)
+    return GeneralService(_deterministic_sampler(mean), mean, scv=0.0,
+                          cdf=functools.partial(_deterministic_cdf, mean))
 
 
 def lognormal(mean: float = 1.0, scv: float = 1.0) -> GeneralService:
@@ -111,4 +118,17 @@ def lognormal(mean: float = 1.0, scv: float = 1.0) -> GeneralService:
         raise ValueError(f"scv={scv!r} must be positive and finite (use deterministic() for scv=0)")
     sigma2 = math.log1p(scv)
     mu = math.log(mean) - 0.5 * sigma2
-    return GeneralService(_lognormal_sampler(mu, math.sqrt(sigma2)), mean, scv=scv)
+    return GeneralService(_lognormal_sampler(mu, math.sqrt(sigma2)), mean, scv=scv,
+                          cdf=functools.partial(_lognormal_cdf, mu, math.sqrt(sigma2)))
+
+
+def _deterministic_cdf(value: float, x) -> np.ndarray:
+    return (np.asarray(x, dtype=float) >= value).astype(float)
+
+
+def _lognormal_cdf(mu: float, sigma: float, x) -> np.ndarray:
+    import scipy.special
+
+    x = np.asarray(x, dtype=float)
+    with np.errstate(divide="ignore"):
+        return np.where(x > 0, scipy.special.ndtr((np.log(np.maximum(x, 0.0)) - mu) / sigma), 0.0)
