@@ -1,24 +1,59 @@
 import os
 import pathlib
+import subprocess
+import sys
+
+
+# XLA flags that make CPU compilation faster: the elemental IR emitters instead of the fusion emitters and one LLVM
+# module per kernel instead of several compiled on threads (the kernels run about as fast), and optimisation level
+# 0 (they run about twice as slowly). A new model shape's solve then compiles in about a quarter of the CPU time
+# (`benchmarks/compile_flags.py`). The slow suite, whose simulations run long, leaves the optimisation level alone.
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+                      "--xla_cpu_parallel_codegen_split_count=1")
+RUNTIME_FLAGS = ("--xla_backend_optimization_level",)  # left out for `-m slow`
+
+
+def _accepted(flags: list[str]) -> bool:
+    """Whether this jaxlib's XLA knows `flags`: XLA aborts a process on an unknown flag, so a small JAX program
+    runs with them in a subprocess first."""
+    env = {**os.environ, "XLA_FLAGS": " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip(),
+           "JAX_PLATFORMS": "cpu"}
+    try:
+        run = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(2).block_until_ready()"],
+                             env=env, capture_output=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return run.returncode == 0
+
+
+def pytest_configure(config):
+    """Compilation dominates the suite, so the tests compile for speed of compilation: `FAST_COMPILE_FLAGS`, each
+    only where this jaxlib knows it, checked once in the first pytest process (before JAX starts its backend;
+    xdist's workers inherit the environment). Flags the caller put in `XLA_FLAGS` win;
+    `JSMKT_TEST_XLA_OPT=default` keeps XLA's own settings."""
+    if os.environ.get("JSMKT_TEST_XLA_OPT", "0") == "default" or os.environ.get("JSMKT_TEST_XLA_CHECKED"):
+        return
+    current = os.environ.get("XLA_FLAGS", "")
+    slow = (config.getoption("markexpr", "") or "").strip() == "slow"
+    flags = [f for f in FAST_COMPILE_FLAGS if f.split("=")[0] not in current
+             and not (slow and f.split("=")[0] in RUNTIME_FLAGS)]
+    if flags and not _accepted(flags):
+        flags = [f for f in flags if _accepted([f])]
+    os.environ["XLA_FLAGS"] = " ".join([current, *flags]).strip()
+    os.environ["JSMKT_TEST_XLA_CHECKED"] = "1"
 
 
 def _test_compiler_settings():
-    """Compilation dominates the suite, so the tests compile for speed of compilation: XLA's CPU backend at
-    optimisation level 0 (about a third less CPU time; the kernels run slower, which the tests do not measure), and
-    JAX's persistent compilation cache, so that a function compiled again after `jax.clear_caches` (below), or by
-    the slow suite after the default one, is read back instead. Each pytest-xdist worker has a cache of its own
-    (no two processes write one entry). `JSMKT_TEST_JAX_CACHE` moves the caches (`off`: none);
-    `JSMKT_TEST_XLA_OPT=default` keeps XLA's own optimisation level."""
-    if os.environ.get("JSMKT_TEST_XLA_OPT", "0") != "default" and "xla_backend_optimization_level" not in \
-            os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+    """JAX's persistent compilation cache, so that a function compiled again after `jax.clear_caches` (below), or
+    by the slow suite after the default one, is read back instead. Each pytest-xdist worker has a cache of its own
+    (no two processes write one entry). `JSMKT_TEST_JAX_CACHE` moves the caches (`off`: none)."""
     root = os.environ.get("JSMKT_TEST_JAX_CACHE", str(pathlib.Path(__file__).resolve().parents[1] / ".cache" / "jax"))
     if root.lower() in ("off", "0", "none", ""):
         return None
     return pathlib.Path(root) / os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 
-_CACHE = _test_compiler_settings()  # before JAX starts its backend
+_CACHE = _test_compiler_settings()
 
 import jax  # noqa: E402
 import jax.random as jr  # noqa: E402
