@@ -3,6 +3,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 
 # XLA flags that make CPU compilation faster: the elemental IR emitters instead of the fusion emitters and one LLVM
 # module per kernel instead of several compiled on threads (the kernels run about as fast), and optimisation level
@@ -39,8 +41,28 @@ def pytest_configure(config):
              and not (slow and f.split("=")[0] in RUNTIME_FLAGS)]
     if flags and not _accepted(flags):
         flags = [f for f in flags if _accepted([f])]
+    os.environ["JSMKT_TEST_XLA_CALLER_FLAGS"] = current  # for `default_xla` tests
     os.environ["XLA_FLAGS"] = " ".join([current, *flags]).strip()
     os.environ["JSMKT_TEST_XLA_CHECKED"] = "1"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test marked `default_xla` checks what XLA's default code generation makes of a program (a performance
+    guard), which the fast-compile flags change: where they are on, it runs in a pytest subprocess without them."""
+    if pyfuncitem.get_closest_marker("default_xla") is None or "JSMKT_TEST_XLA_CALLER_FLAGS" not in os.environ \
+            or os.environ["XLA_FLAGS"] == os.environ["JSMKT_TEST_XLA_CALLER_FLAGS"]:
+        return None
+    env = {k: v for k, v in os.environ.items() if k not in ("JSMKT_TEST_XLA_CALLER_FLAGS", "PYTEST_XDIST_WORKER")}
+    env.update(XLA_FLAGS=os.environ["JSMKT_TEST_XLA_CALLER_FLAGS"], JSMKT_TEST_XLA_CHECKED="1",
+               JSMKT_TEST_JAX_CACHE="off")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-m", "",
+                          pyfuncitem.nodeid], env=env, capture_output=True, text=True,
+                         cwd=str(pyfuncitem.config.rootpath))
+    if run.returncode != 0:
+        pytest.fail(f"{pyfuncitem.nodeid}, run with XLA's default flags in a subprocess, failed:\n"
+                    f"{run.stdout[-4000:]}{run.stderr[-2000:]}", pytrace=False)
+    return True
 
 
 def _test_compiler_settings():
@@ -57,7 +79,6 @@ _CACHE = _test_compiler_settings()
 
 import jax  # noqa: E402
 import jax.random as jr  # noqa: E402
-import pytest  # noqa: E402
 
 import jsmkt  # noqa: E402, F401  (enables float64)
 from jsmkt import _maps  # noqa: E402

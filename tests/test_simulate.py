@@ -399,6 +399,7 @@ def test_event_loop_does_not_copy_buffers(engine):
     assert not loop_copies, loop_copies
 
 
+@pytest.mark.default_xla
 @cpu_only
 @pytest.mark.parametrize("m", [1, 8])
 def test_sequential_event_loop_is_one_kernel(m):
@@ -410,6 +411,7 @@ def test_sequential_event_loop_is_one_kernel(m):
     assert 'xla_cpu_small_call="true"' in _run_hlo(cfg)
 
 
+@pytest.mark.default_xla
 @cpu_only
 def test_sequential_general_event_loops_are_kernels():
     """Performance guard: the general-service engine's two event loops (arrivals with the completions they reveal,

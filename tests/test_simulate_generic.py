@@ -362,6 +362,7 @@ def _run_hlo(tables, max_d_replace=True, sequential=True) -> str:
     return run.lower(params, states, jnp.asarray(1.0)).compile().as_text()
 
 
+@pytest.mark.default_xla
 @cpu_only
 def test_event_loop_is_one_kernel():
     """Performance guard: XLA compiles the generic engine's event loop into a single kernel (a "small call") for

@@ -386,7 +386,6 @@ def fit_ph(target, order: int = 2, *, to: str | None = None, structure: str = "c
         ```
     """
     import jax.random as jr
-    import optax
 
     from .._optimise import optimise
     from .param import STRUCTURES, erlang_like_params, hyper_like_params, ph_arrays, random_params
