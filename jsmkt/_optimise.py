@@ -68,6 +68,13 @@ def _with_extra_args(tx: optax.GradientTransformation) -> optax.GradientTransfor
     return out
 
 
+def _strong(tree: PyTree) -> PyTree:
+    """`tree` with its arrays strongly typed. Python scalars give weakly typed arrays (in the start point, and in
+    an optimiser's initial state), and `_step` returns them strongly typed: each change of type would compile the
+    step again, once per step until every leaf has changed."""
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=x.dtype) if eqx.is_array(x) else x, tree)
+
+
 @eqx.filter_jit
 def _step(loss, tx, has_aux, trainable, frozen, opt_state, args):
     """One evaluation of the loss and its gradient at `trainable`, and the optimiser's update from there."""
@@ -159,12 +166,12 @@ def optimise(
     if not isinstance(optimiser, optax.GradientTransformation):
         raise ValueError(f"optimiser={optimiser!r} must be an optax GradientTransformation (e.g. optax.adam(1e-2))")
     tx = _with_extra_args(optimiser)
-    trainable, frozen = eqx.partition(params, filter_spec)
+    trainable, frozen = eqx.partition(_strong(params), filter_spec)
     if not jax.tree_util.tree_leaves(trainable):
         raise ValueError("filter_spec selects no leaf of params to train: give floating-point arrays, or a "
                          "filter_spec that selects some")
     with jax.numpy_dtype_promotion("standard"):
-        opt_state = tx.init(trainable)
+        opt_state = _strong(tx.init(trainable))
 
     history: list[float] = []
     best = (math.inf, trainable, None, 0)

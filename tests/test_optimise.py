@@ -28,6 +28,19 @@ def test_optimise_converges_keeps_frozen_leaves_and_the_history():
     assert float(res.loss) == float(jnp.min(res.history)) and float(res.aux) == pytest.approx(2.0, abs=1e-4)
 
 
+def test_the_step_compiles_once():
+    """A start from Python scalars (weakly typed arrays) and L-BFGS, whose state starts weakly typed too: one
+    compilation of the step for the whole run. Each leaf that turned strongly typed after an update used to compile
+    the step again (three times for `optimise_repair`, most of its time)."""
+    from jsmkt import _optimise
+
+    loss = lambda p: (p["x"] - 1.0) ** 2 + p["y"] ** 4  # noqa: E731
+    before = _optimise._step._cached._cache_size()
+    res = jsmkt.optimise(loss, {"x": jnp.asarray(0.3), "y": jnp.asarray(0.2)}, optax.lbfgs(), steps=6, rtol=0.0,
+                         progress=False)
+    assert res.steps == 6 and _optimise._step._cached._cache_size() == before + 1
+
+
 def test_ctrl_c_stops_cleanly_with_the_best_point_so_far(capsys):
     """A KeyboardInterrupt (here raised by the callback, as Ctrl-C would be) ends the loop: the result holds the
     best point met, and a last log line says why it stopped."""
