@@ -419,3 +419,10 @@ def plot_style() -> None:
             "pdf.fonttype": 42,
         }
     )
+
+
+def save_figure(fig, out: Path, name: str) -> None:
+    """Write `fig` to `out` as `name.pdf` and `name.png`, and say so."""
+    for ext in ("pdf", "png"):
+        fig.savefig(out / f"{name}.{ext}")
+    print(f"wrote {out / (name + '.pdf')} and {out / (name + '.png')}")

@@ -67,9 +67,7 @@ def main(argv=None) -> int:
     grid = _common.read_csv(out / "grid.csv")
     _common.plot_style()
     fig = figure(rows, grid)
-    for ext in ("pdf", "png"):
-        fig.savefig(out / f"choice.{ext}")
-    print(f"wrote {out / 'choice.pdf'} and {out / 'choice.png'}")
+    _common.save_figure(fig, out, "choice")
     return 0
 
 

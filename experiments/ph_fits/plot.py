@@ -58,9 +58,7 @@ def main(argv=None) -> int:
     data = _common.read_json(_common.require_input(out / "ph_fits.json", "ph_fits/compute.py", args.quick, args.out))
     _common.plot_style()
     fig = figure(data)
-    for ext in ("pdf", "png"):
-        fig.savefig(out / f"ph_fits.{ext}")
-    print(f"wrote {out / 'ph_fits.pdf'} and {out / 'ph_fits.png'}")
+    _common.save_figure(fig, out, "ph_fits")
     return 0
 
 

@@ -55,9 +55,7 @@ def main(argv=None) -> int:
     rows = _common.read_csv(_common.require_input(out / "repair.csv", "repair/compute.py", args.quick, args.out))
     _common.plot_style()
     fig = figure(rows)
-    for ext in ("pdf", "png"):
-        fig.savefig(out / f"repair.{ext}")
-    print(f"wrote {out / 'repair.pdf'} and {out / 'repair.png'}")
+    _common.save_figure(fig, out, "repair")
     return 0
 
 

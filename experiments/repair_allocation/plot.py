@@ -56,9 +56,7 @@ def main(argv=None) -> int:
     grid = _common.read_csv(out / "grid.csv")
     _common.plot_style()
     fig = figure(rows, grid)
-    for ext in ("pdf", "png"):
-        fig.savefig(out / f"repair_allocation.{ext}")
-    print(f"wrote {out / 'repair_allocation.pdf'} and {out / 'repair_allocation.png'}")
+    _common.save_figure(fig, out, "repair_allocation")
     return 0
 
 

@@ -64,9 +64,7 @@ def main(argv=None) -> int:
     sims = _common.read_csv(out / "simulation.csv")
     _common.plot_style()
     fig = figure(rows, sims)
-    for ext in ("pdf", "png"):
-        fig.savefig(out / f"retrial.{ext}")
-    print(f"wrote {out / 'retrial.pdf'} and {out / 'retrial.png'}")
+    _common.save_figure(fig, out, "retrial")
     return 0
 
 
