@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/batch_solve.py
 	$(BIN)/python benchmarks/sojourn.py
 	$(BIN)/python benchmarks/cli.py --profile
+	$(BIN)/python benchmarks/compile_flags.py
 
 experiments: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py
