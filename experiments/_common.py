@@ -133,6 +133,10 @@ class Clock:
     def cpu(self) -> float:
         return time.process_time() - self.cpu0
 
+    def runtime(self, **extra: float) -> dict[str, float]:
+        """The run metadata's `runtime` record: `wall_s`, `cpu_s` and any `extra` timings."""
+        return {"wall_s": self.wall(), "cpu_s": self.cpu(), **extra}
+
 
 # --- writing ----------------------------------------------------------------------------------------------------
 

@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     _common.write_csv(out / "choice.csv", [{**r, "law": str(r["law"])} for r in rows])
     _common.write_csv(out / "grid.csv", grid_rows)
     meta = _common.run_metadata(NAME, p, quick=args.quick)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_json(out / "choice.json", {"metadata": meta, "rows": rows, "convexity": checks})
     (out / "summary.md").write_text(summary(rows, checks, p))
     print((out / "summary.md").read_text())

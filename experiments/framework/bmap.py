@@ -156,7 +156,7 @@ def main(argv=None):
                                                    "d": list(ds), "work": work, "warmups": warmups,
                                                    "max_queue": max_queue, "replications": reps},
                                 quick=args.quick)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_json(out / "bmap.json", {"meta": meta, "forms": forms, "fits": fits, "rows": rows,
                                            "batch_rates": np.asarray(A.batch_rates).tolist(),
                                            "gamma": np.asarray(A.gamma).tolist()})

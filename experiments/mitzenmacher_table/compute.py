@@ -121,8 +121,7 @@ def main(argv=None) -> Path:
             flush=True,
         )
 
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu(), "mean_field_cpu_s": mf_cpu,
-                       "simulation_cpu_s": spent}
+    meta["runtime"] = clock.runtime(mean_field_cpu_s=mf_cpu, simulation_cpu_s=spent)
     meta["max_abs_mf_minus_closed_form"] = max(abs(r["mf_minus_cf"]) for r in rows)
     fields = ["d", "lam"]
     for n in p["ns"]:

@@ -47,7 +47,7 @@ def main(argv=None) -> Path:
                     f"refined_{n}_in_ci": (r["mean_field"] + c / n - sim) / ci,
                     f"mean_field_{n}_in_ci": (r["mean_field"] - sim) / ci}
         rows.append(row)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_csv(out / "refined.csv", rows)
     _common.write_json(out / "refined.json", {"metadata": meta, "rows": rows})
     text = markdown(rows, ns)

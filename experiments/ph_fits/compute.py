@@ -125,7 +125,7 @@ def main(argv=None) -> int:
                   + f"  ({clock.wall():.0f} s)", flush=True)
     _common.write_csv(out / "fits.csv", rows)
     meta = _common.run_metadata(NAME, p, quick=args.quick)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_json(out / "ph_fits.json", {"metadata": meta, "rows": rows, "representations": representations})
     (out / "summary.md").write_text(summary(rows, p))
     print((out / "summary.md").read_text())

@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     _common.write_csv(out / "repair.csv", rows)
     _common.write_csv(out / "validation.csv", checks)
     meta = _common.run_metadata(NAME, p, quick=args.quick)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_json(out / "repair.json", {"metadata": meta, "rows": rows, "validation": checks})
     (out / "summary.md").write_text(summary(rows, checks, p))
     print((out / "summary.md").read_text())

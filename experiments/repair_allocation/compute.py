@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     _common.write_csv(out / "repair_allocation.csv", rows)
     _common.write_csv(out / "grid.csv", grid_rows)
     meta = _common.run_metadata(NAME, p, quick=args.quick)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_json(out / "repair_allocation.json", {"metadata": meta, "rows": rows})
     (out / "summary.md").write_text(summary(rows, p))
     print((out / "summary.md").read_text())

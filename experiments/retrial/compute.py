@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     _common.write_csv(out / "retrial.csv", rows)
     _common.write_csv(out / "simulation.csv", sims)
     meta = _common.run_metadata(NAME, p, quick=args.quick)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_json(out / "retrial.json", {"metadata": meta, "rows": rows, "simulation": sims})
     (out / "summary.md").write_text(summary(rows, sims, p))
     print((out / "summary.md").read_text())

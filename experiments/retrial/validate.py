@@ -64,7 +64,7 @@ def main(argv=None) -> int:
               f"{'yes' if r['passed'] else 'NO'} |", flush=True)
         _common.write_csv(out / "validation.csv", rows)
     meta = _common.run_metadata(NAME + "/validate", p, quick=args.quick)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_json(out / "validation.json", {"metadata": meta, "rows": rows})
     failed = [r for r in rows if not r["passed"]]
     print(f"{len(rows) - len(failed)} of {len(rows)} cases within {100 * p['tolerance']:g} % + CI")

@@ -90,7 +90,7 @@ def main(argv=None):
     meta = _common.run_metadata("sizing", {"percentile": P, "bounds": {k: v[1] for k, v in laws.items()},
                                            "d": list(ds), "n_servers": n, "t1": t1, "warmup": warmup,
                                            "replications": reps}, quick=args.quick)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_json(out / "sizing.json", {"metadata": meta, "rows": rows})
     _common.write_csv(out / "sizing.csv", rows)
 

@@ -343,8 +343,7 @@ def main(argv=None) -> Path:
 
     rows = [r for c in cases for r in rows_for(c, p["tail_min"])]
     summary = summarise(rows, p)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu(), "mean_field_cpu_s": mf_cpu,
-                       "simulation_cpu_s": spent}
+    meta["runtime"] = clock.runtime(mean_field_cpu_s=mf_cpu, simulation_cpu_s=spent)
     _common.write_csv(out / "verification.csv", rows, FIELDS)
     _common.write_json(out / "verification.json", {"metadata": meta, "summary": summary, "cases": cases})
     (out / "summary.md").write_text(markdown_table(rows))

@@ -88,7 +88,7 @@ def main(argv=None) -> Path:
             + f"; {sim['n_replications']} reps, {sim['cpu_s']:.1f} s CPU",
             flush=True,
         )
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu(), "simulation_cpu_s": spent}
+    meta["runtime"] = clock.runtime(simulation_cpu_s=spent)
     _common.write_csv(out / "finite_n.csv", rows)
     _common.write_json(out / "finite_n.json", {"metadata": meta, "rows": rows, "simulations": details})
     print(f"wrote {out} in {clock.wall():.0f} s wall, {clock.cpu():.0f} s CPU")

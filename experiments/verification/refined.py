@@ -103,7 +103,7 @@ def main(argv=None) -> Path:
     _common.write_csv(out / "refined.csv", rows)
     if fin_rows:
         _common.write_csv(out / "refined_finite_n.csv", fin_rows)
-    meta["runtime"] = {"wall_s": clock.wall(), "cpu_s": clock.cpu()}
+    meta["runtime"] = clock.runtime()
     _common.write_json(out / "refined.json", {"metadata": meta, "summary": summary, "cases": rows,
                                               "finite_n": fin_rows})
     (out / "refined.md").write_text(markdown(rows, fin_rows, summary, N))
