@@ -13,10 +13,10 @@ PYTEST  = $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
 
 .PHONY: venv demo test test-slow bench experiments experiments-quick clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[tests]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[tests]"
 	touch $(STAMP)
 
 venv: $(STAMP)

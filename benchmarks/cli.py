@@ -204,6 +204,10 @@ def main() -> None:
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import jax"], env=env, check=True)
         jax_import = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ml_dtypes = subprocess.run([sys.executable, "-c", "import ml_dtypes; print(ml_dtypes.__version__)"], env=env,
+                                   check=True, capture_output=True, text=True).stdout.strip()
+        ml_dtypes_import = time.perf_counter() - t0
         load = os.getloadavg()
         print(f"jsmkt CLI wall times in seconds ({os.cpu_count()} CPUs, load average {load[0]:.1f}; cold: empty "
               f"cache; warm: median of {args.repeats})")
@@ -213,7 +217,9 @@ def main() -> None:
             c = statistics.median(x[1] for x in warm[label])
             verdict = "" if target is None else f"<= {target:g}  {'PASS' if w <= target else 'MISS'}"
             print(f"  {label:<34} {cold[label]:7.2f} {w:7.2f} {c:9.2f}   {verdict}")
-        print(f"  (for reference: `python -c 'import jax'` takes {jax_import:.2f} s here)")
+        print(f"  (for reference: `python -c 'import jax'` takes {jax_import:.2f} s here, `python -c 'import "
+              f"ml_dtypes'` {ml_dtypes_import:.2f} s with ml_dtypes {ml_dtypes}: 0.7.0 takes about 1.4 s more, see "
+              "constraints.txt)")
         if args.profile:
             _profile(env, cache)
     finally:

@@ -20,7 +20,7 @@ from ._errors import all_finite, error_if, is_concrete
 from ._linalg import NeverFails
 from ._models.base import AbstractSupermarketModel
 from ._models.structure import linear_solver as structure_solver
-from ._models.structure import linear_system_bytes
+from ._models.structure import check_size
 from ._solution import RESULTS, FixedPoint, check_values
 
 
@@ -98,38 +98,6 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None)
         y = _nan_derivatives(y, eqx.filter(model, eqx.is_inexact_array), poison)
     return FixedPoint(value=y, result=out, tail_mass=tail_mass, residual=residual, model=model,
                       stats={"num_steps": sol.stats["num_steps"]})
-
-
-_MAX_LINEAR_SYSTEM_BYTES = 2**33  # 8 GiB: Newton's linear system (block diagonals or dense matrix) and its probes
-
-
-_STATE_SIZES: dict = {}  # unknowns of the reduced state, by `_maps.signature` of the model
-
-
-def _state_size(model: AbstractSupermarketModel) -> int:
-    """Number of unknowns of `model`'s reduced state. `initial_state` has the structure and shapes of every reduced
-    state (the contract), and unlike `initial_guess` (a scan through the levels for PH service) it costs nothing to
-    trace; still, tracing it on every eager call cost 0.5 ms, so the size is kept per model structure."""
-    key = _maps.signature(model)
-    n = _STATE_SIZES.get(key)
-    if n is None:
-        n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(jax.eval_shape(model.initial_state)))
-        if len(_STATE_SIZES) >= 1024:
-            _STATE_SIZES.clear()
-        _STATE_SIZES[key] = n
-    return n
-
-
-def check_size(model: AbstractSupermarketModel, x0=None) -> None:
-    """Refuse, before tracing anything large, a model whose Newton linear system would not fit in memory (its
-    probes and factors, by the Jacobian's structure; `2 n^2` floats for a dense one)."""
-    n = _state_size(model)
-    need = linear_system_bytes(model, n)
-    if need > _MAX_LINEAR_SYSTEM_BYTES:
-        raise ValueError(
-            f"{n} unknowns (K={model.K}): Newton's linear system needs about {need / 2**30:.3g} GiB (limit "
-            f"{_MAX_LINEAR_SYSTEM_BYTES / 2**30:.3g} GiB); lower K or use a service distribution with fewer phases"
-        )
 
 
 class TruncationError(ValueError):

@@ -415,6 +415,11 @@ def _load_and_service():
     return eqx.filter_jit(numbers)
 
 
+def _load_and_service_dict(model) -> dict:
+    """`_load_and_service` as a dict, for `jsmkt._exported`."""
+    return dict(zip(("load", "mean", "scv"), _load_and_service()(model), strict=True))
+
+
 def _service_text(model, mean: float, scv: float) -> str:
     family = family_of(model).name  # by name: the other families' modules stay unimported
     what = "service epochs" if family == "jsq-batch-service" else "service"
@@ -616,8 +621,13 @@ def family_of(model) -> Family:
 
 def describe_model(model) -> str:
     """The CLI's two-line description of a model: its parameters, truncation and load; its service."""
+    from . import _exported
+
     fam = family_of(model)
-    load, mean, scv = map(float, _load_and_service()(model))
+    numbers, _ = _exported.call("jsmkt: load and service", _load_and_service_dict, model)
+    if numbers is None:
+        numbers = dict(zip(("load", "mean", "scv"), _load_and_service()(model), strict=True))
+    load, mean, scv = (float(numbers[k]) for k in ("load", "mean", "scv"))
     return f"{fam.describe(model)}   K = {model.K}   load rho = {load:.6g}\n{_service_text(model, mean, scv)}"
 
 

@@ -62,30 +62,6 @@ def _percentile_list(text: str) -> tuple[float, ...]:
     return tuple(int(v) if v.is_integer() else v for v in values)
 
 
-def _mean_field_percentiles(model, fp, percentiles) -> dict[str, Any]:
-    """`sojourn_time_percentiles` (and, where the family has one, `waiting_time_percentiles`) of the mean field,
-    keyed `p50`, `p99.9`, ... as `simulate` names them."""
-    import jax.numpy as jnp
-    import numpy as np
-
-    import jsmkt
-
-    p = jnp.asarray([q / 100.0 for q in percentiles])
-    try:
-        T = jsmkt.sojourn_time_distribution(model, fp)
-    except ValueError as e:
-        raise SpecError(f"--percentiles: {e}") from None
-    out = {"sojourn_time_percentiles": dict(zip((f"p{q:g}" for q in percentiles),
-                                                map(float, np.asarray(T.quantile(p))), strict=True))}
-    try:
-        W = jsmkt.waiting_time_distribution(model, fp)
-    except ValueError:  # no waiting time in this family (batch service, repairable servers)
-        return out
-    out["waiting_time_percentiles"] = dict(zip((f"p{q:g}" for q in percentiles),
-                                               map(float, np.asarray(W.quantile(p))), strict=True))
-    return out
-
-
 def _whole_float_d(model) -> int | None:
     """The integer a randomised choice number equals, e.g. 2 for `d = 2.0` (a TOML float, which the spec reads as a
     randomised d); None otherwise."""
@@ -199,12 +175,23 @@ def _fixed_point(model, grown_by: str | None):
 def _solve_exact(
     model, grown_by: str | None, servers: int | None = None, sampling: str = "with_replacement", percentiles=None
 ) -> tuple[dict[str, Any], Any]:
+    """`jsmkt solve`'s results of the exact mean field. With the cache on, and neither the refined mean field nor
+    percentiles (the sojourn-time distribution checks its inputs with host callbacks, which `jax.export` cannot
+    serialise), from the exported solve of `_exact_from_export` when it succeeds; otherwise (and after its failures,
+    which then raise the usual errors) by `solve_fixed_point` and the compiled metrics."""
     import numpy as np
 
-    fp = _fixed_point(model, grown_by)
-    model = fp.model
+    found = _exact_from_export(model, grown_by) if servers is None and not percentiles else None
+    if found is not None:
+        values, model = found
+    else:
+        fp = _fixed_point(model, grown_by)
+        model = fp.model
+        values = {k: np.asarray(v) for k, v in _exact_values()(model, fp).items()}
+        values.update(tail_mass=fp.tail_mass, num_steps=fp.stats["num_steps"], residual=fp.residual)
+        if percentiles:
+            values.update(_mean_field_quantiles(model, fp, percentiles))
     fam = family_of(model)
-    values = {k: np.asarray(v) for k, v in _exact_values()(model, fp).items()}
     out = {
         "variant": "exact",
         "model": type(model).__name__,
@@ -214,20 +201,85 @@ def _solve_exact(
         "load": float(values.pop("load")),
     }
     tail, phase_tails = values.pop("tail"), values.pop("phase_tails", None)
+    numbers = {k: values.pop(k) for k in ("tail_mass", "num_steps", "residual")}
+    quantiles = {k: values.pop(k) for k in _QUANTILE_KEYS if k in values}
     out.update({k: float(v) for k, v in values.items()})
     out.update({
         "tail": _trim(tail),
-        "tail_mass_at_K": float(fp.tail_mass),
-        "newton_steps": int(fp.stats["num_steps"]),
-        "residual": float(fp.residual),
+        "tail_mass_at_K": float(numbers["tail_mass"]),
+        "newton_steps": int(numbers["num_steps"]),
+        "residual": float(numbers["residual"]),
     })
     if phase_tails is not None:
         out["phase_tails"] = [[float(v) for v in row] for row in phase_tails[: max(len(out["tail"]) - 1, 0)]]
-    if percentiles:
-        out.update(_mean_field_percentiles(model, fp, percentiles))
+    for name, q in quantiles.items():
+        out[name] = dict(zip((f"p{p:g}" for p in percentiles), map(float, np.asarray(q)), strict=True))
     if servers is not None:
         out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling)
     return out, model
+
+
+_QUANTILE_KEYS = ("sojourn_time_percentiles", "waiting_time_percentiles")
+
+
+def _exact_outputs(model):
+    """What `jsmkt solve` prints of the exact mean field at the model's `K`, as one function of the model (traced
+    whole, for `jax.export`): the fixed point (`solve_fixed_point` with `throw=False`, whose failures show in
+    `successful` and `truncated`) and its metrics."""
+    import jsmkt
+
+    fp = jsmkt.solve_fixed_point(model, throw=False)
+    out = dict(_exact_values()(model, fp))
+    out.update(tail_mass=fp.tail_mass, num_steps=fp.stats["num_steps"], residual=fp.residual,
+               successful=fp.result == jsmkt.RESULTS.successful,
+               truncated=fp.result == jsmkt.RESULTS.truncation_too_small)
+    return out
+
+
+def _exact_from_export(model, grown_by: str | None):
+    """`_exact_outputs` from its exported file (`jsmkt._exported`, in the cache folder), at the model's `K` and, when
+    `grown_by` says that K grows, at the doubled `K`s that `solve_fixed_point(auto_K=True)` tries, until the tail
+    mass at `K` is small enough. Returns `(values, model at the final K)`, or `None` when the usual path must run:
+    any failure (whose error it then raises, or from which it restarts Newton), or a model too large to solve."""
+    from . import _exported
+    from ._models.structure import check_size, linear_solver
+
+    K0 = model.K
+    while True:
+        try:
+            check_size(model)
+        except ValueError:
+            return None
+        values, _ = _exported.call("jsmkt solve: exact", _exact_outputs, model, before_export=linear_solver)
+        if values is None:
+            return None
+        if bool(values.pop("successful")):
+            values.pop("truncated")
+            return values, model
+        if not (grown_by is not None and bool(values["truncated"]) and model.K < (max_K := _auto_max_K(K0))):
+            return None
+        model = model.with_K(min(2 * model.K, max_K))
+
+
+def _mean_field_quantiles(model, fp, percentiles) -> dict[str, Any]:
+    """The quantiles of the sojourn time (and, where the family has one, the waiting time) of the mean field at
+    `percentiles`, as arrays keyed `sojourn_time_percentiles` and `waiting_time_percentiles`."""
+    import jax.numpy as jnp
+
+    import jsmkt
+
+    p = jnp.asarray([q / 100.0 for q in percentiles])
+    try:
+        T = jsmkt.sojourn_time_distribution(model, fp)
+    except ValueError as e:
+        raise SpecError(f"--percentiles: {e}") from None
+    out = {"sojourn_time_percentiles": T.quantile(p)}
+    try:
+        W = jsmkt.waiting_time_distribution(model, fp)
+    except ValueError:  # no waiting time in this family (batch service, repairable servers)
+        return out
+    out["waiting_time_percentiles"] = W.quantile(p)
+    return out
 
 
 @functools.cache
@@ -837,27 +889,33 @@ def _cache_dir(args) -> str | None:
 
 def _use_compilation_cache(args) -> None:
     """Turn on JAX's persistent compilation cache in `_cache_dir(args)` (the library never does: only the CLI, whose
-    every run is a new process). A folder that cannot be written gives a warning, and the run goes on without the
-    cache. Without a jsmkt option or variable, a cache that JAX was told to use (`JAX_COMPILATION_CACHE_DIR`) is
-    left as it is."""
+    every run is a new process), and keep exported functions (`jsmkt._exported`: traced and lowered once) in its
+    subfolder `exported`. A folder that cannot be written gives a warning, and the run goes on without the cache.
+    Without a jsmkt option or variable, a cache that JAX was told to use (`JAX_COMPILATION_CACHE_DIR`) is left as
+    it is."""
     import jax
+
+    from . import _exported
 
     path = _cache_dir(args)
     if path is None:
         return
     explicit = args.cache_dir is not None or os.environ.get(CACHE_ENV)
-    if not explicit and jax.config.jax_compilation_cache_dir:
+    own_jax_cache = explicit or not jax.config.jax_compilation_cache_dir
+    folders = [os.path.join(path, "exported")] + ([os.path.join(path, "jax")] if own_jax_cache else [])
+    for folder in folders:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(13, "not writable")
+        except OSError as e:
+            print(f"jsmkt: warning: cannot use the compilation cache in {folder} ({e.strerror or e}); running without "
+                  f"it (pass --cache-dir DIR, or --no-cache)", file=sys.stderr)
+            return
+    _exported.use_folder(folders[0])
+    if not own_jax_cache:
         return
-    folder = os.path.join(path, "jax")
-    try:
-        os.makedirs(folder, exist_ok=True)
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise PermissionError(13, "not writable")
-    except OSError as e:
-        print(f"jsmkt: warning: cannot use the compilation cache in {folder} ({e.strerror or e}); running without it "
-              f"(pass --cache-dir DIR, or --no-cache)", file=sys.stderr)
-        return
-    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_compilation_cache_dir", folders[1])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", _CACHE_MIN_COMPILE_SECONDS)
 
 

@@ -491,7 +491,7 @@ def test_value_checks_compile_once_for_every_K(monkeypatch, make, order):
 
 
 def test_state_size_follows_the_truncation():
-    from jsmkt._fixed_point import _state_size
+    from jsmkt._models.structure import _state_size
 
     service = jsmkt.hyperexponential2(1.0, 4.0)
     for K in (10, 20, 10):

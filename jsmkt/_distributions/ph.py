@@ -101,20 +101,29 @@ def _check_ph_values(alpha: np.ndarray, T: np.ndarray) -> None:
     _check_scale(alpha, T)
 
 
+_DENSE_CHECK_MAX = 64  # phases up to which `_check_scale` solves densely
+
+
 def _check_scale(alpha: np.ndarray, T: np.ndarray) -> None:
     r"""Refuse a PH whose first two moments leave the normal float64 range (its SCV, variance and the solvers'
     truncation levels need them): $E[S] = \alpha(-T)^{-1}\mathbf1$ and $E[S^2] = 2\alpha(-T)^{-2}\mathbf1$ from every
     phase, so that no moment is 0 * inf (NaN)."""
-    import scipy.linalg  # here, not at the top: only PH constructions need it (the CLI's start-up)
-
-    if not np.any(np.tril(T, -1)):  # Erlang, Coxian, hyperexponential: O(m^2) back substitution
-        solve = functools.partial(scipy.linalg.solve_triangular, -T, check_finite=False)
+    if T.shape[0] <= _DENSE_CHECK_MAX:  # NumPy's dense solve: no SciPy import for the small PHs of most specs
+        solve = functools.partial(np.linalg.solve, -T)
     else:
-        solve = functools.partial(scipy.linalg.lu_solve, scipy.linalg.lu_factor(-T, check_finite=False),
-                                  check_finite=False)
+        import scipy.linalg  # here, not at the top: only large PH constructions need it (the CLI's start-up)
+
+        if not np.any(np.tril(T, -1)):  # Erlang, Coxian, hyperexponential: O(m^2) back substitution
+            solve = functools.partial(scipy.linalg.solve_triangular, -T, check_finite=False)
+        else:
+            solve = functools.partial(scipy.linalg.lu_solve, scipy.linalg.lu_factor(-T, check_finite=False),
+                                      check_finite=False)
     with np.errstate(all="ignore"):
-        m1 = solve(np.ones(T.shape[0]))
-        m2 = 2.0 * solve(m1)
+        try:
+            m1 = solve(np.ones(T.shape[0]))
+            m2 = 2.0 * solve(m1)
+        except np.linalg.LinAlgError:  # a pivot that underflowed to 0: refused below, as non-finite moments are
+            m1 = m2 = np.full(T.shape[0], np.nan)
         mean, second = float(alpha @ m1), float(alpha @ m2)
     vectors_ok = np.all(np.isfinite(m1)) and np.all(np.isfinite(m2))
     if not (vectors_ok and _TINY <= mean and _TINY <= second < np.inf):

@@ -1,0 +1,73 @@
+"""The CLI's exported solves (`jsmkt._exported`): what a later process loads instead of tracing must print exactly
+what the usual path prints, for new values of the same model structure too, and must give way to the usual path
+(and its errors) on any failure."""
+
+import pytest
+
+import jsmkt
+from jsmkt import _exported, cli
+from jsmkt._spec import SpecError
+
+
+@pytest.fixture
+def folder(tmp_path):
+    _exported.use_folder(tmp_path)
+    yield tmp_path
+    _exported.use_folder(None)
+
+
+def _usual(model, grown_by=None):
+    """`jsmkt solve`'s results by the usual path (no exported files)."""
+    _exported.use_folder(None)
+    return cli._solve_exact(model, grown_by)
+
+
+def test_a_loaded_solve_prints_what_the_usual_path_prints(folder):
+    model = jsmkt.JSQd(0.7, d=2, K=12)
+    values, how = _exported.call("test", cli._exact_outputs, model)
+    assert how == "exported" and len(list(folder.iterdir())) == 1
+    other = jsmkt.JSQd(0.6, d=2, K=12)  # new values, same structure: the same file
+    values, how = _exported.call("test", cli._exact_outputs, other)
+    assert how == "loaded" and len(list(folder.iterdir())) == 1 and bool(values["successful"])
+    _exported.use_folder(folder)
+    fast, fast_model = cli._solve_exact(other, None)
+    assert fast_model.K == 12
+    assert fast == _usual(other)[0]
+    # The mean queue length of JSQ(2) against its closed form, sum_k lam^(2^k - 1), so that the comparison above
+    # cannot pass with both paths wrong alike.
+    assert fast["mean_queue_length"] == pytest.approx(sum(0.6 ** (2**k - 1) for k in range(1, 12)), rel=1e-12)
+
+
+def test_a_default_K_grows_as_in_the_usual_path(folder):
+    model = jsmkt.JSQd(0.95, d=2, K=4)
+    fast, fast_model = cli._solve_exact(model, "the default K")
+    usual, usual_model = _usual(model, "the default K")
+    assert fast_model.K == usual_model.K > 4
+    assert fast == usual
+
+
+def test_failures_take_the_usual_path_and_its_error(folder):
+    model = jsmkt.JSQd(0.95, d=2, K=4)
+    with pytest.raises(SpecError) as fast:
+        cli._solve_exact(model, None)
+    with pytest.raises(SpecError) as usual:
+        _usual(model)
+    assert str(fast.value) == str(usual.value) and "K=4" in str(fast.value)
+
+
+def test_a_foreign_file_or_new_code_is_traced_again(folder, monkeypatch):
+    model = jsmkt.JSQd(0.7, d=2, K=12)
+    expected, how = _exported.call("test", cli._exact_outputs, model)
+    (path,) = folder.iterdir()
+    path.write_bytes(b"not an exported function")
+    values, how = _exported.call("test", cli._exact_outputs, model)
+    assert how == "exported" and values.keys() == expected.keys()
+    assert all((values[k] == expected[k]).all() for k in values)
+    monkeypatch.setattr(_exported, "code_digest", lambda: "other code")
+    _, how = _exported.call("test", cli._exact_outputs, model)
+    assert how == "exported" and len(list(folder.iterdir())) == 2
+
+
+def test_off_without_a_folder():
+    _exported.use_folder(None)
+    assert _exported.call("test", cli._exact_outputs, jsmkt.JSQd(0.7, d=2, K=12)) == (None, "off")
