@@ -11,7 +11,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
-import numpy as np
 import optimistix as optx
 from jaxtyping import Array, PyTree
 
