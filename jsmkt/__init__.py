@@ -12,7 +12,6 @@ import pathlib
 import typing
 
 from . import _config
-from ._version import __version__ as __version__
 
 
 if typing.TYPE_CHECKING:  # every public name; at run time each is imported on first use (`__getattr__` below)
@@ -120,6 +119,11 @@ _config.use_float64()
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # on first use too: reading the installed distribution's metadata takes a while
+        from ._version import __version__
+
+        globals()[name] = __version__
+        return __version__
     try:
         module, attribute = _PUBLIC[name]
     except KeyError:
@@ -133,4 +137,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | {"__version__"})
