@@ -715,8 +715,9 @@ def test_cache_folder_follows_the_options_and_the_environment(monkeypatch, tmp_p
 
 @pytest.mark.slow
 def test_compilation_cache_is_written_and_reused(tmp_path):
-    """A run with the cache writes compiled kernels to DIR/jax and prints what a run without it prints; a run with
-    --no-cache or JSMKT_CACHE_DIR=off writes nothing."""
+    """A run with the cache writes compiled kernels to DIR/jax and the exported solve to DIR/exported, and prints
+    what a run without it prints (at a new λ too, from the same exported solve); a run with --no-cache or
+    JSMKT_CACHE_DIR=off writes nothing."""
     import os
 
     spec = tmp_path / "m.toml"
@@ -728,12 +729,19 @@ def test_compilation_cache_is_written_and_reused(tmp_path):
     assert first.returncode == 0, first.stderr
     written = sorted(p.name for p in (cache / "jax").iterdir())
     assert len(written) >= 3  # the value checks, the structure's probe, the solve, the metrics, ...
+    assert len(list((cache / "exported").iterdir())) == 1  # the solve, traced and lowered once
     again = subprocess.run([*cli, "--cache-dir", str(cache)], capture_output=True, text=True, env=env, timeout=600)
     assert again.stdout == first.stdout
     off = tmp_path / "off"
     plain = subprocess.run([*cli, "--cache-dir", str(off), "--no-cache"], capture_output=True, text=True,
                            env={**env, "XDG_CACHE_HOME": str(off)}, timeout=600)
     assert plain.stdout == first.stdout and not off.exists()
+    # A new value of the same structure loads the same exported solve, and prints what the usual path prints.
+    spec.write_text('model = "jsq"\nlam = 0.6\nd = 2\nK = 12\n')
+    other = subprocess.run([*cli, "--cache-dir", str(cache)], capture_output=True, text=True, env=env, timeout=600)
+    plain = subprocess.run([*cli, "--no-cache"], capture_output=True, text=True, env=env, timeout=600)
+    assert other.returncode == 0 and other.stdout == plain.stdout and other.stdout != first.stdout
+    assert len(list((cache / "exported").iterdir())) == 1
 
 
 def test_spec_words_agree_with_the_models():
