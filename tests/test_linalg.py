@@ -72,6 +72,35 @@ def _random_block_tridiagonal(rng, K, m):
     return A
 
 
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 4), seed=st.integers(0, 2**31 - 1), zero_diagonal=st.integers(0, 4))
+def test_cofactor_inverse_matches_lapack(m, seed, zero_diagonal):
+    # The block elimination's inverse of blocks of up to 4 rows: no pivoting, so zero diagonal entries (which
+    # elimination without row exchanges would divide by) must not matter.
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((m, m))
+    A[np.arange(min(zero_diagonal, m)), np.arange(min(zero_diagonal, m))] = 0.0
+    if np.linalg.cond(A) > 1e6:
+        return
+    inverse = np.asarray(jax.jit(_linalg._cofactor_inverse)(jnp.asarray(A)))
+    np.testing.assert_allclose(inverse, np.linalg.inv(A), rtol=1e-9, atol=1e-9 * np.abs(np.linalg.inv(A)).max())
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
+def test_block_elimination_of_rows_scaled_far_from_one(m):
+    # Rows multiplied by 1e-150 .. 1e150: the cofactor inverse's determinant (degree m in the entries) would leave
+    # float64 without the equilibration by powers of two; the solution is that of the dense solve.
+    K = 6
+    rng = np.random.default_rng(m)
+    A = _random_block_tridiagonal(rng, K, m)
+    row_scale = 10.0 ** rng.choice([-150.0, 0.0, 150.0], size=K * m)
+    A = A * row_scale[:, None]
+    b = rng.normal(size=K * m) * row_scale
+    sol = lx.linear_solve(lx.MatrixLinearOperator(jnp.asarray(A)), jnp.asarray(b), BlockTridiagonal(m), throw=False)
+    assert sol.result == lx.RESULTS.successful
+    np.testing.assert_allclose(np.asarray(sol.value), np.linalg.solve(A, b), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("K, m", [(1, 3), (2, 1), (3, 2), (8, 3), (40, 2)])
 def test_block_tridiagonal_solver_matches_dense(K, m):
     rng = np.random.default_rng(K * 10 + m)
@@ -303,7 +332,7 @@ def test_banded_and_bordered_under_vmap():
             _assert_close(x, np.linalg.solve(A, b))
 
 
-@pytest.mark.parametrize("sizes, bandwidth", [([1] * 10, 2), ([3] * 6, 3)])  # blocks written out, LAPACK
+@pytest.mark.parametrize("sizes, bandwidth", [([1] * 10, 2), ([3] * 6, 3)])  # blocks by cofactors, LAPACK
 def test_block_banded_reports_singular(sizes, bandwidth):
     levels = _levels(sizes)
     A, _ = _structured(np.random.default_rng(3), levels, bandwidth)
