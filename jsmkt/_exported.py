@@ -4,8 +4,8 @@
 solver through Optimistix, Lineax and Equinox, and lowering it, is most of what a repeated `jsmkt solve` would
 otherwise spend after its imports.
 
-A file is keyed by jsmkt's source code, the versions of JAX and jaxlib, the backend, the function's name and the
-model's structure: its static fields and the shapes and dtypes of its arrays. The model's
+A file is keyed by jsmkt's source code, the versions of JAX, jaxlib, Equinox, Optimistix and Lineax, the backend,
+the function's name and the model's structure: its static fields and the shapes and dtypes of its arrays. The model's
 array values are the arguments, so a loop over λ (or any other value) reuses one file, while a new `K`, phase count
 or family gets its own. A model whose structure has no stable description (a static field printed with a memory
 address) is not kept. The function must return a dict of arrays (what `jax.export` serialises without help).
@@ -53,16 +53,30 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+@functools.cache
+def _library_versions() -> tuple[str, ...] | None:
+    """The versions of the libraries whose code a trace holds: JAX, jaxlib, and those jsmkt's solves run through;
+    None when one is not an installed distribution (its version unknown, nothing is kept)."""
+    import importlib.metadata
+
+    try:
+        return tuple(f"{name} {importlib.metadata.version(name)}"
+                     for name in ("jax", "jaxlib", "equinox", "optimistix", "lineax"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _key(name: str, treedef, static_leaves, leaves) -> str | None:
     """The file name of function `name` for a model of this structure, or None when the structure has no stable
-    text (a memory address in it would make every process miss)."""
-    import jaxlib
-
+    text (a memory address in it would make every process miss) or a library's version is unknown."""
+    versions = _library_versions()
+    if versions is None:
+        return None
     avals = [(tuple(np.shape(x)), str(np.result_type(x)), bool(getattr(x, "weak_type", False))) for x in leaves]
     text = repr((name, str(treedef), static_leaves, avals))
     if " at 0x" in text:
         return None
-    material = "\n".join([code_digest(), jax.__version__, jaxlib.__version__, jax.default_backend(), text])
+    material = "\n".join([code_digest(), *versions, jax.default_backend(), text])
     return hashlib.sha256(material.encode()).hexdigest() + _SUFFIX
 
 
