@@ -12,6 +12,8 @@ point and the right-hand side, at K = 200, 400, 800 levels with m = 1 and 2; bot
 (relative to the largest entry). Calls are timed in bursts of `BURST` back-to-back calls of one function, the
 functions interleaved round by round, so that load from other processes hits both alike; the ratio of the medians is
 taken within one run. Before timing, `classify_sparsity` of the Jacobian's pattern (K = 200) must give (4, ()).
+The target (issue 20): 10x at every K >= 200 for m = 1, the Jacobian of `JSQdBatch` (exponential service); the
+m = 2 rows are printed beside it (their super-blocks of 8 unknowns are eliminated with LAPACK, not by cofactors).
 
 Two references bound what any banded solve can gain here. *One product*: a jitted call that linearises the
 residual and applies it to one vector, the least work of a matrix-free solve of this operator (the banded solve
@@ -48,7 +50,7 @@ SIZES = ((200, 1), (400, 1), (800, 1), (200, 2), (400, 2), (800, 2))  # (levels 
 BANDWIDTH = 4
 BATCH = np.array([0.4, 0.3, 0.2, 0.1])  # P(batch of j jobs), j = 1..4
 LAM, H = 0.2, 0.5  # arrival rate of batches (load 0.4 for mean service time 1), Euler step
-TARGET_SPEEDUP = 10.0  # dense time / banded time >= 10 at every K >= 200
+TARGET_SPEEDUP = 10.0  # dense time / banded time >= 10 at every K >= 200 for m = 1 (JSQdBatch's Jacobian, issue 20)
 BURST = 10  # back-to-back calls of one function per round
 
 
@@ -191,9 +193,12 @@ def main():
               f" {cb:>23.2f}, {cd:.2f} {1e3 * tp:>9.3f} ms {td / tp:>13.1f}x {1e3 * tgb:>6.3f} ms"
               f" {1e3 * tge:>6.3f} ms {tge / tgb:>11.1f}x")
     print()
-    worst = min(td / tb for _, _, tb, td, *_ in rows)
-    print(f"banded >= {TARGET_SPEEDUP:g}x faster than dense at K >= 200: worst {worst:.1f}x  "
-          f"{_verdict(worst >= TARGET_SPEEDUP)}")
+    worst = min(td / tb for _, m, tb, td, *_ in rows if m == 1)
+    print(f"banded >= {TARGET_SPEEDUP:g}x faster than dense at K >= 200, m = 1 (exponential service, as JSQdBatch): "
+          f"worst {worst:.1f}x  {_verdict(worst >= TARGET_SPEEDUP)}")
+    phases = min(td / tb for _, m, tb, td, *_ in rows if m > 1)
+    print(f"with phases (m = 2, super-blocks of 8 unknowns, solved by LAPACK; not part of the target): worst "
+          f"{phases:.1f}x")
 
 
 if __name__ == "__main__":
