@@ -151,26 +151,25 @@ def _block_thomas(L: Float[Array, "K m m"], D: Float[Array, "K m m"], U: Float[A
     scale = jnp.where(largest > 0, jnp.exp2(-jnp.round(jnp.log2(jnp.where(largest > 0, largest, 1.0)))), 1.0)
     L, D, U, rhs = L * scale, D * scale, U * scale, rhs * scale
 
+    q = rhs.shape[2]
+    UR = jnp.concatenate([U, rhs], axis=2)  # [U_r, b_r]
+    right = jnp.concatenate([jnp.zeros((1, m), D.dtype), jnp.ones((1, q), D.dtype)], axis=1)  # L_r d_{r-1} of P
+
     def forward(sol_prev, blocks):
-        L_r, D_r, U_r, b_r = blocks
+        L_r, D_r, UR_r = blocks
         P = _small_matmul(L_r, sol_prev)  # [L_r C_{r-1}, L_r d_{r-1}]
         S = D_r - P[:, :m]
-        # [U_r, b_r - L_r d_{r-1}], as one subtraction of whole blocks (slicing P's last columns into the
-        # concatenation doubled the step's kernels)
-        R = jnp.concatenate([U_r, b_r], axis=1) - jnp.concatenate([jnp.zeros_like(U_r), P[:, m:]], axis=1)
+        R = UR_r - P * right  # [U_r, b_r - L_r d_{r-1}], element-wise (fused with the product)
         sol = _small_matmul(_cofactor_inverse(S), R) if m <= _CLOSED_FORM_MAX else small_solve(S, R)
         return sol, sol
 
-    zero = jnp.zeros((m, m + rhs.shape[2]), D.dtype)
-    _, sols = jax.lax.scan(forward, zero, (L, D, U, rhs))
-    C, d = sols[:, :, :m], sols[:, :, m:]
+    _, sols = jax.lax.scan(forward, jnp.zeros((m, m + q), D.dtype), (L, D, UR))
 
-    def backward(x_next, blocks):
-        C_r, d_r = blocks
-        x_r = d_r - _small_matmul(C_r, x_next)
+    def backward(x_next, sol_r):
+        x_r = sol_r[:, m:] - _small_matmul(sol_r[:, :m], x_next)  # d_r - C_r x_{r+1}
         return x_r, x_r
 
-    _, x = jax.lax.scan(backward, jnp.zeros(rhs.shape[1:], D.dtype), (C, d), reverse=True)
+    _, x = jax.lax.scan(backward, jnp.zeros((m, q), D.dtype), sols, reverse=True)
     return x
 
 
