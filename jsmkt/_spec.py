@@ -625,8 +625,8 @@ def describe_model(model) -> str:
 
     fam = family_of(model)
     numbers, _ = _exported.call("jsmkt: load and service", _load_and_service_dict, model)
-    if numbers is None:
-        numbers = dict(zip(("load", "mean", "scv"), _load_and_service()(model), strict=True))
+    if numbers is None:  # no cache folder (the library, the tests), or not exportable
+        numbers = _load_and_service_dict(model)
     load, mean, scv = (float(numbers[k]) for k in ("load", "mean", "scv"))
     return f"{fam.describe(model)}   K = {model.K}   load rho = {load:.6g}\n{_service_text(model, mean, scv)}"
 
