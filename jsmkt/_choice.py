@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from ._errors import as_float_array, check_count, concrete_array
+from ._errors import as_float_array, check_count, concrete_array, constant
 
 
 _UNROLL_MAX_D = 16  # up to this many choice numbers the sums over them are written out; beyond, a `lax.scan`
@@ -132,7 +132,7 @@ class FixedChoice(AbstractChoice):
         return self.d
 
     def weights(self) -> Array:
-        return jnp.asarray(np.eye(1, self.d, self.d - 1)[0])  # a constant, not operations run one by one
+        return constant(np.eye(1, self.d, self.d - 1)[0])  # a constant, not operations run one by one
 
     def pgf(self, s: ArrayLike) -> Array:
         return jnp.asarray(s) ** self.d
@@ -145,7 +145,7 @@ class FixedChoice(AbstractChoice):
 
     @property
     def mean(self) -> Array:
-        return jnp.asarray(float(self.d))
+        return constant(float(self.d))
 
     @property
     def number(self) -> int:

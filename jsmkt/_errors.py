@@ -53,6 +53,13 @@ def concrete_array(x: Any) -> np.ndarray | None:
 TINY = float(np.finfo(np.float64).tiny)
 
 
+def constant(x: Any) -> jax.Array:
+    """A concrete value (a NumPy array, a number) as a JAX array, copied to the device as it is. `jnp.asarray` would
+    compile and run a small computation for each new shape, which a process that builds a model once (the CLI) pays
+    for every time; under a trace the copy is staged like any other operation."""
+    return jax.device_put(np.asarray(x))
+
+
 def _dtype_kind(x: Any) -> str | None:
     """NumPy's dtype kind of `x` ("b" for booleans), or `None` when `x` is not array-like."""
     if isinstance(x, jax.core.Tracer):
@@ -76,14 +83,15 @@ def as_float_array(name: str, x: Any, ndim: int | None = None, scale: bool = Fal
         raise ValueError(f"{name}={x!r} is complex; give a real number or an array of real numbers")
     if isinstance(x, jax.core.Tracer):
         arr = x.astype(jnp.result_type(float)) if not jnp.issubdtype(x.dtype, jnp.inexact) else x
+        c = None
     else:
         try:
-            arr = jnp.asarray(x, dtype=float)
+            c = np.asarray(x, dtype=np.float64)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{name}={x!r} is not a real number or array of real numbers") from e
+        arr = x if isinstance(x, jax.Array) and x.dtype == np.float64 and not x.weak_type else constant(c)
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s); got shape {arr.shape} ({name}={x!r})")
-    c = concrete_array(arr)
     if c is not None:
         if not np.all(np.isfinite(c)):
             raise ValueError(f"{name}={c.tolist()!r} has non-finite entries; give finite numbers")

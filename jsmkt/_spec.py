@@ -619,12 +619,14 @@ def family_of(model) -> Family:
     raise ValueError(f"{type(model).__name__} is not a registered model family ({', '.join(MODELS)})")
 
 
-def describe_model(model) -> str:
-    """The CLI's two-line description of a model: its parameters, truncation and load; its service."""
+def describe_model(model, numbers: dict | None = None) -> str:
+    """The CLI's two-line description of a model: its parameters, truncation and load; its service. `numbers`, the
+    model's `_load_and_service_dict` when the caller has it, spares computing it."""
     from . import _exported
 
     fam = family_of(model)
-    numbers, _ = _exported.call("jsmkt: load and service", _load_and_service_dict, model)
+    if numbers is None:
+        numbers, _ = _exported.call("jsmkt: load and service", _load_and_service_dict, model)
     if numbers is None:  # no cache folder (the library, the tests), or not exportable
         numbers = _load_and_service_dict(model)
     load, mean, scv = (float(numbers[k]) for k in ("load", "mean", "scv"))

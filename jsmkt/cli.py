@@ -74,10 +74,11 @@ def _whole_float_d(model) -> int | None:
     return int(d) if float(d).is_integer() else None
 
 
-def _describe(model, simulated: dict[str, Any] | None = None) -> str:
-    """The model's parameters and service in two lines (`_spec.describe_model`); `simulated` (from
-    `_simulated_service`) names the service that `jsmkt simulate` runs instead of the model's."""
-    base, service = describe_model(model).split("\n", 1)
+def _describe(model, simulated: dict[str, Any] | None = None, numbers: dict[str, float] | None = None) -> str:
+    """The model's parameters and service in two lines (`_spec.describe_model`, with its `numbers` when they are
+    known); `simulated` (from `_simulated_service`) names the service that `jsmkt simulate` runs instead of the
+    model's."""
+    base, service = describe_model(model, numbers).split("\n", 1)
     if (whole := _whole_float_d(model)) is not None:
         base = base.replace(" (randomised, E[D])", f" (randomised, E[D]) (from a TOML float: write d = {whole} for a "
                             "fixed choice number)")
@@ -174,16 +175,19 @@ def _fixed_point(model, grown_by: str | None):
 
 def _solve_exact(
     model, grown_by: str | None, servers: int | None = None, sampling: str = "with_replacement", percentiles=None
-) -> tuple[dict[str, Any], Any]:
-    """`jsmkt solve`'s results of the exact mean field. With the cache on, and neither the refined mean field nor
-    percentiles (the sojourn-time distribution checks its inputs with host callbacks, which `jax.export` cannot
-    serialise), from the exported solve of `_exact_from_export` when it succeeds; otherwise (and after its failures,
-    which then raise the usual errors) by `solve_fixed_point` and the compiled metrics."""
+) -> tuple[dict[str, Any], Any, dict[str, float] | None]:
+    """`jsmkt solve`'s results of the exact mean field, the model at its final `K`, and the numbers of its
+    description (`describe_model`) when they came with the results. With the cache on, and neither the refined mean
+    field nor percentiles (the sojourn-time distribution checks its inputs with host callbacks, which `jax.export`
+    cannot serialise), from the exported solve of `_exact_from_export` when it succeeds; otherwise (and after its
+    failures, which then raise the usual errors) by `solve_fixed_point` and the compiled metrics."""
     import numpy as np
 
     found = _exact_from_export(model, grown_by) if servers is None and not percentiles else None
+    described = None
     if found is not None:
         values, model = found
+        described = {k: float(values.pop(f"described_{k}")) for k in _DESCRIBED}
     else:
         fp = _fixed_point(model, grown_by)
         model = fp.model
@@ -216,20 +220,24 @@ def _solve_exact(
         out[name] = dict(zip((f"p{p:g}" for p in percentiles), map(float, np.asarray(q)), strict=True))
     if servers is not None:
         out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling)
-    return out, model
+    return out, model, described
 
 
+_DESCRIBED = ("load", "mean", "scv")  # describe_model's numbers
 _QUANTILE_KEYS = ("sojourn_time_percentiles", "waiting_time_percentiles")
 
 
 def _exact_outputs(model):
     """What `jsmkt solve` prints of the exact mean field at the model's `K`, as one function of the model (traced
     whole, for `jax.export`): the fixed point (`solve_fixed_point` with `throw=False`, whose failures show in
-    `successful` and `truncated`) and its metrics."""
+    `successful` and `truncated`), its metrics, and the numbers of the model's description (`described_load`, ...)."""
     import jsmkt
+
+    from ._spec import _load_and_service_dict
 
     fp = jsmkt.solve_fixed_point(model, throw=False)
     out = dict(_exact_values()(model, fp))
+    out.update({f"described_{k}": v for k, v in _load_and_service_dict(model).items()})
     out.update(tail_mass=fp.tail_mass, num_steps=fp.stats["num_steps"], residual=fp.residual,
                successful=fp.result == jsmkt.RESULTS.successful,
                truncated=fp.result == jsmkt.RESULTS.truncation_too_small)
@@ -647,8 +655,10 @@ def _cmd_solve(args) -> int:
     if args.servers is not None:
         _check_servers(model, args.servers, sampling)
     grown_by = _grown_by(args, parsed.K_given)
-    out, model = (_solve_published(model, grown_by) if args.as_published
-                  else _solve_exact(model, grown_by, args.servers, sampling, args.percentiles))
+    if args.as_published:
+        (out, model), described = _solve_published(model, grown_by), None
+    else:
+        out, model, described = _solve_exact(model, grown_by, args.servers, sampling, args.percentiles)
     if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
         from .plotting import model_title
 
@@ -657,7 +667,7 @@ def _cmd_solve(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         title = "jsmkt solve: " + ("as published" if args.as_published else "exact mean field")
-        _print_table(out, title + "\n" + _describe(model), family_of(model).level, family_of(model).utilisation)
+        _print_table(out, title + "\n" + _describe(model, numbers=described), family_of(model).level, family_of(model).utilisation)
         if "refined" in out:
             _print_refined(out["refined"])
     if "refined" in out and (outside := _outside_unit_interval(out["refined"])):
@@ -1111,5 +1121,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def run() -> None:
+    """The console script (and `python -m jsmkt.cli`): `main`, then exit without the interpreter's teardown.
+    Once JAX is imported, that teardown (freeing its many objects and modules one by one) takes about half a
+    second, and it frees only memory: every output is flushed here and every file the commands write is closed
+    by then, and the exit handlers still run."""
+    import atexit
+
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a reader that closed the pipe: nothing more can be written
+        pass
+    atexit._run_exitfuncs()  # JAX's: wait for pending effects, release the backends
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -378,7 +378,7 @@ def exponential(rate: float = 1.0) -> PH:
     r = concrete_array(rate)
     if r is not None and not r > 0:
         raise ValueError(f"rate={float(r)!r} must be positive")
-    return PH(jnp.ones(1), -rate.reshape(1, 1))
+    return PH(np.ones(1), -(rate if r is None else r).reshape(1, 1))
 
 
 def _positive_mean(mean) -> Array:
@@ -418,10 +418,13 @@ def erlang(k: int, mean: float = 1.0) -> PH:
     k = _positive_integer("k", k, "number of phases")
     _check_order("k=", k)
     mean = _positive_mean(mean)
-    r = k / mean
+    mc = concrete_array(mean)
+    if mc is None:
+        return PH(np.eye(1, k)[0], (k / mean) * (jnp.eye(k, k=1) - jnp.eye(k)))
+    with np.errstate(over="ignore"):  # an infinite rate is refused next
+        r = k / mc
     _check_rates(r, mean)
-    T = -r * jnp.eye(k) + r * jnp.eye(k, k=1)
-    return PH(jnp.zeros(k).at[0].set(1.0), T)
+    return PH(np.eye(1, k)[0], r * (np.eye(k, k=1) - np.eye(k)))
 
 
 def hyperexponential(probs: ArrayLike, rates: ArrayLike) -> PH:
@@ -444,7 +447,7 @@ def hyperexponential(probs: ArrayLike, rates: ArrayLike) -> PH:
                 raise ValueError(f"probs[{i}]={float(q)!r} is negative; probs must be a probability vector")
         if pc.size and abs(float(pc.sum()) - 1.0) > 1e-8:
             raise ValueError(f"probs sums to {float(pc.sum())!r}, not 1; probs must be a probability vector")
-    return PH(probs, -jnp.diag(rates))
+    return PH(probs, -jnp.diag(rates) if rc is None else -np.diag(rc))
 
 
 def hyperexponential2(mean: float = 1.0, scv: float = 4.0) -> PH:
@@ -464,7 +467,12 @@ def hyperexponential2(mean: float = 1.0, scv: float = 4.0) -> PH:
     sc = concrete_array(scv)
     if sc is not None and not sc >= 1:
         raise ValueError(f"scv={float(sc)!r} must be >= 1 for a hyperexponential distribution")
-    p, rates, smooth_alpha, smooth_T = _h2(mean, scv)
+    mc = concrete_array(mean)
+    if mc is None or sc is None:
+        p, rates, smooth_alpha, smooth_T = _h2(mean, scv)
+    else:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # rates out of range: refused next
+            p, rates, smooth_alpha, smooth_T = _h2_terms(mc, sc, np)
     _check_rates(rates, mean, scv)
     balanced = hyperexponential(p, rates)
     if sc is not None and not sc == 1:
@@ -472,19 +480,23 @@ def hyperexponential2(mean: float = 1.0, scv: float = 4.0) -> PH:
     return PH(smooth_alpha, smooth_T)
 
 
-@jax.jit
-def _h2(mean, scv):
-    """`hyperexponential2`'s probabilities and rates, and its representation smooth at `scv = 1` (compiled once:
-    run eagerly, each of their operations would compile on its own)."""
+def _h2_terms(mean, scv, xp):
+    """`hyperexponential2`'s probabilities and rates, and its representation smooth at `scv = 1`, computed with the
+    array module `xp`: NumPy for concrete values (a model built once, by the CLI, then runs no JAX operation on its
+    own), `jax.numpy` under `_h2`."""
     u = (scv - 1.0) / (scv + 1.0)
     at_one = u == 0.0
-    s = jnp.where(at_one, 0.0, jnp.sqrt(jnp.where(at_one, 1.0, u)))  # no infinite derivative at u = 0
+    s = xp.where(at_one, 0.0, xp.sqrt(xp.where(at_one, 1.0, u)))  # no infinite derivative at u = 0
     # p2 = (1 - s)/2 = 1/((c^2 + 1)(1 + s)), free of cancellation as c^2 grows.
-    p = jnp.stack([0.5 * (1.0 + s), 1.0 / ((scv + 1.0) * (1.0 + s))])
+    p = xp.stack([0.5 * (1.0 + s), 1.0 / ((scv + 1.0) * (1.0 + s))])
     rates = 2.0 * p / mean
-    smooth_T = jnp.stack([jnp.stack([-(1.0 + 2.0 * u), u]), jnp.stack([1.0 - 4.0 * u, -(1.0 - 2.0 * u)])]) / mean
-    return (p, rates, jnp.where(at_one, jnp.array([1.0, 0.0]), p),
-            jnp.where(at_one, smooth_T, -jnp.diag(rates)))
+    smooth_T = xp.stack([xp.stack([-(1.0 + 2.0 * u), u]), xp.stack([1.0 - 4.0 * u, -(1.0 - 2.0 * u)])]) / mean
+    return (p, rates, xp.where(at_one, xp.array([1.0, 0.0]), p),
+            xp.where(at_one, smooth_T, -xp.diag(rates)))
+
+
+# Traced values: compiled once, where run eagerly each operation would compile on its own.
+_h2 = jax.jit(functools.partial(_h2_terms, xp=jnp))
 
 
 def coxian(rates: ArrayLike, probs: ArrayLike) -> PH:

@@ -9,7 +9,6 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, as_choice
 from .._distributions.ph import PH, concrete_mean_scv, not_a_ph
 from .._errors import as_float_array, concrete_array
-from .._linalg import mmatrix_solve
 from .base import AbstractDescribedModel, check_K, default_K, fmt, mph1_tail_decay
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
 
@@ -176,6 +175,8 @@ class JSQdPH(AbstractDescribedModel):
             s = jnp.clip(lam * choice.pgf(s_prev) / jnp.maximum(phase_mix @ T0, 1e-300), 0.0, s_prev)
 
             def S_of(s):
+                from .._linalg import mmatrix_solve  # here: building a model needs no Lineax
+
                 h = choice.join_factor(s_prev, s)
                 return mmatrix_solve((lam * h * shift - T).T, lam * h * S_prev + lam * choice.pgf(s) * alpha)
 

@@ -19,17 +19,20 @@ registered family.
 """
 
 import contextlib
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import lineax as lx
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .. import _linalg, _maps
+from .. import _maps
 from .._errors import staging
+
+
+if TYPE_CHECKING:
+    import lineax as lx
 
 
 class Structure(NamedTuple):
@@ -120,6 +123,8 @@ def structure(model) -> Structure:
             raise ValueError(
                 f"{type(model).__name__}.unknown_levels() gives {len(levels)} levels for {pattern.shape[0]} unknowns"
             )
+        from .. import _linalg  # Lineax, imported where a structure is first found: not by a loaded solve
+
         bandwidth, border = _linalg.classify_sparsity(pattern, np.asarray(levels))
     else:
         bandwidth, border = declared
@@ -143,6 +148,8 @@ def check_declared(model) -> Structure:
         return structure(model)
     levels = np.asarray(model.unknown_levels())
     bandwidth, border = declared
+    from .. import _linalg
+
     bad = _linalg.structure_violations(sparsity(model), levels, bandwidth, tuple(border))
     if len(bad):
         raise ValueError(violation_message(model, Structure(tuple(levels), bandwidth, tuple(border)), *bad[0]))
@@ -249,8 +256,10 @@ def probe_violation(s: Structure, fn, y):
     return jnp.any(gap & ~jnp.asarray(border))
 
 
-def linear_solver(model) -> lx.AbstractLinearSolver:
+def linear_solver(model) -> "lx.AbstractLinearSolver":
     """Newton's (and the implicit adjoint's) linear solver, chosen from the structure."""
+    from .. import _linalg
+
     s = structure(model)
     return _linalg.structure_solver(s.levels, s.bandwidth, s.border)
 
