@@ -2,7 +2,8 @@
 
 Each command runs as its own process, as a user runs it: `jsmkt --help`, a spec error (an unknown key), a value
 error (an unstable load), `jsmkt solve` of `examples/jsq2_h2.toml`, `jsmkt solve` of a copy at another λ with K fixed
-(the same model structure, new values: what a loop over λ runs), and a short `jsmkt simulate`. Cold: the first run,
+(the same model structure, new values: what a loop over λ runs), a short `jsmkt simulate`, and the floor: a process
+that imports JAX and runs one function exported by an earlier one, as the warm solve does, and nothing else. Cold: the first run,
 with an empty cache folder; warm: the median of `--repeats` later runs, interleaved round by round so that load from
 other processes hits every command alike. The CPU column is the warm run's user + system time (JAX's compiler
 threads can make it exceed the wall time; on a loaded machine it moves less than the wall time). Targets (issue
@@ -11,7 +12,7 @@ solve that the cold run traced and exported (`jsmkt._exported`), and JAX's compi
 For reference, the times of `python -c 'import jax'` and of importing ml_dtypes (which JAX imports; its version
 0.7.0 takes about 1.4 s, `constraints.txt`).
 
-`--profile` breaks one warm `jsmkt solve` down: interpreter start-up, importing JAX, importing Equinox, Lineax and
+`--profile` breaks one warm `jsmkt solve` down: interpreter start-up, importing JAX, importing Equinox and
 jsmkt's modules for the model, and the command itself (with whatever else it imports), split by a profile into
 tracing (Python running jsmkt's functions under `jit`), lowering to StableHLO (for an exported function: reading
 it back), loading compiled kernels from the cache, compiling, running them, and the rest (Python: spec, model
@@ -75,7 +76,33 @@ def _commands(folder: pathlib.Path, cache: pathlib.Path) -> list[tuple[str, list
         # cold at lam = 0.9, warm at 0.85: the same structure (K fixed), new values, as in a loop over lam
         ("solve, new lam (K fixed)", [*JSMKT, "solve", str(same), *c], [*JSMKT, "solve", str(other), *c], 0, None),
         ("simulate N=100, t=500", simulate, simulate, 0, None),
+        ("floor: JAX loads, runs 1 function", [sys.executable, "-c", _FLOOR, str(cache / "floor")],
+         [sys.executable, "-c", _FLOOR, str(cache / "floor")], 0, None),
     ]
+
+
+# The least a process that imports JAX and runs one function that an earlier process exported can take here: what
+# a warm `jsmkt solve` does besides its own work (imports of Equinox and jsmkt, the spec and the model, the output).
+# It exits as the console script does (exit handlers, then no teardown), and as every exported call on the CPU it
+# initialises JAX's LAPACK kernels (which imports SciPy's).
+_FLOOR = r"""
+import atexit, os, pathlib, sys
+import jax
+import numpy as np
+from jax import export
+jax.config.update("jax_enable_x64", True)
+folder = pathlib.Path(sys.argv[1])
+jax.config.update("jax_compilation_cache_dir", str(folder / "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+path = folder / "function.jax-export"
+if not path.exists():
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(export.export(jax.jit(lambda x: {"y": 2.0 * x + 1.0}))(np.float64(0.0)).serialize())
+print(float(export.deserialize(bytearray(path.read_bytes())).call(np.float64(0.5))["y"]))
+sys.stdout.flush()
+atexit._run_exitfuncs()
+os._exit(0)
+"""
 
 
 def _solved_K() -> int:
@@ -95,7 +122,7 @@ import jsmkt.cli
 T1 = time.perf_counter()
 import jax
 T2 = time.perf_counter()
-import equinox, lineax
+import equinox
 import jsmkt._exported, jsmkt._models.jsqd_ph
 T3 = time.perf_counter()
 names = []
@@ -159,7 +186,7 @@ def _profile(env: dict, cache: pathlib.Path) -> None:
     print(f"  {'interpreter start-up (python -c pass)':<46} {start:6.2f}")
     print(f"  {'import jsmkt.cli (no JAX)':<46} {phases[0]:6.2f}")
     print(f"  {'import JAX':<46} {phases[1]:6.2f}")
-    print(f"  {'import Equinox, Lineax, jsmkt models':<46} {phases[2]:6.2f}")
+    print(f"  {'import Equinox, jsmkt models':<46} {phases[2]:6.2f}")
     print(f"  {'the command (main):':<46} {command:6.2f}")
     rest = command
     for name, t in parts.items():
@@ -221,6 +248,10 @@ def main() -> None:
             c = statistics.median(x[1] for x in warm[label])
             verdict = "" if target is None else f"<= {target:g}  {'PASS' if w <= target else 'MISS'}"
             print(f"  {label:<34} {cold[label]:7.2f} {w:7.2f} {c:9.2f}   {verdict}")
+        solve, floor = (statistics.median(x[0] for x in warm[k]) for k in ("solve jsq2_h2.toml",
+                                                                            "floor: JAX loads, runs 1 function"))
+        print(f"  warm solve - floor: {solve - floor:.2f} s (jsmkt's share: importing Equinox and jsmkt, the spec, "
+              "the model, the output)")
         print(f"  (for reference: `python -c 'import jax'` takes {jax_import:.2f} s here, `python -c 'import "
               f"ml_dtypes'` {ml_dtypes_import:.2f} s with ml_dtypes {ml_dtypes}: 0.7.0 takes about 1.4 s more, see "
               "constraints.txt)")

@@ -252,13 +252,17 @@ def _exact_from_export(model, grown_by: str | None):
     from . import _exported
     from ._models.structure import check_size, linear_solver
 
+    def before_export(model):
+        # Once per model structure, which both depend on alone: a file that exists passed them.
+        check_size(model)
+        linear_solver(model)
+
     K0 = model.K
     while True:
         try:
-            check_size(model)
-        except ValueError:
+            values, _ = _exported.call("jsmkt solve: exact", _exact_outputs, model, before_export=before_export)
+        except ValueError:  # too large to solve, or a structure refused: the usual path raises the error
             return None
-        values, _ = _exported.call("jsmkt solve: exact", _exact_outputs, model, before_export=linear_solver)
         if values is None:
             return None
         if bool(values.pop("successful")):

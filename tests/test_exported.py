@@ -73,3 +73,40 @@ def test_a_foreign_file_or_new_code_is_traced_again(folder, monkeypatch):
 def test_off_without_a_folder():
     _exported.use_folder(None)
     assert _exported.call("test", cli._exact_outputs, jsmkt.JSQd(0.7, d=2, K=12)) == (None, "off")
+
+
+_COUNT_COMPUTATIONS = """
+import logging, sys
+import jax
+from jsmkt._spec import build_model, describe_model, load_spec, parse_spec
+
+compiled = []
+class Count(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("Compiling "):
+            compiled.append(record.getMessage().split(" with ")[0])
+jax.config.update("jax_log_compiles", True)
+logging.getLogger("jax").addHandler(Count())
+logging.getLogger("jax").propagate = False
+for path in sys.argv[1:]:
+    model = build_model(parse_spec(load_spec(path)))
+    describe_model(model, {"load": 0.5, "mean": 1.0, "scv": 1.0})
+    print(path, compiled)
+    compiled.clear()
+"""
+
+
+def test_building_and_describing_a_model_from_a_spec_runs_no_jax_computation():
+    # A warm `jsmkt solve` runs one computation, the loaded solve: each JAX operation run on its own while the
+    # model is built would be lowered and loaded from the cache in every run (tens of milliseconds each). A fresh
+    # process, so that no computation is already compiled in memory.
+    import pathlib
+    import subprocess
+    import sys
+
+    examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
+    specs = [str(examples / f) for f in ("jsq2_h2.toml", "jsq2_erlang2.toml", "jsq3_exponential.toml",
+                                         "jsq2_coxian_explicit.toml")]
+    proc = subprocess.run([sys.executable, "-c", _COUNT_COMPUTATIONS, *specs], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"{s} []" for s in specs]
