@@ -20,7 +20,11 @@ set-up, output); with the number of computations compiled (or loaded), the eager
 named. The profile's own overhead inflates Python-heavy parts; its
 shares are applied to the command's unprofiled wall time.
 
-Run: `.venv/bin/python benchmarks/cli.py [--repeats 3] [--profile]`.
+`--baseline DIR` also runs the two warm solves with the jsmkt of another checkout (`git worktree add DIR COMMIT`) in
+the same rounds, and prints the median of the rounds' ratios: on a machine whose speed drifts, the side-by-side ratio
+is what compares two versions.
+
+Run: `.venv/bin/python benchmarks/cli.py [--repeats 3] [--profile] [--baseline DIR]`.
 """
 
 import argparse
@@ -43,11 +47,12 @@ JSMKT = [sys.executable, "-m", "jsmkt.cli"]
 SPEC = ROOT / "examples" / "jsq2_h2.toml"
 
 
-def _run(argv: list[str], env: dict) -> tuple[float, float, int]:
-    """Wall and CPU (user + system) seconds of one process, and its exit code."""
+def _run(argv: list[str], env: dict, cwd: pathlib.Path = ROOT) -> tuple[float, float, int]:
+    """Wall and CPU (user + system) seconds of one process run in `cwd` (`python -m` imports jsmkt from there first),
+    and its exit code."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -56,11 +61,11 @@ def _run(argv: list[str], env: dict) -> tuple[float, float, int]:
 
 def _commands(folder: pathlib.Path, cache: pathlib.Path) -> list[tuple[str, list[str], list[str], int, float | None]]:
     """(label, argv of the cold run, argv of the warm runs, expected exit code, target wall seconds when warm)."""
+    K = _solved_K()
     bad = folder / "bad_key.toml"
     bad.write_text('model = "jsq-ph"\nlam = 0.9\nspeed = 2\n[service]\nkind = "h2"\nmean = 1.0\nscv = 4.0\n')
     unstable = folder / "unstable.toml"
     unstable.write_text('model = "jsq-ph"\nlam = 1.2\n[service]\nkind = "h2"\nmean = 1.0\nscv = 4.0\n')
-    K = _solved_K()
     other = folder / "other_lam.toml"
     other.write_text(f'model = "jsq-ph"\nlam = 0.85\nK = {K}\n[service]\nkind = "h2"\nmean = 1.0\nscv = 4.0\n')
     same = folder / "same_K.toml"
@@ -103,6 +108,9 @@ sys.stdout.flush()
 atexit._run_exitfuncs()
 os._exit(0)
 """
+
+
+_COMPARED = ("solve jsq2_h2.toml", "solve, new lam (K fixed)")  # the rows `--baseline` runs twice
 
 
 def _solved_K() -> int:
@@ -212,6 +220,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=positive(int), default=3, help="warm runs per command (default: 3)")
     p.add_argument("--profile", action="store_true", help="also break one warm `jsmkt solve` down")
+    p.add_argument("--baseline", type=pathlib.Path, metavar="DIR",
+                   help="also run the warm solves with the jsmkt of the checkout DIR (e.g. a `git worktree` of an "
+                        "earlier commit), in the same rounds, and print the ratios")
     args = p.parse_args()
     env = {k: v for k, v in os.environ.items() if k not in ("JSMKT_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -220,15 +231,30 @@ def main() -> None:
         cache = folder / "cache"
         commands = _commands(folder, cache)
         cold = {}
+        envs = {label: (env, ROOT) for label, *_ in commands}
+        if args.baseline is not None:
+            # The warm solves again with the jsmkt of another checkout (its own cache folder), in the same rounds.
+            where = args.baseline.resolve()
+            base_env = {**env, "PYTHONPATH": str(where) + os.pathsep + env.get("PYTHONPATH", "")}
+            imported = subprocess.run([sys.executable, "-c", "import jsmkt; print(jsmkt.__file__)"], env=base_env,
+                                      cwd=where, capture_output=True, text=True, check=True).stdout.strip()
+            if not pathlib.Path(imported).resolve().is_relative_to(where):
+                sys.exit(f"--baseline {where}: the baseline's processes import jsmkt from {imported}")
+            base = [(f"{label} [baseline]", *[[str(folder / "base-cache") if a == str(cache) else a for a in argv]
+                                             for argv in (cold_argv, warm_argv)], code, None)
+                    for label, cold_argv, warm_argv, code, _ in commands if label in _COMPARED]
+            commands += base
+            envs.update({label: (base_env, where) for label, *_ in base})
+        cold = {}
         for label, argv, _, code, _ in commands:
-            wall, cpu, rc = _run(argv, env)
+            wall, cpu, rc = _run(argv, *envs[label])
             if rc != code:
                 sys.exit(f"{label}: exit code {rc}, expected {code}")
             cold[label] = wall
         warm = {label: [] for label, *_ in commands}
         for _ in range(args.repeats):
             for label, _, argv, code, _ in commands:
-                wall, cpu, rc = _run(argv, env)
+                wall, cpu, rc = _run(argv, *envs[label])
                 if rc != code:
                     sys.exit(f"{label}: exit code {rc}, expected {code}")
                 warm[label].append((wall, cpu))
@@ -248,6 +274,9 @@ def main() -> None:
             c = statistics.median(x[1] for x in warm[label])
             verdict = "" if target is None else f"<= {target:g}  {'PASS' if w <= target else 'MISS'}"
             print(f"  {label:<34} {cold[label]:7.2f} {w:7.2f} {c:9.2f}   {verdict}")
+        for label in _COMPARED if args.baseline is not None else ():
+            ratios = [a[0] / b[0] for a, b in zip(warm[label], warm[f"{label} [baseline]"], strict=True)]
+            print(f"  {label}: this checkout / baseline, median of the rounds' ratios {statistics.median(ratios):.2f}")
         solve, floor = (statistics.median(x[0] for x in warm[k]) for k in ("solve jsq2_h2.toml",
                                                                             "floor: JAX loads, runs 1 function"))
         print(f"  warm solve - floor: {solve - floor:.2f} s (jsmkt's share: importing Equinox and jsmkt, the spec, "
