@@ -105,7 +105,8 @@ def _store(path: pathlib.Path, exported) -> None:
 def call(name: str, fn: Callable[..., dict], model, before_export=None) -> tuple[dict | None, str]:
     """`fn(model)`, a dict of arrays, from the file of its `jax.export` in the folder of `use_folder` when there is
     one for this code and this model structure; otherwise traced, exported into that folder and called.
-    `before_export(model)`, if given, runs before tracing (e.g. a check whose result the trace relies on).
+    `before_export(model)`, if given, runs before tracing, and only then (e.g. a check that depends on the model's
+    structure alone, which a loaded file has passed; its exceptions propagate).
 
     **Returns:** the dict (NumPy arrays) and how it was obtained: `"loaded"`, `"exported"`, or `"traced"` when the
     model's structure has no stable key (nothing is kept); `(None, "off")` without a folder, and `(None,
