@@ -3,8 +3,8 @@
 Each command runs as its own process, as a user runs it: `jsmkt --help`, a spec error (an unknown key), a value
 error (an unstable load), `jsmkt solve` of `examples/jsq2_h2.toml`, `jsmkt solve` of a copy at another λ with K fixed
 (the same model structure, new values: what a loop over λ runs), a short `jsmkt simulate`, and the floor: a process
-that imports JAX and runs one function exported by an earlier one, as the warm solve does, and nothing else. Cold: the first run,
-with an empty cache folder; warm: the median of `--repeats` later runs, interleaved round by round so that load from
+that imports JAX and runs one function exported by an earlier one, as the warm solve does, and nothing else.
+Cold: the first run, with an empty cache folder; warm: the median of `--repeats` later runs, interleaved round by round so that load from
 other processes hits every command alike. The CPU column is the warm run's user + system time (JAX's compiler
 threads can make it exceed the wall time; on a loaded machine it moves less than the wall time). Targets (issue
 25): `--help` and a spec error under 1 s, a repeated `jsmkt solve` at most 1.5 s. A warm `jsmkt solve` loads the

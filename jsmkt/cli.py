@@ -29,6 +29,7 @@ from typing import Any
 
 from ._spec import (
     SpecError,
+    _load_and_service_dict,
     build_model,
     describe_model,
     family_of,
@@ -232,8 +233,6 @@ def _exact_outputs(model):
     whole, for `jax.export`): the fixed point (`solve_fixed_point` with `throw=False`, whose failures show in
     `successful` and `truncated`), its metrics, and the numbers of the model's description (`described_load`, ...)."""
     import jsmkt
-
-    from ._spec import _load_and_service_dict
 
     fp = jsmkt.solve_fixed_point(model, throw=False)
     out = dict(_exact_values()(model, fp))
@@ -671,7 +670,8 @@ def _cmd_solve(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         title = "jsmkt solve: " + ("as published" if args.as_published else "exact mean field")
-        _print_table(out, title + "\n" + _describe(model, numbers=described), family_of(model).level, family_of(model).utilisation)
+        fam = family_of(model)
+        _print_table(out, title + "\n" + _describe(model, numbers=described), fam.level, fam.utilisation)
         if "refined" in out:
             _print_refined(out["refined"])
     if "refined" in out and (outside := _outside_unit_interval(out["refined"])):
