@@ -67,7 +67,7 @@ def main(argv=None):
     for name, (service, bound) in laws.items():
         for d in ds:
             t0 = time.perf_counter()
-            lam, steps, slope, K = largest_rate(service, d, bound, 0.8 if d == 1 else 0.995)
+            lam, steps, slope, K = largest_rate(service, d, bound, 0.8 if d == 1 else 0.999)
             t_root = time.perf_counter() - t0
             model = jsmkt.JSQdPH(lam, service, d=d)
             fp = jsmkt.solve_fixed_point(model)
