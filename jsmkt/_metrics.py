@@ -126,13 +126,13 @@ def probe_rate(model: AbstractSupermarketModel, state, stream: str | None = None
     or by the one named `stream`: $\sum_{\text{streams}} R\,E[D]$, $R$ the stream's rate per server (for a stream
     that starts at the servers, such as retrials, the rate at which they start it) and $D$ its choice number. For
     JSQ(d) this is $\lambda E[D]$: divided by the arrival rate, the mean number of probes per arrival."""
-    from ._models.description import stream_rate
+    from ._models.description import averaged, stream_rate
 
     y = _state(model, state)
     if not isinstance(model, AbstractDescribedModel):
         raise ValueError(f"probe_rate needs a model stated by its physics (its dispatch streams); "
                          f"{type(model).__name__} is not")
-    desc = model.description()
+    desc = averaged(model.description())  # a modulated stream (a BMAP's batches) at its mean-field rate
     names = [d.name for d in desc.dispatches]
     if stream is not None and stream not in names:
         raise ValueError(f"stream={stream!r} is not a dispatch stream of this model; its streams are {names}")

@@ -11,6 +11,15 @@ behind the tagged job, which it never delays. The tagged job leaves when the rem
 position $p$, so its sojourn time is the absorption time of the chain of (the server's cell, the job's
 position), and its waiting time (time to the head of the queue, where service starts) that of $p - 1$ removals.
 
+**A modulating phase** (`JSQdBMAP`: one BMAP feeds all servers). The phase moves $N$ times faster than one
+server's events, so in the limit a server sees its streams at their averaged rates $\gamma r_s$ (`averaged`, the
+description's mean field), and a batch finds the occupancy $x^*$ whatever phase it comes in. The chain is therefore
+that of batch-Poisson arrivals: a job belongs to a batch of $b$ with the size-biased probability
+$b\,\gamma D_b\mathbf 1/\sum_{b'} b'\,\gamma D_{b'}\mathbf 1$, joins cell $c$ by the tail rule and takes position
+$\text{jobs}_c + j$, $j$ uniform on $1..b$; the FCFS server then removes jobs at its own rates, and later batches
+queue behind the job. The phase's moves and correlations enter only the $1/N$ terms; for $d = 1$ the law is the
+M^X/M/1 FCFS law of the averaged batch rates, not the BMAP/M/1 one.
+
 **Two chains.** When the rates that move the tagged job forward (removals, and changes of the server's status,
 e.g. the phase of the job in service or a failure) depend on the server's status only, not on its level (the
 jobs behind the tagged job are then irrelevant), the chain lumps to (status, position): $m \cdot K$ states for PH
@@ -57,6 +66,7 @@ from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
 from ._models.description import (
     Description,
     _pooled,
+    averaged,
     chosen_factor,
     clipped_targets,
     pool_cells,
@@ -273,7 +283,9 @@ def _lumping_defect(desc: Description, moves: _Moves, reach: np.ndarray, rep: np
 
 def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped: bool | None = None) -> _Chain:
     """The tagged job's chain at occupancy `x` (module docstring). `lumped=None` lumps when the description allows
-    it; `True` requires it (a `ValueError` naming the dispatch otherwise), `False` builds the full chain."""
+    it; `True` requires it (a `ValueError` naming the dispatch otherwise), `False` builds the full chain. A
+    modulating phase is averaged out first (module docstring)."""
+    desc = averaged(desc)
     cells = desc.cells
     if not desc.fcfs or any(d.origin is not None for d in desc.dispatches):
         raise ValueError(_NO_FCFS)
@@ -605,8 +617,9 @@ def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     A tagged job joins a server chosen by the tail rule at the stationary occupancy and leaves when the FCFS
     queue has removed the jobs ahead of it and the job itself; its server evolves as one server of the mean
     field (module `jsmkt._sojourn`). Every family whose servers hold FCFS queues has it: `JSQd`, `JSQdPH`,
-    `JSQdBatch` (a job's position within its batch), `JSQdClasses` (with helpers too), `JSQdBatchService`,
-    `RepairableJSQ` (failures interrupt service). `RetrialJSQ` has none: orbits are not FCFS queues.
+    `JSQdBatch` and `JSQdBMAP` (a job's position within its batch; the BMAP's phase averaged out), `JSQdClasses`
+    (with helpers too), `JSQdBatchService`, `RepairableJSQ` (failures interrupt service). `RetrialJSQ` has none:
+    orbits are not FCFS queues.
 
     **Arguments:**
 
@@ -644,9 +657,9 @@ def waiting_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     $1 - $ `jsmkt.prob_wait`) and a density on $t > 0$; its mean is `jsmkt.mean_waiting_time`.
 
     Defined where the job at the head of a queue is always in service and services remove one job at a time:
-    `JSQd`, `JSQdPH`, `JSQdBatch`, `JSQdClasses` (and `JSQdBatchService` with batches of one). Refused for
-    `RepairableJSQ` (a failed server's head job waits too, so waiting and interruptions do not separate) and
-    batch service (a job may leave without reaching the head). Arguments, returns and errors as
+    `JSQd`, `JSQdPH`, `JSQdBatch`, `JSQdBMAP`, `JSQdClasses` (and `JSQdBatchService` with batches of one).
+    Refused for `RepairableJSQ` (a failed server's head job waits too, so waiting and interruptions do not
+    separate) and batch service (a job may leave without reaching the head). Arguments, returns and errors as
     `jsmkt.sojourn_time_distribution`.
     """
     return _distribution(model, state, "waiting time", True, stream, max_terms, lumped)
