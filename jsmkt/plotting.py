@@ -184,7 +184,10 @@ def plot_sojourn_ccdf(ax, dist, *, percentiles: Sequence[float] = (), label: str
     if not isinstance(dist, TimeDistribution):
         raise ValueError(f"dist must be a jsmkt.TimeDistribution (from jsmkt.sojourn_time_distribution or "
                          f"waiting_time_distribution), not {type(dist).__name__}")
-    ps = _array("percentiles", list(percentiles), 1, "1-D array") if len(percentiles) else np.zeros(0)
+    try:
+        ps = np.asarray(list(percentiles), dtype=float).reshape(-1)
+    except (TypeError, ValueError):
+        raise ValueError(f"percentiles={percentiles!r} must be a sequence of numbers in (0, 100)") from None
     bad = ps[~((ps > 0) & (ps < 100))]
     if bad.size:
         raise ValueError(f"percentiles: {float(bad[0])!r} is not a percentile in (0, 100) (e.g. 99.9 for p99.9)")
@@ -206,7 +209,7 @@ def plot_sojourn_ccdf(ax, dist, *, percentiles: Sequence[float] = (), label: str
     kwargs = _line_kwargs(kwargs)
     (line,) = ax.semilogy(t[keep], ccdf[keep], label=dist.kind if label is None else label, **kwargs)
     if ps.size:
-        y = 1.0 - ps / 100.0
+        y = (100.0 - ps) / 100.0
         ax.vlines(tq, lowest / 2.0, y, colors=line.get_color(), linestyles=":", linewidth=0.8)
         ax.plot(tq, y, linestyle="none", marker="o", markersize=7, markerfacecolor="none", markeredgewidth=1.2,
                 color=line.get_color(), label="percentiles", zorder=3)
