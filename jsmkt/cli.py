@@ -576,11 +576,33 @@ def _plot(out: dict[str, Any], path: str, title: str, json_output: bool = False,
         if out.get("phase_tails"):
             plot_phase_tails(ax, out["phase_tails"])
         if sojourn is None:
-            ax.set_title(title, fontsize=9)
+            ax.set_title(_fit_title(title, 6), fontsize=9)
         else:
-            fig.suptitle(title, fontsize=9)
+            fig.suptitle(_fit_title(title, 11), fontsize=9)
 
     _save_figure(draw, path, figsize=(6, 4.5) if sojourn is None else (11, 4.5), json_output=json_output)
+
+
+def _fit_title(title: str, inches: float) -> str:
+    """`title` with each of its lines broken to fit `inches` at font size 9 (about 13 characters an inch), so that
+    a long model description is not cut off at the figure's edges: between its `name = value` items (separated by
+    three spaces), and within an item at spaces only where the item alone is too long."""
+    import textwrap
+
+    width = int(13 * inches)
+    out = []
+    for line in title.split("\n"):
+        row = ""
+        for item in line.split("   "):
+            if row and len(row) + 3 + len(item) > width:
+                out.append(row)
+                row = ""
+            row = f"{row}   {item}" if row else item
+            if len(row) > width:
+                *full, row = textwrap.wrap(row, width, break_on_hyphens=False, break_long_words=False)
+                out.extend(full)
+        out.append(row)
+    return "\n".join(out)
 
 
 def _sojourn_law(model):
@@ -824,7 +846,7 @@ def _plot_transient(out: dict[str, Any], path: str, title: str, level: str, json
         right.set_ylabel(r"distance to the fixed point, $\max_k |s_k(t) - s_k^*|$")
         for ax in (left, right):  # the times integrated, without margins
             ax.set_xlim(out["times"][0], out["times"][-1])
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(_fit_title(title, 10), fontsize=9)
 
     _save_figure(draw, path, figsize=(10, 4), json_output=json_output)
 
@@ -1001,7 +1023,7 @@ def _plot_elasticities(rows: list[dict[str, Any]], path: str, title: str, json_o
         ax.barh(names, [r["elasticity"] for r in rows][::-1], color="0.35")
         ax.axvline(0.0, color="k", lw=0.8)
         ax.set_xlabel("elasticity (theta / M) dM/dtheta")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(_fit_title(title, 5), fontsize=9)
 
     _save_figure(draw, path, figsize=(6, 1.3 + 0.35 * len(rows)), json_output=json_output)
 

@@ -225,3 +225,18 @@ def test_sensitivity_chart_names_the_service_and_says_wrote(tmp_path, capsys, fi
     code, out, err = run(["sensitivity", str(EXAMPLES / "jsq2_h2.toml"), "--wrt", "lam", "--plot", str(png),
                           "--format", "json"], capsys)
     assert code == 0 and json.loads(out)["metric"] == "mean_sojourn_time" and f"wrote {png}\n" in err
+
+
+def test_long_titles_are_broken_between_items_not_cut_off():
+    """The BMAP example's title (`jsmkt solve examples/jsq_bmap.toml --as-published --plot`) ran past both edges
+    of the 6-inch figure, its load cut off. Titles are now broken between the description's items."""
+    from jsmkt.cli import _fit_title
+
+    first = ("JSQdBMAP (as published): BMAP of order 2, batches 1..2 (rates 0.39, 0.0875)   d = 2   K = 20   "
+             "load rho = 0.807143")
+    title = first + "\nservice: exponential, rate mu = 0.7"
+    fitted = _fit_title(title, 6).split("\n")
+    assert all(len(line) <= 78 for line in fitted)
+    assert fitted[-1] == "service: exponential, rate mu = 0.7"
+    assert "   ".join(fitted[:-1]) == first  # every item kept whole, in order
+    assert _fit_title(title, 20) == title
