@@ -71,11 +71,10 @@ def main():
 
         plot_tails(ax, s_exact, label="exact mean field", color="k")
         plot_tails(ax, s_pub, label="published closed form", color="tab:red", linestyle="--", marker="x")
-        sim_tail = np.asarray(sim.tails)
-        plot_tails(ax, sim_tail[: len(s_exact)], label=f"simulation, N = {args.servers}", color="tab:blue",
-                   linestyle="none", marker="s", floor=1e-6)
-        ax.set_ylim(1e-12, 2)
-        ax.set_xlim(-0.5, 14)
+        n = len(s_exact)
+        plot_tails(ax, np.asarray(sim.tails)[:n], ci=np.asarray(sim.tails_ci)[:n],  # 95 % half-widths
+                   label=f"simulation, N = {args.servers}", color="tab:blue", linestyle="none", marker="s",
+                   markerfacecolor="none", floor=1e-6)
         ax.set_title(f"JSQ({d}), {name}, λ = {lam}")
     fig.tight_layout()
     path = out / "demo_tails.png"

@@ -559,21 +559,64 @@ def _check_plot_path(path: str) -> None:
         raise SpecError(f"--plot={path}: directory {folder} is not writable")
 
 
-def _plot(out: dict[str, Any], path: str, title: str) -> None:
-    from .plotting import plot_phase_tails, plot_tails
+def _plot(out: dict[str, Any], path: str, title: str, json_output: bool = False, sojourn=None,
+          percentiles=None) -> None:
+    """`jsmkt solve --plot`: the tails (and per-phase tails); with `sojourn` (the mean field's sojourn-time law,
+    for `--percentiles`) a second panel with its complementary CDF, the `percentiles` marked."""
+    from .plotting import plot_phase_tails, plot_sojourn_ccdf, plot_tails
 
     def draw(fig):
-        ax = fig.subplots()
+        if sojourn is None:
+            ax = fig.subplots()
+        else:
+            ax, right = fig.subplots(1, 2)
+            plot_sojourn_ccdf(right, sojourn, percentiles=percentiles or (), color="k")
+            right.set_title("sojourn-time law, mean field", fontsize=9)
         plot_tails(ax, out["tail"], label=f"$s_k$ ({out['variant']})", color="k")
         if out.get("phase_tails"):
             plot_phase_tails(ax, out["phase_tails"])
-        ax.set_title(title, fontsize=9)
+        if sojourn is None:
+            ax.set_title(_fit_title(title, 6), fontsize=9)
+        else:
+            fig.suptitle(_fit_title(title, 11), fontsize=9)
 
-    _save_figure(draw, path, figsize=(6, 4.5))
+    _save_figure(draw, path, figsize=(6, 4.5) if sojourn is None else (11, 4.5), json_output=json_output)
 
 
-def _save_figure(draw, path: str, figsize: tuple[float, float]) -> None:
-    """A figure drawn by `draw(fig)`, written to `path`."""
+def _fit_title(title: str, inches: float) -> str:
+    """`title` with each of its lines broken to fit `inches` at font size 9 (about 13 characters an inch), so that
+    a long model description is not cut off at the figure's edges: between its `name = value` items (separated by
+    three spaces), and within an item at spaces only where the item alone is too long."""
+    import textwrap
+
+    width = int(13 * inches)
+    out = []
+    for line in title.split("\n"):
+        row = ""
+        for item in line.split("   "):
+            if row and len(row) + 3 + len(item) > width:
+                out.append(row)
+                row = ""
+            row = f"{row}   {item}" if row else item
+            if len(row) > width:
+                *full, row = textwrap.wrap(row, width, break_on_hyphens=False, break_long_words=False)
+                out.extend(full)
+        out.append(row)
+    return "\n".join(out)
+
+
+def _sojourn_law(model):
+    """The mean field's sojourn-time law of `model` at its `K` (for `jsmkt solve --plot --percentiles`, after
+    `_solve_exact` has solved it and computed its percentiles: the fixed point is solved again, its compiled
+    solve reused)."""
+    import jsmkt
+
+    return jsmkt.sojourn_time_distribution(model, _fixed_point(model, None))
+
+
+def _save_figure(draw, path: str, figsize: tuple[float, float], json_output: bool = False) -> None:
+    """A figure drawn by `draw(fig)`, written to `path`; says `wrote PATH` on stdout (on stderr with
+    `json_output`, whose stdout is the JSON alone)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -601,6 +644,7 @@ def _save_figure(draw, path: str, figsize: tuple[float, float]) -> None:
         plt.close(fig)
     for text in [str(w.message) for w in caught] + [r.getMessage() for r in records]:
         print(f"jsmkt: warning: --plot={path}: {text.strip().splitlines()[0]}", file=sys.stderr)
+    print(f"wrote {path}", file=sys.stderr if json_output else sys.stdout)
 
 
 def _print_refined(r: dict[str, Any]) -> None:
@@ -666,7 +710,8 @@ def _cmd_solve(args) -> int:
     if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
         from .plotting import model_title
 
-        _plot(out, args.plot, model_title(model, "as published" if args.as_published else "exact mean field"))
+        _plot(out, args.plot, model_title(model, "as published" if args.as_published else "exact mean field"),
+              args.format == "json", _sojourn_law(model) if args.percentiles else None, args.percentiles)
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
@@ -745,7 +790,7 @@ def _cmd_transient(args) -> int:
         from .plotting import model_title
 
         _plot_transient(out, args.plot, model_title(model, "transient from empty servers"),
-                        family_of(model).level)
+                        family_of(model).level, args.format == "json")
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
@@ -781,7 +826,7 @@ def _print_transient(out: dict[str, Any], header: str, level: str) -> None:
     print(f"  (s_k(t) = P({level} >= k) at time t; E[Q] counts the jobs at a server)")
 
 
-def _plot_transient(out: dict[str, Any], path: str, title: str, level: str) -> None:
+def _plot_transient(out: dict[str, Any], path: str, title: str, level: str, json_output: bool = False) -> None:
     import numpy as np
 
     from .plotting import plot_trajectory
@@ -799,9 +844,11 @@ def _plot_transient(out: dict[str, Any], path: str, title: str, level: str) -> N
         right.semilogy(np.asarray(out["times"])[keep], dist[keep], color="k")
         right.set_xlabel("time")
         right.set_ylabel(r"distance to the fixed point, $\max_k |s_k(t) - s_k^*|$")
-        fig.suptitle(title, fontsize=9)
+        for ax in (left, right):  # the times integrated, without margins
+            ax.set_xlim(out["times"][0], out["times"][-1])
+        fig.suptitle(_fit_title(title, 10), fontsize=9)
 
-    _save_figure(draw, path, figsize=(10, 4))
+    _save_figure(draw, path, figsize=(10, 4), json_output=json_output)
 
 
 def _check_cpu_devices(requested: int | None) -> None:
@@ -969,25 +1016,16 @@ def _service_parametrisation(spec: dict[str, Any]):
     return getattr(jsmkt, _SERVICE_PARAMETRISATIONS[kind]) if kind in _SERVICE_PARAMETRISATIONS else None
 
 
-def _plot_elasticities(rows: list[dict[str, Any]], path: str, title: str) -> None:
-    import matplotlib
+def _plot_elasticities(rows: list[dict[str, Any]], path: str, title: str, json_output: bool = False) -> None:
+    def draw(fig):
+        ax = fig.subplots()
+        names = [r["name"] for r in rows][::-1]
+        ax.barh(names, [r["elasticity"] for r in rows][::-1], color="0.35")
+        ax.axvline(0.0, color="k", lw=0.8)
+        ax.set_xlabel("elasticity (theta / M) dM/dtheta")
+        ax.set_title(_fit_title(title, 5), fontsize=9)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 0.8 + 0.35 * len(rows)))
-    names = [r["name"] for r in rows][::-1]
-    ax.barh(names, [r["elasticity"] for r in rows][::-1], color="0.35")
-    ax.axvline(0.0, color="k", lw=0.8)
-    ax.set_xlabel("elasticity (theta / M) dM/dtheta")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as e:
-        raise SpecError(f"--plot={path}: cannot write the plot ({e.strerror or e})") from None
-    finally:
-        plt.close(fig)
+    _save_figure(draw, path, figsize=(6, 1.3 + 0.35 * len(rows)), json_output=json_output)
 
 
 def _cmd_sensitivity(args) -> int:
@@ -1011,7 +1049,9 @@ def _cmd_sensitivity(args) -> int:
     s = jsmkt.sensitivity(model, args.metric, wrt, service=service)
     rows = s.rows()
     if args.plot:
-        _plot_elasticities(rows, args.plot, f"{family_of(model).describe(model)}\nelasticities of {s.metric}")
+        from .plotting import model_title
+
+        _plot_elasticities(rows, args.plot, f"{model_title(model)}\nelasticities of {s.metric}", args.format == "json")
     if args.format == "json":
         out = {"variant": "sensitivity", "model": type(model).__name__, **family_of(model).parameters(model),
                "K": model.K, **s.to_dict()}

@@ -4,6 +4,11 @@ Inputs are checked before anything is drawn: a NaN or infinite value (e.g. from 
 wrong shape is refused with a `ValueError` naming the argument. Tails fall doubly exponentially, to 1e-300 within a
 few dozen levels: the tail plots leave out values at or below `floor` (1e-16 by default, the relative precision of
 float64) and set the axes to the range of what they drew, so that the informative levels fill the plot.
+Curves that may coincide are told apart by line style, marker shape and fill: `s_k` is a solid line with filled
+circles; each phase of `plot_phase_tails` has a line style and a marker of its own, alternately hollow and larger or
+filled and smaller, so that a curve drawn over another (equal phase tails, or the phase that holds nearly all of
+`s_k` deep in the tail) leaves both visible, one marker inside the other.
+`plot_sojourn_ccdf` draws a sojourn- or waiting-time law (`jsmkt.TimeDistribution`) with its percentiles marked.
 `model_title` names a model, its service and its load, as `jsmkt solve` prints them.
 """
 
@@ -34,15 +39,29 @@ def _linestyle(kwargs: dict) -> None:
         kwargs["linestyle"] = kwargs.pop("ls")
 
 
+def _line_kwargs(kwargs: dict) -> dict:
+    """`kwargs` with matplotlib's short aliases (`lw`, `ms`, `mfc`, ...) spelled out, so that defaults set under the
+    full names do not clash with them."""
+    from matplotlib import cbook
+    from matplotlib.lines import Line2D
+
+    return cbook.normalize_kwargs(kwargs, Line2D)
+
+
 FLOOR = 1e-16  # the tail plots leave out values at or below it by default
 
 
 def _fit_log_axes(ax) -> None:
     """Limit a semilog plot of tails to what its lines show: from a third of the smallest plotted value to twice
     the largest, and the levels plotted (matplotlib's own margins on a log axis span tens of decades when values
-    reach 1e-300)."""
-    ys = [np.asarray(line.get_ydata(), float) for line in ax.lines]
-    xs = [np.asarray(line.get_xdata(), float) for line in ax.lines]
+    reach 1e-300). The caps of error bars are not data: a lower end at or near 0 would stretch the axis down by
+    decades, so the bars run off the bottom of the plot instead."""
+    from matplotlib.container import ErrorbarContainer
+
+    caps = {id(cap) for c in ax.containers if isinstance(c, ErrorbarContainer) for cap in c.lines[1]}
+    lines = [line for line in ax.lines if id(line) not in caps]
+    ys = [np.asarray(line.get_ydata(), float) for line in lines]
+    xs = [np.asarray(line.get_xdata(), float) for line in lines]
     ys = np.concatenate([y[y > 0] for y in ys]) if ys else np.zeros(0)
     xs = np.concatenate(xs) if xs else np.zeros(0)
     if ys.size:
@@ -51,20 +70,37 @@ def _fit_log_axes(ax) -> None:
         ax.set_xlim(xs.min() - 0.5, xs.max() + 0.5)
 
 
-def plot_tails(ax, tails: Sequence[float], *, label: str | None = None, floor: float = FLOOR, **kwargs):
+def plot_tails(ax, tails: Sequence[float], *, ci: Sequence[float] | None = None, label: str | None = None,
+               floor: float = FLOOR, **kwargs):
     """Semilog plot of the tail probabilities `s_k` (fraction of servers with at least `k` jobs) against `k`.
 
     - `tails`: `s_0, s_1, ...` (e.g. `jsmkt.tails(model, fp)` or `SimulationResult.tails`), a 1-D array.
+    - `ci`: half-widths of confidence intervals (e.g. `SimulationResult.tails_ci`, 95 %), one per entry of `tails`
+      (or more: the extra ones are ignored): drawn as error bars. A bar whose lower end is at or below 0 runs off
+      the bottom of the plot.
     - `label`: legend entry (a legend is drawn when given).
     - `floor`: values at or below it are left out (default 1e-16; a log scale cannot show 0); the axes then span
       what is drawn, on this and the other curves of `ax`.
-    - other keywords go to `ax.semilogy` (default marker `"o"`).
+    - other keywords go to `ax.semilogy`, or with `ci` to `ax.errorbar` (default marker `"o"`; with `ci`, caps of
+      width 2).
     """
     s = _array("tails", tails, 1, "1-D array")
+    if ci is not None:
+        c = _array("ci", ci, 1, "1-D array")
+        if len(c) < len(s):
+            raise ValueError(f"ci has {len(c)} entries but tails has {len(s)}: give one half-width per tail")
+        if np.any(c < 0):
+            raise ValueError(f"ci must hold half-widths >= 0 (got {float(c[c < 0][0])!r})")
+        c = c[: len(s)]
     k = np.arange(len(s))
     keep = s > floor
     kwargs.setdefault("marker", "o")
-    ax.semilogy(k[keep], s[keep], label=label, **kwargs)
+    if ci is None:
+        ax.semilogy(k[keep], s[keep], label=label, **kwargs)
+    else:
+        kwargs.setdefault("capsize", 2)
+        ax.errorbar(k[keep], s[keep], yerr=c[keep], label=label, **kwargs)
+        ax.set_yscale("log")
     ax.set_xlabel("queue length k")
     ax.set_ylabel(r"$s_k$ = fraction of servers with $\geq k$ jobs")
     _fit_log_axes(ax)
@@ -73,29 +109,117 @@ def plot_tails(ax, tails: Sequence[float], *, label: str | None = None, floor: f
     return ax
 
 
+# Phase i's line style and marker (cycled: 6 line styles and 7 markers give 42 distinct pairs), none of them s_k's
+# solid line and filled circle; even phases (from 0) get large hollow markers, odd ones small filled markers, which
+# sit inside the hollow ones (and inside s_k's circles) where the curves coincide.
+_PHASE_LINESTYLES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)))
+_PHASE_MARKERS = ("s", "^", "D", "v", "p", "<", "h")
+
+
+def _phase_style(i: int) -> dict[str, Any]:
+    style = {"linestyle": _PHASE_LINESTYLES[i % len(_PHASE_LINESTYLES)],
+             "marker": _PHASE_MARKERS[i % len(_PHASE_MARKERS)]}
+    if i % 2 == 0:
+        style.update(markersize=8, markerfacecolor="none", markeredgewidth=1.2)
+    else:
+        style.update(markersize=4)
+    return style
+
+
 def plot_phase_tails(ax, phase_tails, *, floor: float = FLOOR, **kwargs):
     """Semilog plot of the per-phase tails `S_k^(i)` (the fraction of servers with at least `k` jobs whose job in
-    service is in phase `i`), `k = 1..K`, one line per phase, drawn so that they are told apart from `s_k` (their
-    sum): thin dashed lines with small markers, labelled `S_k^(i)`.
+    service is in phase `i`), `k = 1..K`, one line per phase, labelled `S_k^(i)`, drawn so that they are told apart
+    from `s_k` (their sum) and from each other where they coincide: thin lines, each phase with its own line style
+    (dashed, dotted, dash-dotted, ...) and marker shape (square, triangle, diamond, ...), alternately hollow and
+    large (phases 1, 3, ...) or filled and small (phases 2, 4, ...).
 
     - `phase_tails`: shape `(K, m)` (e.g. `jsmkt.phase_tails(model, fp)`).
     - `floor`: values at or below it are left out (default 1e-16); the axes then span what is drawn.
-    - a `label` keyword prefixes the phase names; other keywords go to `ax.semilogy` (defaults: marker `"."`,
-      linestyle `"--"`, linewidth 1).
+    - a `label` keyword prefixes the phase names; other keywords go to `ax.semilogy` and replace the phases' own
+      style (defaults: the styles above, linewidth 1).
     """
     S = _array("phase_tails", phase_tails, 2, "2-D array (levels k = 1..K by phases)")
     k = np.arange(1, S.shape[0] + 1)
     _linestyle(kwargs)
-    kwargs.setdefault("marker", ".")
-    kwargs.setdefault("linestyle", "--")
-    if "lw" not in kwargs:
-        kwargs.setdefault("linewidth", 1.0)
+    kwargs = _line_kwargs(kwargs)
+    kwargs.setdefault("linewidth", 1.0)
     label = kwargs.pop("label", None)
     for i in range(S.shape[1]):
         keep = S[:, i] > floor
         name = rf"$S_k^{{({i + 1})}}$, phase {i + 1} in service"
-        ax.semilogy(k[keep], S[keep, i], label=name if label is None else f"{label}, {name}", **kwargs)
+        style = _phase_style(i)
+        if "marker" in kwargs:  # a marker of the caller's: their own size and fill
+            style = {"linestyle": style["linestyle"]}
+        ax.semilogy(k[keep], S[keep, i], label=name if label is None else f"{label}, {name}", **(style | kwargs))
     _fit_log_axes(ax)
+    ax.legend()
+    return ax
+
+
+def _percentile_label(p: float) -> str:
+    """`p50`, `p99.9`, `p99.99999`: the percentile `p` in its shortest exact decimal form (distinct percentiles get
+    distinct labels)."""
+    return "p" + np.format_float_positional(float(p), trim="-")
+
+
+_CCDF_LOWEST = 1e-12  # plot_sojourn_ccdf's curve never runs below it: 1 - cdf is computed to about 1e-16 absolute
+
+
+def plot_sojourn_ccdf(ax, dist, *, percentiles: Sequence[float] = (), label: str | None = None,
+                      floor: float | None = None, **kwargs):
+    """The complementary CDF `P(time > t)` of a sojourn- or waiting-time law against `t`, on a log y-axis, with the
+    `percentiles` marked: a hollow point at each quantile `t_p` (where `P(time > t_p) = 1 - p/100`), labelled `p50`,
+    `p99.9`, ..., with a dotted line down to the time axis.
+
+    - `dist`: a `jsmkt.TimeDistribution` (`jsmkt.sojourn_time_distribution(model, fp)` or
+      `jsmkt.waiting_time_distribution(model, fp)`).
+    - `percentiles`: in (0, 100), e.g. `(50, 90, 99, 99.9)`.
+    - `floor`: the curve runs from `t = 0` until it falls to `floor`, not below 1e-12 (default: a tenth of the
+      smallest marked `1 - p/100`, at most 1e-2; 1e-6 without percentiles); the axes span what is drawn.
+    - `label`: legend entry of the curve (default: the law's kind, `"sojourn time"` or `"waiting time"`).
+    - other keywords go to `ax.semilogy` for the curve (the marks take its colour).
+    """
+    from ._sojourn import TimeDistribution
+
+    if not isinstance(dist, TimeDistribution):
+        raise ValueError(f"dist must be a jsmkt.TimeDistribution (from jsmkt.sojourn_time_distribution or "
+                         f"waiting_time_distribution), not {type(dist).__name__}")
+    try:
+        ps = np.asarray(list(percentiles), dtype=float).reshape(-1)
+    except (TypeError, ValueError):
+        raise ValueError(f"percentiles={percentiles!r} must be a sequence of numbers in (0, 100)") from None
+    bad = ps[~((ps > 0) & (ps < 100))]
+    if bad.size:
+        raise ValueError(f"percentiles: {float(bad[0])!r} is not a percentile in (0, 100) (e.g. 99.9 for p99.9)")
+    if floor is None:
+        floor = min(1e-2, float(np.min(1.0 - ps / 100.0)) / 10.0) if ps.size else 1e-6
+    elif not (isinstance(floor, (int, float)) and 0 < floor < 1):
+        raise ValueError(f"floor={floor!r} must be a probability in (0, 1)")
+    lowest = max(floor, _CCDF_LOWEST)
+    tq = _array("the quantiles of dist", np.asarray(dist.quantile(ps / 100.0)), 1, "1-D array") if ps.size else ps
+    end = float(np.asarray(dist.quantile(1.0 - lowest)))
+    mean = float(np.asarray(dist.mean))
+    if not (np.isfinite(end) and np.isfinite(mean)):
+        raise ValueError("dist has non-finite values (a failed solve? Check its `result` before plotting)")
+    end = max([end, mean] + [float(t) for t in tq]) or 1.0
+    t = np.linspace(0.0, end, 401)
+    ccdf = 1.0 - _array("dist.cdf", np.asarray(dist.cdf(t)), 1, "1-D array")
+    keep = ccdf > 0
+    _linestyle(kwargs)
+    kwargs = _line_kwargs(kwargs)
+    (line,) = ax.semilogy(t[keep], ccdf[keep], label=dist.kind if label is None else label, **kwargs)
+    if ps.size:
+        y = (100.0 - ps) / 100.0
+        ax.vlines(tq, lowest / 2.0, y, colors=line.get_color(), linestyles=":", linewidth=0.8)
+        ax.plot(tq, y, linestyle="none", marker="o", markersize=7, markerfacecolor="none", markeredgewidth=1.2,
+                color=line.get_color(), label="percentiles", zorder=3)
+        for p, tp, yp in zip(ps, tq, y, strict=True):
+            ax.annotate(f"{_percentile_label(p)} = {tp:.4g}", (tp, yp), textcoords="offset points", xytext=(6, 2),
+                        fontsize=8)
+    ax.set_xlim(0.0, end)
+    ax.set_ylim(min(lowest, float(ccdf[keep].min())) / 2.0, 1.5)
+    ax.set_xlabel(f"{dist.kind} t")
+    ax.set_ylabel(f"P({dist.kind} > t)")
     ax.legend()
     return ax
 
