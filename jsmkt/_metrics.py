@@ -16,7 +16,6 @@ says why, and the other entries of a `vmap` batch keep their values (`jsmkt._sol
 
 import functools
 
-
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float
