@@ -149,10 +149,12 @@ def solve_fixed_point(
       or meets a singular or non-finite linear system), `solve_fixed_point` (outside `jit`) starts it again from
       the ODE's steady state (`jsmkt.steady_state`) before it reports a failure.
     - `tail_tol`: the largest acceptable fraction of servers at the truncation level `K`.
-    - `throw`: raise on failure (default). With `throw=False` (for `vmap`), inspect `result` instead: the `value`
-      of an entry that failed is NaN, so that its metrics and their derivatives (`grad`, `jvp`) are NaN, while
-      the other entries of a batch are unaffected (its `tail_mass` and `residual` are those of Newton's last
-      iterate).
+    - `throw`: raise on failure (default), saying what failed and what to do. With `throw=False` (for `vmap`),
+      inspect `result` instead: the `value` of an entry that failed is NaN, and so is everything computed from it
+      and every derivative of that (`grad`, `jvp`): every metric, `probe_rate` included, the sojourn- and
+      waiting-time laws (`cdf`, `pdf`, `quantile`, `mean`, `atom`) and the refined mean field. None of them
+      raises for it, and the other entries of a batch keep their values (its `tail_mass` and `residual` are
+      those of Newton's last iterate).
     - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol`.
     - `max_K`: the largest `K` that `auto_K` tries.
     - `linear_solver`: Newton's linear solver (and the default adjoint's); by default chosen from the structure of

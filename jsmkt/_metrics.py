@@ -8,7 +8,13 @@ occupancy $x$ of the cells, the number of jobs and of jobs in service of each ce
 arrival streams (`jsmkt._models.description.job_flows`): the throughput is the rate of jobs that join a server,
 $E[T]$ and $E[W]$ follow by Little's law, $P(\text{wait})$ is the fraction of arriving jobs that do not start
 service at once. The papers' ODEs as published (`jsmkt.published`) keep their JSQ formulas.
+
+Every metric of a fixed point that failed (solved with `throw=False`) is NaN, and so are its derivatives, even
+where the formula does not read the state (`probe_rate` of JSQ(d) is $\lambda E[D]$): the fixed point's `result`
+says why, and the other entries of a `vmap` batch keep their values (`jsmkt._solution.nan_if_failed`).
 """
+
+import functools
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -16,7 +22,7 @@ from jaxtyping import Array, Float
 
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
 from ._models.description import JobFlows, job_flows
-from ._solution import FixedPoint, Trajectory
+from ._solution import FixedPoint, Trajectory, nan_if_failed
 
 
 def _state(model: AbstractSupermarketModel, state):
@@ -28,6 +34,16 @@ def _state(model: AbstractSupermarketModel, state):
     y = state.value if isinstance(state, FixedPoint) else state
     model.check_state(y, "state", values=False)
     return y
+
+
+def _nan_if_failed(metric):
+    """`metric(model, state, ...)`, NaN with its derivatives where `state` is a failed fixed point."""
+
+    @functools.wraps(metric)
+    def wrapper(model, state, *args, **kwargs):
+        return nan_if_failed(metric(model, state, *args, **kwargs), state)
+
+    return wrapper
 
 
 class _Totals(eqx.Module):
@@ -47,11 +63,13 @@ def _totals(model: AbstractDescribedModel, y, stream: str | None = None) -> _Tot
     return _Totals(jnp.sum(x * jobs), jnp.sum(x * busy), jnp.sum(x * (jobs - busy)), job_flows(desc, x, stream))
 
 
+@_nan_if_failed
 def tails(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
     r"""$s_k$, the fraction of servers at level $\ge k$ (with at least $k$ jobs), $k = 0..K$ ($s_0 = 1$)."""
     return model.tails(_state(model, state))
 
 
+@_nan_if_failed
 def phase_tails(model: AbstractSupermarketModel, state) -> Float[Array, "K m"]:
     r"""$S_k^{(i)}$, the fraction of servers with at least $k$ jobs whose job in service is in phase $i$,
     $k = 1..K$ (models without phases: shape `(K, 1)`)."""
@@ -61,11 +79,13 @@ def phase_tails(model: AbstractSupermarketModel, state) -> Float[Array, "K m"]:
     return model.tails(y)[1:, None]
 
 
+@_nan_if_failed
 def tail_mass_at_K(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """$s_K$: fraction of servers at the truncation level (a truncation-error indicator)."""
     return model.tails(_state(model, state))[-1]
 
 
+@_nan_if_failed
 def mean_queue_length(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Mean number of jobs per server (waiting and in service): $\sum_c x_c\,\text{jobs}_c$, which for queues is
     $\sum_{k\ge1} s_k$."""
@@ -75,6 +95,7 @@ def mean_queue_length(model: AbstractSupermarketModel, state) -> Float[Array, ""
     return jnp.sum(model.tails(y)[1:])
 
 
+@_nan_if_failed
 def throughput(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Rate of accepted jobs per server: the jobs that join a server per unit time (jobs beyond the truncation
     level are lost, so this is the job arrival rate up to the truncation error); for JSQ(d),
@@ -86,11 +107,13 @@ def throughput(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     return model.arrival_rate * (1.0 - model.choice.pgf(s[-1]))
 
 
+@_nan_if_failed
 def mean_sojourn_time(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Mean time in system of an accepted job, by Little's law: $E[T] = E[Q]/\text{throughput}$."""
     return mean_queue_length(model, state) / throughput(model, state)
 
 
+@_nan_if_failed
 def mean_waiting_time(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Mean time before service, by Little's law for the jobs not in service:
     $E[W] = \sum_c x_c(\text{jobs}_c - \text{in service}_c)/\text{throughput}$ (for queues $\sum_{k\ge2} s_k$
@@ -103,6 +126,7 @@ def mean_waiting_time(model: AbstractSupermarketModel, state) -> Float[Array, ""
     return jnp.sum(model.tails(y)[2:]) / throughput(model, y)
 
 
+@_nan_if_failed
 def prob_wait(model: AbstractSupermarketModel, state, stream: str | None = None) -> Float[Array, ""]:
     r"""Probability that an arriving job has to wait: the fraction of the jobs of the arrival streams (or of the
     one named `stream`) that do not start service at once. For JSQ(d) this is $g(s_1) = E[s_1^D]$, all sampled
@@ -121,6 +145,7 @@ def prob_wait(model: AbstractSupermarketModel, state, stream: str | None = None)
     return model.choice.pgf(model.tails(y)[1])
 
 
+@_nan_if_failed
 def probe_rate(model: AbstractSupermarketModel, state, stream: str | None = None) -> Float[Array, ""]:
     r"""Servers sampled per unit time per server, by every dispatch stream (arrivals, retrials, repairmen, helpers)
     or by the one named `stream`: $\sum_{\text{streams}} R\,E[D]$, $R$ the stream's rate per server (for a stream
@@ -140,6 +165,7 @@ def probe_rate(model: AbstractSupermarketModel, state, stream: str | None = None
     return sum(stream_rate(d, x) * d.choice.mean for d in desc.dispatches if stream in (None, d.name))
 
 
+@_nan_if_failed
 def utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Fraction of busy servers, $\sum_c x_c\,\text{in service}_c$ ($s_1$ for queues; $\lambda E[S]$ at the fixed
     point)."""
@@ -149,12 +175,14 @@ def utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     return model.tails(y)[1]
 
 
+@_nan_if_failed
 def queue_length_distribution(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
     r"""Fraction of servers at level exactly $k$, $s_k - s_{k+1}$, $k = 0..K$."""
     s = model.tails(_state(model, state))
     return s - jnp.concatenate([s[1:], jnp.zeros(1)])
 
 
+@_nan_if_failed
 def mean_number_waiting(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Mean number of jobs per server not in service, $\sum_c x_c(\text{jobs}_c - \text{in service}_c)$: the
     queue behind the server ($\sum_{k\ge2} s_k$ for queues), the orbit for retrial models."""
@@ -174,12 +202,14 @@ def _retrial(model, what: str):
         raise ValueError(f"{what} is defined for retrial models (jsmkt.RetrialJSQ), not {type(model).__name__}")
 
 
+@_nan_if_failed
 def mean_orbit_size(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """Mean number of customers per orbit (retrial models): `mean_number_waiting`."""
     _retrial(model, "mean_orbit_size")
     return mean_number_waiting(model, state)
 
 
+@_nan_if_failed
 def prob_blocked(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Probability that a primary customer finds every sampled server busy and joins an orbit (retrial models):
     `prob_wait` of the primary stream, $g_1(\rho)$ at the fixed point."""
@@ -187,12 +217,14 @@ def prob_blocked(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     return prob_wait(model, state, stream="primary")
 
 
+@_nan_if_failed
 def prob_retrial_success(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """Probability that a retrial is served (retrial models, `RetrialJSQ.prob_retrial_success`)."""
     _retrial(model, "prob_retrial_success")
     return model.prob_retrial_success(_state(model, state))
 
 
+@_nan_if_failed
 def mean_sojourn_time_tagged(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """$E[T]$ from a tagged customer's path (linear re-probing retrial models, `RetrialJSQ.sojourn_time_tagged`);
     at the fixed point it equals `mean_sojourn_time` (Little's law)."""
@@ -200,6 +232,7 @@ def mean_sojourn_time_tagged(model: AbstractSupermarketModel, state) -> Float[Ar
     return model.sojourn_time_tagged(_state(model, state))
 
 
+@_nan_if_failed
 def orbit_size_distribution(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
     """Fraction of servers whose orbit holds exactly `j` customers, `j = 0..K` (retrial models)."""
     _retrial(model, "orbit_size_distribution")
@@ -217,24 +250,28 @@ def _repairable(model, what: str):
                          f"{type(model).__name__}")
 
 
+@_nan_if_failed
 def availability(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of working servers (repairable-server models)."""
     _repairable(model, "availability")
     return model.fraction_working(_state(model, state))
 
 
+@_nan_if_failed
 def customers_at_failed_servers(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of the customers in the system held at failed servers (repairable-server models)."""
     _repairable(model, "customers_at_failed_servers")
     return model.customers_at_failed(_state(model, state))
 
 
+@_nan_if_failed
 def repairmen_utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of the repair capacity in use (repairable-server models, `RepairableJSQ.repairmen_utilisation`)."""
     _repairable(model, "repairmen_utilisation")
     return model.repairmen_utilisation(_state(model, state))
 
 
+@_nan_if_failed
 def fraction_failed_waiting(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of failed servers that wait for a repairman (repairable-server models with repair='R3')."""
     _repairable(model, "fraction_failed_waiting")

@@ -52,7 +52,7 @@ from ._models.description import (
     modulation_noise,
     origin_drift_correction,
 )
-from ._solution import RESULTS, FixedPoint
+from ._solution import FixedPoint, failed, nan_where
 
 
 _MAX_DENSE_BYTES = 2**33  # 8 GiB for the dense n x n matrices (about four alive at once)
@@ -254,8 +254,10 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
     servers to order $1/N$, and `rmf.expectation(fn, 100)` the expectation of any smooth function of the state.
 
     Differentiable with respect to the model's parameters (through the fixed point's implicit adjoint), jittable and
-    vmappable. Concrete inputs are checked (a failed fixed point or a non-finite expansion raise `ValueError`);
-    under `jit`/`vmap`, check `fixed_point.result` yourself.
+    vmappable. A fixed point that failed (solved with `throw=False`) gives NaN in `value`, `correction` and
+    `covariance`, and in their derivatives (its `result` says why; the other entries of a `vmap` batch keep their
+    values). A converged fixed point whose expansion is not finite (an unstable Jacobian) raises `ValueError`
+    when concrete.
 
     Cost: dense $n \times n$ linear algebra ($O(n^3)$; the Lyapunov equation takes 40 doublings) and $n$ second
     directional derivatives of the drift, $n$ = size of the reduced state ($K m$): about 0.06 s at $n = 66$,
@@ -267,11 +269,6 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
         )
     fixed_point.model.check_state(fixed_point.value, "fixed_point.value", values=False)
     concrete = is_concrete(*jax.tree_util.tree_leaves(fixed_point.value))
-    if concrete and fixed_point.result != RESULTS.successful:
-        raise ValueError(
-            "fixed_point did not converge (result: "
-            f"{RESULTS[fixed_point.result]}); the refined mean field expands around a converged fixed point"
-        )
     if sampling not in ("with_replacement", "without_replacement"):
         raise ValueError(f"sampling={sampling!r} must be 'with_replacement' or 'without_replacement'")
     n = sum(int(np.size(a)) for a in jax.tree_util.tree_leaves(fixed_point.value))
@@ -280,9 +277,16 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
             f"the reduced state has {n} entries (K={fixed_point.model.K}): the refined mean field's dense n x n "
             f"matrices need about {32 * n * n / 2**30:.3g} GiB (limit {_MAX_DENSE_BYTES / 2**30:.3g} GiB); lower K"
         )
+    bad = failed(fixed_point)
+    if bad is True:  # nothing to expand around: NaN, as every metric of a failed fixed point
+        y = jax.tree_util.tree_map(lambda a: jnp.full(jnp.shape(a), jnp.nan), fixed_point.value)
+        return RefinedMeanField(y, y, jnp.full((n, n), jnp.nan), fixed_point.model)
     if concrete:
         _maps.before_compiling("jsmkt.refined_mean_field", ("refine", _maps.signature(fixed_point.model), sampling))
     out = _refine(fixed_point.model, fixed_point.value, sampling == "with_replacement")
+    if bad is not False:  # traced: a failed entry's expansion is NaN (the model's own leaves stay as they are)
+        value, correction, covariance = nan_where(bad, (out.value, out.correction, out.covariance))
+        out = RefinedMeanField(value, correction, covariance, out.model)
     if concrete and not all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree_util.tree_leaves(out)):
         raise ValueError(
             "the refined mean field is not finite: the Jacobian of the drift at the fixed point is not stable "

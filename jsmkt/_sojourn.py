@@ -72,7 +72,7 @@ from ._models.description import (
     pool_cells,
     saturated_pool,
 )
-from ._solution import Trajectory
+from ._solution import Trajectory, failed, nan_where
 
 
 MAX_TERMS = 2**15  # default cap on the uniformisation steps (a_n below _EPS well before, except near saturation)
@@ -413,6 +413,9 @@ class TimeDistribution(eqx.Module):
       waiting times; zeros once below $10^{-17}$).
     - `rate`: the uniformisation rate $q$.
     - `kind`: `"sojourn time"` or `"waiting time"`.
+
+    The law of a fixed point that failed (solved with `throw=False`) has NaN steps and rate: every method then
+    gives NaN, with NaN derivatives.
     """
 
     survival_steps: Float[Array, " n"]
@@ -427,6 +430,10 @@ class TimeDistribution(eqx.Module):
         w = jnp.exp(xlogy(n, mu) - mu - gammaln(n + 1.0))
         drop = a - jnp.concatenate([a[1:], jnp.zeros(1, a.dtype)])
         return jnp.sum(w * a), self.rate * jnp.sum(w * drop)
+
+    def _unknown(self) -> Array:
+        """Whether this is the law of a failed fixed point (NaN steps and rate)."""
+        return jnp.isnan(self.rate) | jnp.isnan(self.survival_steps[0])
 
     @property
     def atom(self) -> Float[Array, ""]:
@@ -498,18 +505,18 @@ class TimeDistribution(eqx.Module):
 @eqx.filter_jit
 def _cdf(dist: TimeDistribution, t: Array) -> Array:
     g = jax.vmap(lambda u: dist._at(u)[0])(jnp.maximum(t, 0.0).reshape(-1)).reshape(t.shape)
-    return jnp.where(t < 0, 0.0, 1.0 - g)
+    return nan_where(dist._unknown(), jnp.where(t < 0, 0.0, 1.0 - g))
 
 
 @eqx.filter_jit
 def _pdf(dist: TimeDistribution, t: Array) -> Array:
     f = jax.vmap(lambda u: dist._at(u)[1])(jnp.maximum(t, 0.0).reshape(-1)).reshape(t.shape)
-    return jnp.where(t < 0, 0.0, f)
+    return nan_where(dist._unknown(), jnp.where(t < 0, 0.0, f))
 
 
 @eqx.filter_jit
 def _quantiles(dist: TimeDistribution, p: Array) -> Array:
-    return jax.vmap(dist._quantile)(p.reshape(-1)).reshape(p.shape)
+    return nan_where(dist._unknown(), jax.vmap(dist._quantile)(p.reshape(-1)).reshape(p.shape))
 
 
 def _times(t) -> Array:
@@ -544,9 +551,12 @@ def _probabilities(p) -> Array:
 
 
 @eqx.filter_jit
-def _compute(model: AbstractDescribedModel, y, stream, waiting: Array, max_terms: int, lumped):
-    """The uniformised survival steps (`waiting` traced: the sojourn and waiting times of a model compile once)."""
+def _compute(model: AbstractDescribedModel, y, stream, waiting: Array, max_terms: int, lumped, bad: Array):
+    """The uniformised survival steps (`waiting` traced: the sojourn and waiting times of a model compile once).
+    Where `bad` (a failed fixed point, whose occupancy is NaN) the chain starts with no job, so that no step is
+    taken outside `vmap`; the caller makes its steps NaN."""
     chain = tagged_chain(model.description(), model.occupancy(y), stream, lumped)
+    chain = chain._replace(init=jnp.where(bad, 0.0, chain.init))
     a, q, done = uniformised_survival(chain, max_terms, waiting)
     return a, q, done
 
@@ -589,11 +599,14 @@ def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lum
                "queue to leave; its sojourn-time distribution applies")
     if why is not None:
         raise ValueError(f"{type(model).__name__}: no {kind} distribution: {why}")
+    bad = failed(state)
+    if bad is True:  # a failed fixed point (throw=False): its law is unknown, NaN, and nothing is computed
+        return TimeDistribution(jnp.full(_CHUNK, jnp.nan), jnp.asarray(jnp.nan), kind)
     if is_concrete(model, y):
         _maps.before_compiling(f"jsmkt.{kind.replace(' ', '_')}_distribution",
                                ("sojourn", _maps.signature((model, y)), max_terms, lumped, stream))
     try:
-        a, q, done = _compute(model, y, stream, jnp.asarray(waiting), max_terms, lumped)
+        a, q, done = _compute(model, y, stream, jnp.asarray(waiting), max_terms, lumped, jnp.asarray(bad))
     except ValueError as e:  # refusals found while tracing the chain (e.g. a level-dependent dispatch)
         raise ValueError(f"{type(model).__name__}: no {kind} distribution: {e}") from None
     message = (f"the {kind}'s tail outlasts max_terms={max_terms} uniformisation steps (the load is close to 1, or "
@@ -605,8 +618,9 @@ def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lum
         last = int(np.searchsorted(-np.asarray(a), -_EPS))
         size = min(a.shape[0], max(_CHUNK, 1 << int(np.ceil(np.log2(last + 1)))))
         a = a[:size]
-    else:
-        a = error_if(a, ~done, message)
+    else:  # a failed entry of a batch is NaN, not an error (its fixed point's `result` says why)
+        a = error_if(a, ~done & ~bad, message)
+        a, q = nan_where(bad, (a, q))
     return TimeDistribution(a, q, kind)
 
 
@@ -630,6 +644,10 @@ def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     - `max_terms`: the most uniformisation steps (static). The steps stop once the job has left to float64
       precision (a few hundred for JSQ(2) at load 0.9); under `jax.vmap` every entry runs all of them, so lower
       it there. A `ValueError` says when it is too small (near saturation).
+
+    A fixed point that failed (solved with `throw=False`, e.g. an unstable entry of a `vmap` batch) gives a law
+    whose every value (`cdf`, `pdf`, `quantile`, `mean`, `atom`) and derivative is NaN; nothing raises for it, and
+    the other entries of the batch keep their values.
     - `lumped`: `None` (default) lumps the chain to (status, position) where the description allows it; `False`
       uses the full (cell, position) chain (a check), `True` requires lumping.
 

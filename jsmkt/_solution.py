@@ -50,7 +50,7 @@ class FixedPoint(eqx.Module):
     **Attributes:**
 
     - `value`: the reduced state at the fixed point (tails `S_1..S_K`); NaN where the solve failed (with
-      `throw=False`), so that every metric of a failed solve is NaN.
+      `throw=False`), so that everything computed from a failed solve is NaN (`nan_if_failed`).
     - `result`: a `jsmkt.RESULTS` code; `RESULTS.successful` when every check passed, else what failed.
     - `tail_mass`: `s_K`, fraction of servers at the truncation level (truncation error indicator), of Newton's
       last iterate.
@@ -129,3 +129,63 @@ def check_values(model: AbstractSupermarketModel, token, throw: bool):
         for bad, msg in model.value_errors():
             token = eqx.error_if(token, bad, msg)
     return token, result
+
+
+# --- failed fixed points ----------------------------------------------------------------------------------------
+# The rule: a fixed point solved with `throw=False` that failed gives NaN in everything computed from it (metrics,
+# tails, sojourn- and waiting-time laws, the refined mean field), and in the derivatives of all of it, under any
+# transformation; nothing computed from it raises for that reason (its `result` says why it failed), and the
+# other entries of a `vmap` batch are untouched. With `throw=True` the solve itself raises.
+
+
+def failed(state: Any) -> bool | Array:
+    """Whether `state` is a failed fixed point: a `FixedPoint` whose `result` is not `RESULTS.successful`, or a
+    reduced state (an array or a tuple of them) with a non-finite entry, such as the NaN `value` of a failed fixed
+    point. A Python bool when that is known without tracing, else a traced boolean; `False` for other objects (a
+    simulated occupancy, a refined mean field: whatever they are, they are not a failed solve)."""
+    if isinstance(state, FixedPoint):
+        code = state.result._value
+        if isinstance(code, jax.core.Tracer):
+            return ~(state.result == RESULTS.successful)
+        return bool(np.any(np.asarray(code) != np.asarray(RESULTS.successful._value)))
+    if isinstance(state, eqx.Module):
+        return False
+    leaves = jax.tree_util.tree_leaves(state)
+    if not leaves or not all(isinstance(x, (jax.Array, np.ndarray, np.generic, float, int)) for x in leaves):
+        return False
+    traced = [x for x in leaves if isinstance(x, jax.core.Tracer)]
+    concrete = [np.asarray(x) for x in leaves if not isinstance(x, jax.core.Tracer)]
+    if any(c.dtype.kind in "fc" and not np.all(np.isfinite(c)) for c in concrete):
+        return True
+    if not traced:
+        return False
+    return ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in traced]))
+
+
+@jax.custom_jvp
+def _nan_where(x, factor):
+    """`x`, NaN where `factor` is NaN (it is 1 elsewhere). Its derivatives are those of `x` times `factor`: NaN
+    where `x` is, even where `x` does not depend on what failed (a parameter, a constant such as s_0 = 1);
+    unchanged, bit for bit, elsewhere."""
+    return jnp.where(jnp.isnan(factor), jnp.nan, x)
+
+
+@_nan_where.defjvp
+def _nan_where_jvp(primals, tangents):
+    x, factor = primals
+    t, _ = tangents
+    return _nan_where(x, factor), t * factor
+
+
+def nan_where(bad: bool | Array, out: Any) -> Any:
+    """`out` (a pytree) with every floating-point array NaN, and its derivatives NaN, where `bad` (a boolean, a
+    scalar per entry of a `vmap` batch); `out` itself when `bad` is `False`."""
+    if bad is False:
+        return out
+    factor = jnp.where(bad, jnp.nan, 1.0)
+    return jax.tree_util.tree_map(lambda x: _nan_where(x, factor) if eqx.is_inexact_array(x) else x, out)
+
+
+def nan_if_failed(out: Any, state: Any) -> Any:
+    """`out`, computed from `state`, NaN (with its derivatives) where `state` is a failed fixed point (`failed`)."""
+    return nan_where(failed(state), out)

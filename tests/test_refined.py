@@ -149,12 +149,13 @@ def test_refined_against_simulation_small_n(getkey):
     assert abs(res.mean_queue_length - EQ_ref) <= 4 * se(res.mean_queue_length_ci) + 3 * allowance
 
 
-def test_failed_fixed_point_is_refused():
+def test_failed_fixed_point_gives_nan():
+    """A fixed point that failed (throw=False) gives NaN, as every metric of it does (tests/test_failed_points.py)."""
     model = jsmkt.JSQd(0.9, d=2, K=6)  # too small K: the solver reports truncation_too_small
     fp = jsmkt.solve_fixed_point(model, throw=False)
-    assert fp.result != jsmkt.RESULTS.successful
-    with pytest.raises(ValueError, match="fixed_point did not converge"):
-        jsmkt.refined_mean_field(fp)
+    assert fp.result == jsmkt.RESULTS.truncation_too_small
+    rmf = jsmkt.refined_mean_field(fp)
+    assert all(np.all(np.isnan(np.asarray(a))) for a in (rmf.value, rmf.correction, rmf.covariance))
 
 
 def test_sampling_without_replacement_pgf():
