@@ -9,7 +9,8 @@ jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [-
 jsmkt sensitivity SPEC.toml [--wrt lam,theta] [--metric NAME] [--format table|json] [--plot FILE]
 ```
 Every command also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`).
-Bad specifications give one error line on stderr and exit code 2.
+Bad specifications give one error line on stderr and exit code 2; an interrupt (Ctrl-C) gives the line
+`jsmkt: interrupted` and exit code 130 (128 + SIGINT), as shells report it.
 
 JAX (about a second to import) is imported only once the spec and the options are checked (`_spec.parse_spec` reads
 a spec without it), so that `--help` and those errors answer at once; its compilation cache then spares later runs
@@ -1116,6 +1117,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).strip().splitlines()
         print(f"jsmkt: failed: {msg[0] if msg else type(e).__name__}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the shell's code for SIGINT (128 + 2)
+        print(("\n" if sys.stderr.isatty() else "") + "jsmkt: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader (e.g. `| head`) closed the pipe: stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
