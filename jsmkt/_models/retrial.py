@@ -72,7 +72,9 @@ class RetrialJSQ(AbstractDescribedModel):
     - `retrial`: `"reprobe"` (default) or `"own"`.
     - `policy`: `"linear"` (default) or `"constant"`.
     - `K`: the largest orbit size kept; chosen from the parameters when omitted (the solvers report the fraction
-      of servers at orbit size `K`, `FixedPoint.tail_mass`, and refuse a `K` where it exceeds `tail_tol`).
+      of servers at orbit size `K`, `FixedPoint.tail_mass`, and refuse a `K` where it exceeds `tail_tol`). Orbits
+      that need a `K` above 4096 (a slow retrial rate θ: linear retrials keep about $\lambda g_1(\rho)/(\theta(1 -
+      g_2(\rho)))$ customers per orbit) are refused at once, as is a `K` below a mean orbit of more than 4096.
     - `d1_max`, `d2_max`: bounds on real choice numbers that are traced (inside `jax.grad`).
 
     The reduced state is the flat vector of the per-status tails (derived coordinates), shape `(2K + 1,)`.
