@@ -35,9 +35,11 @@ scv = 2.0
 Numbers are TOML integers or floats (finite), integer keys (`K`, `k`, an integer `d`) TOML integers, `clip` a
 boolean.
 
-A spec is read in two steps: `parse_spec` checks its family, keys and value types and gives the constructor's
+A spec is read in two steps: `parse_spec` checks its family, keys, value types and scalar constraints (rates > 0,
+probabilities in [0, 1] summing to 1, d >= 1, K >= 2, a service's parameters) and gives the constructor's
 arguments, without importing JAX (the CLI answers a bad spec at once), then `build_model` builds the model (the
-constructor checks the values). `model_from_spec` does both.
+constructor checks the values again, and what needs JAX: stability, a PH's or a BMAP's matrices).
+`model_from_spec` does both.
 """
 
 import functools
@@ -309,8 +311,8 @@ ARRIVALS, REPAIRS = ("A1", "A2"), ("R1", "R2", "R3")
 
 # --- each family's keys: the constructor's arguments, checked without JAX -----------------------------------------
 # The scalar constraints (rates > 0, probabilities, d >= 1, K >= 2, a service's parameters) are checked here too, so
-# that a bad value is answered before JAX is imported; the constructors check them again, and everything else
-# (stability, a PH's matrix, a BMAP).
+# that a bad value is answered before JAX is imported; the constructors check them again, and what needs JAX
+# (stability, a PH's matrices, a BMAP).
 
 
 def _K(spec: dict[str, Any], where: str) -> int | None:
