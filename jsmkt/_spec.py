@@ -165,7 +165,7 @@ def _probabilities(table: dict, key: str, where: str, what: str = "a probability
     if not v:
         raise SpecError(f"{where}: {key}=[] is empty; give {what}")
     for i, x in enumerate(v):
-        if x < 0:
+        if x < -1e-12:  # the constructors' tolerance for rounding below 0
             raise SpecError(f"{where}: {key}[{i}]={show(table[key][i])} is negative; {key} must be {what}")
     if abs(sum(v) - 1.0) > 1e-8:
         raise SpecError(f"{where}: {key}={show(table[key])} sums to {sum(v)!r}, not 1; {key} must be {what}")
