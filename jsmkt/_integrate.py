@@ -16,7 +16,7 @@ from ._solution import RESULTS, FixedPoint, Trajectory, check_values
 
 
 @eqx.filter_jit
-def _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw):
+def _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw, progress_meter):
     y0, result = check_values(model, y0, throw)
     saveat = dfx.SaveAt(ts=ts) if ts is not None else dfx.SaveAt(t1=True)
     sol = dfx.diffeqsolve(
@@ -31,6 +31,7 @@ def _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw):
         stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol),
         max_steps=max_steps,
         throw=False,
+        progress_meter=progress_meter,
     )
     ok = sol.result == dfx.RESULTS.successful
     out = RESULTS.where(result == RESULTS.successful, RESULTS.where(ok, RESULTS.successful, RESULTS.integration_failed), result)
@@ -93,6 +94,7 @@ def integrate(
     max_steps: int = 100_000,
     dt0: float = 1e-3,
     throw: bool = True,
+    progress_meter: dfx.AbstractProgressMeter | None = None,
 ) -> Trajectory:
     """Integrate the mean-field ODE of `model` from `x0` (default: the empty system) over `[0, t1]`.
 
@@ -105,6 +107,8 @@ def integrate(
     - `solver`: a diffrax solver; `Kvaerno5` (L-stable, for the stiffness of fast PH phases) by default.
     - `rtol`, `atol`: step-size controller tolerances; `dt0`: first step; `max_steps`: the solver's step limit.
     - `throw`: raise on failure (default); with `throw=False` (for `vmap`), inspect `result` instead.
+    - `progress_meter`: a Diffrax progress meter, e.g. `diffrax.TextProgressMeter()` (it prints the fraction of
+      `[0, t1]` done; `jsmkt transient` shows it on stderr); none by default.
 
     The model must be stable (load lam E[S] < 1), as everywhere in jsmkt: an overloaded model is refused (with
     `throw=False`, its trajectory is computed and flagged `unstable`), although its truncated transient exists.
@@ -124,6 +128,11 @@ def integrate(
     if x0 is not None:
         model.check_state(x0)
     solver = _solver_arg(solver)
+    if progress_meter is None:
+        progress_meter = dfx.NoProgressMeter()
+    elif not isinstance(progress_meter, dfx.AbstractProgressMeter):
+        raise ValueError(f"progress_meter={progress_meter!r} must be a diffrax progress meter, e.g. "
+                         "diffrax.TextProgressMeter()")
     if ts is not None:
         if not isinstance(ts, jax.core.Tracer) and np.asarray(ts).dtype.kind not in "iuf":
             kind = {"b": "boolean", "U": "string", "S": "bytes"}.get(np.asarray(ts).dtype.kind, "non-numeric")
@@ -141,16 +150,17 @@ def integrate(
     if is_concrete(model):
         model.check_values()
         _maps.before_compiling(
-            "jsmkt.integrate", ("integrate", _maps.signature((model, x0, ts)), type(solver), max_steps)
+            "jsmkt.integrate",
+            ("integrate", _maps.signature((model, x0, ts)), type(solver), max_steps, type(progress_meter)),
         )
     y0 = model.initial_state() if x0 is None else x0
     if throw and is_concrete(model, y0, t1):
         # Eagerly, a failure is a plain Python error (its message without a JAX runtime traceback).
-        tr = _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, False)
+        tr = _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, False, progress_meter)
         if tr.result != RESULTS.successful:
             raise RuntimeError(f"jsmkt.integrate: {RESULTS[tr.result]} (t1={float(t1):g}, max_steps={max_steps})")
         return tr
-    return _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw)
+    return _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw, progress_meter)
 
 
 @eqx.filter_jit

@@ -35,9 +35,11 @@ scv = 2.0
 Numbers are TOML integers or floats (finite), integer keys (`K`, `k`, an integer `d`) TOML integers, `clip` a
 boolean.
 
-A spec is read in two steps: `parse_spec` checks its family, keys and value types and gives the constructor's
+A spec is read in two steps: `parse_spec` checks its family, keys, value types and scalar constraints (rates > 0,
+probabilities in [0, 1] summing to 1, d >= 1, K >= 2, a service's parameters) and gives the constructor's
 arguments, without importing JAX (the CLI answers a bad spec at once), then `build_model` builds the model (the
-constructor checks the values). `model_from_spec` does both.
+constructor checks the values again, and what needs JAX: stability, a PH's or a BMAP's matrices).
+`model_from_spec` does both.
 """
 
 import functools
@@ -157,6 +159,46 @@ def _numbers(table: dict, key: str, where: str, *, matrix: bool = False) -> list
     return v
 
 
+def _probabilities(table: dict, key: str, where: str, what: str = "a probability vector") -> list[float]:
+    """A non-empty list of probabilities (entries >= 0, summing to 1 within 1e-8, as the constructors check)."""
+    v = [float(x) for x in _numbers(table, key, where)]
+    if not v:
+        raise SpecError(f"{where}: {key}=[] is empty; give {what}")
+    for i, x in enumerate(v):
+        if x < -1e-12:  # the constructors' tolerance for rounding below 0
+            raise SpecError(f"{where}: {key}[{i}]={show(table[key][i])} is negative; {key} must be {what}")
+    if abs(sum(v) - 1.0) > 1e-8:
+        raise SpecError(f"{where}: {key}={show(table[key])} sums to {sum(v)!r}, not 1; {key} must be {what}")
+    return v
+
+
+def _count(table: dict, key: str, where: str, minimum: int, what: str, default: Any = _MISSING) -> int:
+    """A TOML integer >= `minimum` (`what` it counts)."""
+    v = _integer(table, key, where, default)
+    if v is not None and v is not default and v < minimum:
+        raise SpecError(f"{where}: {key}={v} must be an integer >= {minimum} ({what})")
+    return v
+
+
+def _in_range(table: dict, key: str, where: str, low: float, high: float, what: str, default: Any = _MISSING,
+              high_open: bool = False) -> float:
+    """A finite number in [low, high] ([low, high) with `high_open`)."""
+    v = _number(table, key, where, default)
+    if v is not None and v is not default and not (low <= v and (v < high if high_open else v <= high)):
+        raise SpecError(f"{where}: {key}={show(table[key])} must lie in [{low:g}, {high:g}{')' if high_open else ']'} "
+                        f"({what})")
+    return v
+
+
+def _rates(table: dict, key: str, where: str) -> list:
+    """A list of positive rates."""
+    v = _numbers(table, key, where)
+    for i, x in enumerate(v):
+        if not x > 0:
+            raise SpecError(f"{where}: {key}[{i}]={show(x)} must be positive")
+    return v
+
+
 class ServiceSpec(NamedTuple):
     """A checked `[service]` (or `[simulation.service]`, or `[arrivals]`: kind `bmap`) table: the jsmkt constructor
     `kind` calls for, with its arguments. `build()` makes the distribution (it imports JAX, which checking the table
@@ -196,26 +238,35 @@ def parse_service(table: Any, where: str = "[service]") -> ServiceSpec:
             raise SpecError(f"{where}: rate={show(table['rate'])} and mean={show(table['mean'])} are both "
                             "given; give one of them (rate = 1 / mean)")
         if "rate" in table:
-            return ServiceSpec(kind, (_number(table, "rate", where),), where)
+            return ServiceSpec(kind, (_number(table, "rate", where, positive=True),), where)
         return ServiceSpec(kind, (1.0 / _number(table, "mean", where, 1.0, positive=True),), where)
     if kind == "erlang":
         _allowed(table, {"kind", "k", "mean"}, where)
-        return ServiceSpec(kind, (_integer(table, "k", where), _number(table, "mean", where, 1.0)), where)
+        return ServiceSpec(kind, (_count(table, "k", where, 1, "the number of phases"),
+                                  _number(table, "mean", where, 1.0, positive=True)), where)
     if kind in ("h2", "coxian2"):
         _allowed(table, {"kind", "mean", "scv"}, where)
-        return ServiceSpec(kind, (_number(table, "mean", where, 1.0), _number(table, "scv", where)), where)
+        least, what = (1.0, "for a hyperexponential distribution") if kind == "h2" else (0.5, "for a two-phase Coxian")
+        scv = _number(table, "scv", where)
+        if not scv >= least:
+            raise SpecError(f"{where}: scv={show(table['scv'])} must be >= {least:g} {what}")
+        return ServiceSpec(kind, (_number(table, "mean", where, 1.0, positive=True), scv), where)
     if kind == "hyperexponential":
         _allowed(table, {"kind", "probs", "rates"}, where)
-        return ServiceSpec(kind, (_numbers(table, "probs", where), _numbers(table, "rates", where)), where)
+        return ServiceSpec(kind, (_probabilities(table, "probs", where), _rates(table, "rates", where)), where)
     if kind == "coxian":
         _allowed(table, {"kind", "rates", "probs"}, where)
-        return ServiceSpec(kind, (_numbers(table, "rates", where), _numbers(table, "probs", where)), where)
+        rates, probs = _rates(table, "rates", where), _numbers(table, "probs", where)
+        for i, q in enumerate(probs):
+            if not 0 <= q <= 1:
+                raise SpecError(f"{where}: probs[{i}]={show(q)} must lie in [0, 1] (a continuation probability)")
+        return ServiceSpec(kind, (rates, probs), where)
     if kind == "ph":
         _allowed(table, {"kind", "alpha", "T"} if "kind" in table else {"alpha", "T"}, where)
         return ServiceSpec(kind, (_numbers(table, "alpha", where), _numbers(table, "T", where, matrix=True)), where)
     if kind == "moments":
         _allowed(table, {"kind", "m1", "m2", "m3", "clip"}, where)
-        m = tuple(_number(table, k, where) for k in ("m1", "m2", "m3"))
+        m = tuple(_number(table, k, where, positive=True) for k in ("m1", "m2", "m3"))
         clip = table.get("clip", False)
         if not isinstance(clip, bool):
             raise SpecError(f"{where}: clip={show(clip)} must be true or false")
@@ -231,17 +282,18 @@ def service_from_spec(table: dict[str, Any], where: str = "[service]"):
 def _choice_number(spec: dict[str, Any], where: str, key: str = "d"):
     d = spec.get(key, 2)
     if isinstance(d, list):
-        return [float(x) for x in _numbers(spec, key, where)]
+        return _probabilities(spec, key, where, "probabilities of sampling 1, 2, ... servers")
     if not _is_number(d):
         raise SpecError(f"{where}: {key}={show(d)} must be an integer, a real number >= 1 or a list of probabilities "
                         "of sampling 1, 2, ... servers")
     if isinstance(d, float):
-        return _number(spec, key, where)
+        d = _number(spec, key, where)
+        if not d >= 1:
+            raise SpecError(f"{where}: {key}={show(d)} must be >= 1 (the mean number of servers sampled)")
+        return d
+    if d < 1:
+        raise SpecError(f"{where}: {key}={d} must be >= 1 (the number of servers sampled)")
     return d
-
-
-def _floats(table: dict[str, Any], key: str, where: str) -> list[float]:
-    return [float(x) for x in _numbers(table, key, where)]
 
 
 def _word(spec: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str) -> str:
@@ -258,21 +310,30 @@ ARRIVALS, REPAIRS = ("A1", "A2"), ("R1", "R2", "R3")
 
 
 # --- each family's keys: the constructor's arguments, checked without JAX -----------------------------------------
+# The scalar constraints (rates > 0, probabilities, d >= 1, K >= 2, a service's parameters) are checked here too, so
+# that a bad value is answered before JAX is imported; the constructors check them again, and what needs JAX
+# (stability, a PH's matrices, a BMAP).
+
+
+def _K(spec: dict[str, Any], where: str) -> int | None:
+    return _count(spec, "K", where, 2, "the largest queue length kept", None)
 
 
 def _jsq(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where), d=_choice_number(spec, where), mu=_number(spec, "mu", where, 1.0),
-                K=_integer(spec, "K", where, None))
+    return dict(lam=_number(spec, "lam", where, positive=True), d=_choice_number(spec, where),
+                mu=_number(spec, "mu", where, 1.0, positive=True), K=_K(spec, where))
 
 
 def _jsq_ph(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where), service=parse_service(_require(spec, "service", where)),
-                d=_choice_number(spec, where), K=_integer(spec, "K", where, None))
+    return dict(lam=_number(spec, "lam", where, positive=True),
+                service=parse_service(_require(spec, "service", where)), d=_choice_number(spec, where),
+                K=_K(spec, where))
 
 
 def _jsq_batch(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(batch_rate=_number(spec, "batch_rate", where), batch_sizes=_floats(spec, "batch_sizes", where),
-                d=_choice_number(spec, where), mu=_number(spec, "mu", where, 1.0), K=_integer(spec, "K", where, None))
+    return dict(batch_rate=_number(spec, "batch_rate", where, positive=True),
+                batch_sizes=_probabilities(spec, "batch_sizes", where, "batch-size probabilities"),
+                d=_choice_number(spec, where), mu=_number(spec, "mu", where, 1.0, positive=True), K=_K(spec, where))
 
 
 def _table_list(spec: dict[str, Any], key: str, where: str, required: bool) -> list[dict]:
@@ -290,41 +351,48 @@ def _jsq_classes(spec: dict[str, Any], where: str) -> dict[str, Any]:
     for j, table in enumerate(_table_list(spec, "classes", where, True)):
         at = f"[[classes]] {j + 1}"
         _allowed(table, {"lam", "d", "batch_sizes"}, at)
-        lam.append(_number(table, "lam", at))
+        lam.append(_number(table, "lam", at, positive=True))
         d.append(_choice_number(table, at))
-        batches.append(_floats(table, "batch_sizes", at) if "batch_sizes" in table else None)
+        batches.append(_probabilities(table, "batch_sizes", at, "batch-size probabilities")
+                       if "batch_sizes" in table else None)
     rates, f = [], []
     for l, table in enumerate(_table_list(spec, "helpers", where, False)):
         at = f"[[helpers]] {l + 1}"
         _allowed(table, {"rate", "f"}, at)
-        rates.append(_number(table, "rate", at))
+        rates.append(_number(table, "rate", at, positive=True))
         f.append(_choice_number(table, at, "f"))
     if "service" in spec and "mu" in spec:
         raise SpecError(f"{where}: mu={show(spec['mu'])} and [service] are both given; give one of them")
     service = parse_service(spec["service"]) if "service" in spec else None
-    return dict(lam=lam, d=d, batch_sizes=batches, mu=None if service is not None else _number(spec, "mu", where, 1.0),
-                service=service, helper_rates=rates, f=f, K=_integer(spec, "K", where, None))
+    mu = None if service is not None else _number(spec, "mu", where, 1.0, positive=True)
+    return dict(lam=lam, d=d, batch_sizes=batches, mu=mu, service=service, helper_rates=rates, f=f,
+                K=_K(spec, where))
 
 
 def _jsq_batch_service(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where), service=parse_service(_require(spec, "service", where)),
-                service_batch_sizes=_floats(spec, "service_batch_sizes", where), d=_choice_number(spec, where),
-                K=_integer(spec, "K", where, None))
+    return dict(lam=_number(spec, "lam", where, positive=True),
+                service=parse_service(_require(spec, "service", where)),
+                service_batch_sizes=_probabilities(spec, "service_batch_sizes", where,
+                                                   "service batch-size probabilities"),
+                d=_choice_number(spec, where), K=_K(spec, where))
 
 
 def _retrial(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where), theta=_number(spec, "theta", where),
+    return dict(lam=_number(spec, "lam", where, positive=True), theta=_number(spec, "theta", where, positive=True),
                 d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
-                mu=_number(spec, "mu", where, 1.0), retrial=_word(spec, "retrial", where, RETRIALS, "reprobe"),
-                policy=_word(spec, "policy", where, POLICIES, "linear"), K=_integer(spec, "K", where, None))
+                mu=_number(spec, "mu", where, 1.0, positive=True),
+                retrial=_word(spec, "retrial", where, RETRIALS, "reprobe"),
+                policy=_word(spec, "policy", where, POLICIES, "linear"), K=_K(spec, where))
 
 
 def _repairable(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where), alpha=_number(spec, "alpha", where),
-                beta=_number(spec, "beta", where), d1=_choice_number(spec, where, "d1"),
-                d2=_choice_number(spec, where, "d2"), mu=_number(spec, "mu", where, 1.0),
+    return dict(lam=_number(spec, "lam", where, positive=True), alpha=_number(spec, "alpha", where, positive=True),
+                beta=_number(spec, "beta", where, positive=True), d1=_choice_number(spec, where, "d1"),
+                d2=_choice_number(spec, where, "d2"), mu=_number(spec, "mu", where, 1.0, positive=True),
                 arrival=_word(spec, "arrival", where, ARRIVALS, "A1"), repair=_word(spec, "repair", where, REPAIRS, "R1"),
-                j=_number(spec, "j", where, None), K=_integer(spec, "K", where, None))
+                j=_in_range(spec, "j", where, 0.0, 1.0, "the fraction of servers with a small repairman", None,
+                            high_open=True),
+                K=_K(spec, where))
 
 
 def _bmap_from_spec(table: Any, where: str = "[arrivals]") -> ServiceSpec:
@@ -344,7 +412,7 @@ def _bmap_from_spec(table: Any, where: str = "[arrivals]") -> ServiceSpec:
 
 def _jsq_bmap(spec: dict[str, Any], where: str) -> dict[str, Any]:
     return dict(bmap=_bmap_from_spec(_require(spec, "arrivals", where)), d=_choice_number(spec, where),
-                mu=_number(spec, "mu", where, 1.0), K=_integer(spec, "K", where, None))
+                mu=_number(spec, "mu", where, 1.0, positive=True), K=_K(spec, where))
 
 
 # --- what the CLI shows of a model (these run on built models, JAX imported) ----------------------------------------
@@ -471,6 +539,8 @@ class Family(NamedTuple):
     # traceable: the CLI computes them with the others in one compiled call)
     level: str = "Q"  # what a level counts, for the tables: "Q" (jobs at a server) or "orbit"
     utilisation: str = "utilisation s_1"  # the tables' label of the fraction of servers serving
+    simulation_service: bool = False  # `[simulation.service]` applies: `jsmkt.simulate(..., service=...)` can run
+    # the family with another service law
 
     @property
     def model(self) -> type:
@@ -492,7 +562,7 @@ FAMILIES: dict[str, Family] = {
         examples=lambda: {"jsq2": jsmkt.JSQd(0.7, d=2, K=14), "jsq-mixed": jsmkt.JSQd(0.8, d=[0.2, 0.3, 0.5], K=24),
                           "jsq-real-d": jsmkt.JSQd(0.8, d=2.5, K=14)},
         params={"lam": _LAM, "mu": _MU, "d": _D},
-        published=True,
+        published=True, simulation_service=True,
     ),
     "jsq-ph": Family(
         "jsq-ph", "JSQdPH", frozenset({"lam", "d", "K", "service"}), _jsq_ph,
@@ -501,7 +571,7 @@ FAMILIES: dict[str, Family] = {
         examples=lambda: {"jsq2-h2": jsmkt.JSQdPH(0.8, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=24),
                           "jsq-erlang-real-d": jsmkt.JSQdPH(0.7, jsmkt.erlang(3), d=2.5, K=12)},
         params={"lam": _LAM, "mean": _MEAN, "d": _D},
-        published=True,
+        published=True, simulation_service=True,
     ),
     "jsq-batch": Family(
         "jsq-batch", "JSQdBatch", frozenset({"batch_rate", "batch_sizes", "d", "K", "mu"}), _jsq_batch,
@@ -680,10 +750,11 @@ def _simulation_service(table: Any, where: str) -> ServiceSpec:
         raise SpecError(f"{where}: kind={show(kind)} is not one of {', '.join(SIMULATION_KINDS + SERVICE_KINDS)}")
     if kind == "deterministic":
         _allowed(table, {"kind", "mean"}, where)
-        return ServiceSpec(kind, (_number(table, "mean", where, 1.0),), where)
+        return ServiceSpec(kind, (_number(table, "mean", where, 1.0, positive=True),), where)
     if kind == "lognormal":
         _allowed(table, {"kind", "mean", "scv"}, where)
-        return ServiceSpec(kind, (_number(table, "mean", where, 1.0), _number(table, "scv", where)), where)
+        return ServiceSpec(kind, (_number(table, "mean", where, 1.0, positive=True),
+                                  _number(table, "scv", where, positive=True)), where)
     return parse_service(table, where)
 
 
@@ -700,6 +771,12 @@ def parse_simulation(spec: dict[str, Any], where: str = "spec") -> dict[str, Any
                             f"{', '.join(map(show, SAMPLING))}")
         out["sampling"] = sim["sampling"]
     if "service" in sim:
+        fam = FAMILIES.get(spec.get("model"))
+        if fam is not None and not fam.simulation_service:
+            takes = " and ".join(f"model = {show(f.name)}" for f in FAMILIES.values() if f.simulation_service)
+            raise SpecError(f"{where}: [simulation.service] is not supported for model = {show(fam.name)}: the "
+                            f"simulation runs the {fam.name} family's own service (its parameters in the spec); "
+                            f"remove [simulation.service] (it applies to {takes})")
         out["service"] = _simulation_service(sim["service"], "[simulation.service]")
     return out
 

@@ -4,12 +4,14 @@
 jsmkt solve SPEC.toml [--format table|json] [--plot FILE] [--as-published] [--auto-K] [--servers N]
             [--percentiles 50,90,99,99.9]
 jsmkt transient SPEC.toml --time T [--points N] [--format table|json] [--plot FILE] [--auto-K] [--solver S]
+                [--max-steps N] [--progress]
 jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [--seed S] [--format table|json]
                [--max-queue Q] [--cpu-devices K] [--progress] [--percentiles 50,90,99,99.9]
 jsmkt sensitivity SPEC.toml [--wrt lam,theta] [--metric NAME] [--format table|json] [--plot FILE]
 ```
 Every command also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`).
-Bad specifications give one error line on stderr and exit code 2.
+Bad specifications give one error line on stderr and exit code 2; an interrupt (Ctrl-C) gives the line
+`jsmkt: interrupted` and exit code 130 (128 + SIGINT), as shells report it.
 
 JAX (about a second to import) is imported only once the spec and the options are checked (`_spec.parse_spec` reads
 a spec without it), so that `--help` and those errors answer at once; its compilation cache then spares later runs
@@ -756,6 +758,8 @@ def _cmd_transient(args) -> int:
         raise SpecError(f"--time={args.time} must be a positive finite time")
     if args.points < 2:
         raise SpecError(f"--points={args.points} must be >= 2 (the times 0 and --time at least)")
+    if args.max_steps < 1:
+        raise SpecError(f"--max-steps={args.max_steps} must be >= 1")
     if args.plot:
         _check_plot_path(args.plot)
     model = _build(parsed, args)
@@ -768,7 +772,7 @@ def _cmd_transient(args) -> int:
     fp = _fixed_point(model, _grown_by(args, parsed.K_given))
     model = fp.model
     ts = np.linspace(0.0, args.time, args.points)
-    traj = jsmkt.integrate(model, args.time, ts=ts, solver=_ode_solver(args.solver))
+    traj = _integrate_with_progress(model, ts, args)
     values = {k: np.asarray(v) for k, v in _transient_values()(model, traj.ys, fp).items()}
     n = len(_trim(values["tail_star"]))
     out = {
@@ -800,6 +804,62 @@ def _cmd_transient(args) -> int:
 
 
 _ODE_SOLVERS = ("kvaerno5", "tsit5")
+_TRANSIENT_MAX_STEPS = 100_000  # `jsmkt.integrate`'s default
+
+
+class _ProgressLines:
+    """The stream Diffrax's `TextProgressMeter` prints to (lines such as `12.00%`, on stdout), redirected: each line
+    goes to stderr as `jsmkt: transient: 12.00% of t = T`, rewritten in place on a terminal."""
+
+    def __init__(self, time: float):
+        self.time, self.tty, self.pending, self.shown = time, sys.stderr.isatty(), "", False
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in filter(None, map(str.strip, lines)):
+            msg = f"jsmkt: transient: {line} of t = {self.time:g}"
+            sys.stderr.write("\r" + msg if self.tty else msg + "\n")
+            sys.stderr.flush()
+            self.shown = True
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty and self.shown:
+            sys.stderr.write("\n")
+
+
+def _integrate_with_progress(model, ts, args):
+    """`jsmkt.integrate` from empty servers to `--time`, saved at `ts`, with `--solver` and `--max-steps`; the
+    progress (Diffrax's `TextProgressMeter`, the fraction of [0, T] done) on stderr when stderr is a terminal and the
+    output a table, or with `--progress`. A run that stops at `--max-steps` is a `RuntimeError` that names it."""
+    import contextlib
+
+    import diffrax as dfx
+
+    import jsmkt
+
+    show = args.format == "table" and sys.stderr.isatty() or args.progress
+    lines = _ProgressLines(args.time) if show else None
+    meter = dfx.TextProgressMeter(minimum_increase=0.01 if sys.stderr.isatty() else 0.1) if show else None
+    try:
+        with contextlib.redirect_stdout(lines) if show else contextlib.nullcontext():
+            traj = jsmkt.integrate(model, args.time, ts=ts, solver=_ode_solver(args.solver), max_steps=args.max_steps,
+                                   throw=False, progress_meter=meter)
+            ok = bool(traj.result == jsmkt.RESULTS.successful)  # waits for the solve (and its progress lines)
+    finally:
+        if lines is not None:
+            lines.close()
+    if not ok:
+        if int(traj.stats["num_steps"]) >= args.max_steps:
+            raise RuntimeError(
+                f"the ODE solver took --max-steps={args.max_steps} steps without reaching t = {args.time:g} (a stiff "
+                f"model, e.g. service phases of very different rates, takes many small steps); raise --max-steps, "
+                "or ask for a shorter --time")
+        raise RuntimeError(f"jsmkt.integrate: {jsmkt.RESULTS[traj.result]} (t1={args.time:g})")
+    return traj
 
 
 def _ode_solver(name: str):
@@ -1105,6 +1165,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--solver", choices=_ODE_SOLVERS, default="kvaerno5",
                    help="the ODE solver: kvaerno5 (implicit, for stiff models, e.g. fast PH phases; the default) or "
                         "tsit5 (explicit: quicker when the rates are of one scale)")
+    t.add_argument("--max-steps", type=int, default=_TRANSIENT_MAX_STEPS, metavar="N",
+                   help=f"the most ODE solver steps; a run that needs more stops with an error (default: "
+                        f"{_TRANSIENT_MAX_STEPS})")
+    t.add_argument("--progress", action="store_true",
+                   help="show the integration's progress on stderr (shown anyway when stderr is a terminal and the "
+                        "output a table)")
     t.set_defaults(func=_cmd_transient)
 
     m = sub.add_parser("simulate", parents=[common], help="simulate the finite-N system of a model spec (TOML)")
@@ -1156,6 +1222,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).strip().splitlines()
         print(f"jsmkt: failed: {msg[0] if msg else type(e).__name__}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the shell's code for SIGINT (128 + 2)
+        print(("\n" if sys.stderr.isatty() else "") + "jsmkt: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader (e.g. `| head`) closed the pipe: stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -44,6 +44,41 @@ def _fmt(x: float) -> str:
     return f"{x:.12g}"
 
 
+def _check_moment_sequence(t: np.ndarray) -> None:
+    r"""Refuse raw moments $m_k = E[S^k]$, $k = 1..n$, that no distribution on $[0, \infty)$ has: the Stieltjes
+    conditions, that the Hankel matrices $[m_{i+j}]$ and $[m_{i+j+1}]$ ($m_0 = 1$) be positive semidefinite. Their
+    2 x 2 cases are $E[S^2] \ge E[S]^2$ (a variance is $\ge 0$) and $E[S]E[S^3] \ge E[S^2]^2$ (Cauchy-Schwarz for
+    $S^{1/2}$ and $S^{3/2}$); larger ones are checked by their eigenvalues. Moments on the boundary (a point mass,
+    which PH distributions approach) pass, as do violations within rounding (relative `_RTOL`)."""
+    shown = "[" + ", ".join(_fmt(x) for x in t) + "]"
+    n = t.size
+    u = t / t[0] ** np.arange(1, n + 1)  # in units of E[S]: u_1 = 1
+    if n >= 2 and u[1] < 1.0 - _RTOL:
+        raise ValueError(
+            f"target={shown} (to='moments'): E[S^2]={_fmt(t[1])} < E[S]^2={_fmt(t[0] ** 2)}, so the variance "
+            f"E[S^2] - E[S]^2 = {_fmt(t[1] - t[0] ** 2)} would be negative: no distribution has these moments; need "
+            "E[S^2] >= E[S]^2"
+        )
+    if n >= 3 and u[2] < u[1] ** 2 * (1.0 - _RTOL):
+        raise ValueError(
+            f"target={shown} (to='moments'): E[S]*E[S^3] = {_fmt(t[0] * t[2])} < E[S^2]^2 = {_fmt(t[1] ** 2)}: no "
+            f"distribution on [0, inf) has these moments; need E[S^3] >= E[S^2]^2/E[S] = {_fmt(t[1] ** 2 / t[0])}"
+        )
+    m = np.concatenate([[1.0], u])
+    for size in range(3, n // 2 + 2):
+        for shift, name in ((0, "E[S^(i+j)]"), (1, "E[S^(i+j+1)]")):
+            if 2 * (size - 1) + shift > n:
+                continue
+            H = np.array([[m[i + j + shift] for j in range(size)] for i in range(size)])
+            w = np.linalg.eigvalsh(H / np.sqrt(np.outer(np.diag(H), np.diag(H))))  # unit diagonal
+            if w[0] < -1e-9:
+                raise ValueError(
+                    f"target={shown} (to='moments'): the {size} x {size} Hankel matrix [{name}], i, j = 0..{size - 1} "
+                    "(E[S^0] = 1), is not positive semidefinite, so no distribution on [0, inf) has these moments "
+                    "(the Stieltjes conditions)"
+                )
+
+
 def fit_ph2_three_moments(
     m1: float, m2: float, m3: float, *, clip: bool = False
 ) -> PH | tuple[PH, tuple[float, float, float]]:
@@ -356,7 +391,9 @@ def fit_ph(target, order: int = 2, *, to: str | None = None, structure: str = "c
 
     - `"moments"`: `target` is a sequence of raw moments $E[S], E[S^2], \dots$. The mean is matched exactly (the
       PH is scaled to it); the others by least squares on the logarithms of $E[S^k]/E[S]^k$, so a feasible target
-      is hit to rounding, an infeasible one (e.g. an SCV below $1/m$) as nearly as order `m` allows.
+      is hit to rounding, an infeasible one (e.g. an SCV below $1/m$) as nearly as order `m` allows. Moments that
+      no distribution on $[0, \infty)$ has are refused: $E[S^2] < E[S]^2$ (a negative variance),
+      $E[S]E[S^3] < E[S^2]^2$, or another of the Stieltjes (Hankel) conditions.
     - `"samples"`: `target` is a 1-d array of positive samples: maximum likelihood.
     - `"distribution"` (the default when `target` is not an array): `target` is a `jsmkt.PH`, a service with a
       CDF (`jsmkt.lognormal`, `jsmkt.deterministic`) or a function `cdf(x)` (then give `mean`, e.g. a Weibull or
@@ -411,6 +448,7 @@ def fit_ph(target, order: int = 2, *, to: str | None = None, structure: str = "c
         if t is None or t.size < 1 or not np.all(np.isfinite(t)) or not np.all(t > 0):
             raise ValueError(f"target={target!r} must be a non-empty sequence of finite positive raw moments "
                              "E[S], E[S^2], ...")
+        _check_moment_sequence(t)
         scale = float(t[0])
         data = (jnp.asarray(t[1:] / scale ** np.arange(2, t.size + 1)),)
         loss_fn = _moment_loss

@@ -80,12 +80,15 @@ class JSQdClasses(AbstractDescribedModel):
 
     def __init__(self, lam, d=2, batch_sizes=None, mu: ArrayLike | None = None, service: PH | None = None,
                  helper_rates=(), f=(), K: int | None = None, *, d_max: int | None = None):
+        if isinstance(lam, (list, tuple)) and not lam:
+            raise ValueError(f"lam={lam!r} gives no arrival class: give one rate per class (e.g. lam=[0.3, 0.4])")
         if isinstance(lam, (list, tuple)):
             lam = jnp.stack([as_float_array(f"lam[{j}]", x, ndim=0, scale=True) for j, x in enumerate(lam)])
         self.lam = as_float_array("lam", lam, ndim=1, scale=True)
         v = self.lam.shape[0]
         if v < 1:
-            raise ValueError("lam=[] gives no arrival class: give one rate per class")
+            raise ValueError(f"lam has shape {self.lam.shape}: no arrival class; give one rate per class (e.g. "
+                             "lam=[0.3, 0.4])")
         if isinstance(d, (list, tuple)):
             if len(d) != v:
                 raise ValueError(f"d={d!r} has {len(d)} entries for {v} classes (lam has {v} rates)")

@@ -1,5 +1,7 @@
 r"""The retrial supermarket model: bufferless servers, one orbit per server, choice numbers d1 and d2."""
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -70,7 +72,9 @@ class RetrialJSQ(AbstractDescribedModel):
     - `retrial`: `"reprobe"` (default) or `"own"`.
     - `policy`: `"linear"` (default) or `"constant"`.
     - `K`: the largest orbit size kept; chosen from the parameters when omitted (the solvers report the fraction
-      of servers at orbit size `K`, `FixedPoint.tail_mass`, and refuse a `K` where it exceeds `tail_tol`).
+      of servers at orbit size `K`, `FixedPoint.tail_mass`, and refuse a `K` where it exceeds `tail_tol`). Orbits
+      that need a `K` above 4096 (a slow retrial rate θ: linear retrials keep about $\lambda g_1(\rho)/(\theta(1 -
+      g_2(\rho)))$ customers per orbit) are refused at once, as is a `K` below a mean orbit of more than 4096.
     - `d1_max`, `d2_max`: bounds on real choice numbers that are traced (inside `jax.grad`).
 
     The reduced state is the flat vector of the per-status tails (derived coordinates), shape `(2K + 1,)`.
@@ -115,6 +119,16 @@ class RetrialJSQ(AbstractDescribedModel):
                 raise ValueError("K must be given when lam, theta, mu, d1 or d2 are traced (inside jit/grad/vmap)")
             K = _default_K(self.lam, self.theta, self.mu, self.choice1, self.choice2, retrial, policy)
         self.K = check_K(K)
+        if policy == "linear" and all(concrete_array(a) is not None for a in (
+                self.lam, self.theta, self.mu, self.choice1.weights(), self.choice2.weights())):
+            m, what = _mean_orbit_bound(self.lam, self.theta, self.mu, self.choice1, self.choice2, retrial)
+            if m > max(self.K, _MAX_DEFAULT_K):  # the truncated orbits' mean is at most K
+                raise ValueError(
+                    f"K={self.K} cannot hold the orbits: with theta={float(self.theta):.6g} their mean is {what} = "
+                    f"{m:.3g} customers per server, above K (and above {_MAX_DEFAULT_K}, solve_fixed_point's default "
+                    "max_K); "
+                    f"raise theta (theta >= {float(self.theta) * m / (_MAX_DEFAULT_K / 2):.3g} keeps the mean orbit "
+                    f"below {_MAX_DEFAULT_K // 2}) or lower lam, or give K well above {m:.3g}")
 
     # --- parameters -------------------------------------------------------------------------------------------
     @property
@@ -286,15 +300,55 @@ def _mm1_retrial_occupancy(lam, theta, mu, policy: str, K: int) -> Float[Array, 
     return p / jnp.sum(p)
 
 
+def _mean_orbit_bound(lam, theta, mu, choice1, choice2, retrial: str) -> tuple[float, str]:
+    r"""For linear retrials, a lower bound on the mean orbit size at the fixed point, and its formula. Every blocked
+    primary (rate $\lambda g_1(\rho)$) joins an orbit, and each orbit customer retries at rate θ: re-probing
+    retrials succeed with probability $1 - g_2(\rho)$, so the balance gives the mean exactly,
+    $\lambda g_1(\rho)/(\theta(1 - g_2(\rho)))$; own retrials succeed at most at every retrial, so the mean is at
+    least $\lambda g_1(\rho)/\theta$."""
+    lam, theta, mu = (float(np.asarray(v)) for v in (lam, theta, mu))
+    rho = lam / mu
+    inflow = lam * float(choice1.pgf(jnp.asarray(rho)))
+    if retrial == "reprobe":
+        return inflow / (theta * (1.0 - float(choice2.pgf(jnp.asarray(rho))))), "lam*g1(rho)/(theta*(1 - g2(rho)))"
+    return inflow / theta, "at least lam*g1(rho)/theta"
+
+
 def _default_K(lam, theta, mu, choice1, choice2, retrial: str, policy: str, tol: float = 1e-14) -> int:
     """The smallest orbit size whose tail in the initial guess's law is below `tol`, widened by half and 8 levels
-    (within 8.._MAX_DEFAULT_K); the solvers check the actual tail mass at `K`."""
-    K = 64
-    while True:
-        x = np.asarray(_guess_occupancy(lam, theta, mu, choice1, choice2, retrial, policy, K)).reshape(K + 1, 2).sum(1)
-        tail = np.cumsum(x[::-1])[::-1]
-        below = np.flatnonzero(tail < tol)
-        if below.size and below[0] < K // 2 or K >= _MAX_DEFAULT_K:
-            k = int(below[0]) if below.size else K
-            return int(min(max(8, int(np.ceil(1.5 * k)) + 8), _MAX_DEFAULT_K))
-        K *= 2
+    (within 8.._MAX_DEFAULT_K); the solvers check the actual tail mass at `K`. A `ValueError` when that orbit size
+    exceeds `_MAX_DEFAULT_K` (a slow retrial rate: orbits of thousands of customers or more), before any solve.
+
+    The guess's law has the mean orbit of the balance (linear retrials: Poisson; constant: geometric of ratio q), so
+    its tail point is estimated first (mean + 8 standard deviations; log(tol)/log(q)) and only an estimate within
+    twice the largest K is refined on the law itself."""
+    lt, tt, mt = (float(np.asarray(v)) for v in (lam, theta, mu))
+    rho = lt / mt
+    success = 1.0 - (float(choice2.pgf(jnp.asarray(rho))) if retrial == "reprobe" else rho)
+    ratio = lt * float(choice1.pgf(jnp.asarray(rho))) / (tt * success)  # the guess's mean orbit, or its q
+    formula = "lam*g1(rho)/(theta*" + ("(1 - g2(rho)))" if retrial == "reprobe" else "(1 - rho))")
+    if policy == "linear":
+        estimate = ratio + 8.0 * math.sqrt(ratio)
+        scale = f"the mean orbit is about {formula} = {ratio:.3g} customers per server"
+        advice = f"raise theta (theta >= {tt * ratio / (_MAX_DEFAULT_K / 2):.3g} keeps it below {_MAX_DEFAULT_K // 2})"
+    else:
+        estimate = math.log(tol) / math.log(ratio) if ratio < 1.0 else math.inf
+        scale = f"the orbits' tails fall like q^k, q = {formula} = {ratio:.6g}"
+        advice = "raise theta"
+    k = estimate
+    if estimate <= 2 * _MAX_DEFAULT_K:
+        K = 64
+        while True:
+            x = np.asarray(_guess_occupancy(lam, theta, mu, choice1, choice2, retrial, policy, K)).reshape(K + 1, 2)
+            tail = np.cumsum(x.sum(1)[::-1])[::-1]
+            below = np.flatnonzero(tail < tol)
+            if below.size and below[0] < K // 2 or K >= 2 * _MAX_DEFAULT_K:
+                k = int(below[0]) if below.size else max(K, estimate)
+                break
+            K *= 2
+    if k > _MAX_DEFAULT_K:
+        raise ValueError(
+            f"theta={tt:.6g} is too slow a retrial rate for the mean field's truncation: {scale}, so K would need to "
+            f"be about {k:.3g}, above {_MAX_DEFAULT_K}, the largest K chosen by default (and solve_fixed_point's "
+            f"default max_K); {advice} or lower lam, or give K (2K + 1 unknowns)")
+    return int(min(max(8, int(np.ceil(1.5 * k)) + 8), _MAX_DEFAULT_K))
