@@ -8,13 +8,19 @@ occupancy $x$ of the cells, the number of jobs and of jobs in service of each ce
 arrival streams (`jsmkt._models.description.job_flows`): the throughput is the rate of jobs that join a server,
 $E[T]$ and $E[W]$ follow by Little's law, $P(\text{wait})$ is the fraction of arriving jobs that do not start
 service at once. The papers' ODEs as published (`jsmkt.published`) keep their JSQ formulas.
+
+A family's own metrics (`mean_orbit_size`, `availability`, ...) are its named observables
+(`AbstractDescribedModel.observables`), functions of the occupancy: they take a state as the others do, or a
+simulated occupancy (`SimulationResult.occupancy`, or the `SimulationResult` itself), on which `jsmkt.simulate`
+evaluates them too.
 """
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
+from ._models.base import AbstractDescribedModel, AbstractSupermarketModel, Occupancy
 from ._models.description import JobFlows, job_flows
 from ._solution import FixedPoint, Trajectory
 
@@ -28,6 +34,61 @@ def _state(model: AbstractSupermarketModel, state):
     y = state.value if isinstance(state, FixedPoint) else state
     model.check_state(y, "state", values=False)
     return y
+
+
+def _simulated(state) -> Occupancy | None:
+    """The `Occupancy` that `state` is or carries (a `SimulationResult`), else `None`."""
+    occ = state if isinstance(state, Occupancy) else getattr(state, "occupancy", None)
+    return occ if isinstance(occ, Occupancy) else None
+
+
+@eqx.filter_jit
+def _observables_at(model: AbstractDescribedModel, z, names: tuple[str, ...], reduced: bool) -> dict[str, Array]:
+    """The observables `names` at the reduced state `z` (`reduced`) or the occupancy `z`, compiled once per model
+    structure."""
+    obs = model.observables()
+    x = model.occupancy(z) if reduced else z
+    return {n: obs[n](x) for n in names}
+
+
+def _observable(model: AbstractSupermarketModel, state, name: str) -> Float[Array, ""]:
+    """The named observable `name` of `model`'s family at `state`: a state (or `FixedPoint`), or a simulated
+    `Occupancy` (or the `SimulationResult` that carries it), read in `model`'s cells (`cells_of`)."""
+    occ = _simulated(state)
+    if occ is None:
+        return _observables_at(model, _state(model, state), (name,), True)[name]
+    x = model.cells_of(occ)
+    if x.ndim != 1:
+        raise ValueError(f"the occupancy holds {x.shape[:-1]} occupancies (fractions of shape "
+                         f"{jnp.shape(occ.fractions)}): give one, or use jsmkt._metrics.observable_values")
+    return _observables_at(model, x, (name,), False)[name]
+
+
+def observable_values(model: AbstractSupermarketModel, occupancy: Occupancy) -> dict[str, Array]:
+    """Every named observable of `model`'s family (`{}` for a family without) on each occupancy of `occupancy`
+    (fractions of shape `(..., C)`; the result has the leading shape), read in the cells of `model` (at its
+    `K`: `model.with_K(occupancy.top)` reads any)."""
+    names = tuple(model.observables()) if isinstance(model, AbstractDescribedModel) else ()
+    if not names:
+        return {}
+    x = model.cells_of(occupancy)
+    flat = jax.vmap(lambda z: _observables_at(model, z, names, False))(x.reshape(-1, x.shape[-1]))
+    return {n: flat[n].reshape(x.shape[:-1]) for n in names}
+
+
+def observable_gradients(model: AbstractSupermarketModel, occupancy: Occupancy) -> dict[str, Array]:
+    """The gradient of every named observable with respect to the occupancy vector of `model`'s cells, at the one
+    occupancy `occupancy` (for the delta method: a ratio's batch-means interval)."""
+    names = tuple(model.observables()) if isinstance(model, AbstractDescribedModel) else ()
+    if not names:
+        return {}
+    grads = _observable_gradients(model, model.cells_of(occupancy), names)
+    return {n: grads[n] for n in names}
+
+
+@eqx.filter_jit
+def _observable_gradients(model, x, names):
+    return {n: jax.grad(lambda z, n=n: _observables_at(model, z, (n,), False)[n])(x) for n in names}
 
 
 class _Totals(eqx.Module):
@@ -165,6 +226,8 @@ def mean_number_waiting(model: AbstractSupermarketModel, state) -> Float[Array, 
 
 
 # --- retrial models ---------------------------------------------------------------------------------------------
+# These and the repairable servers' metrics are the families' named observables (`RetrialJSQ.observables`,
+# `RepairableJSQ.observables`); `state` may also be a simulated occupancy (`SimulationResult.occupancy`).
 
 
 def _retrial(model, what: str):
@@ -175,29 +238,30 @@ def _retrial(model, what: str):
 
 
 def mean_orbit_size(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    """Mean number of customers per orbit (retrial models): `mean_number_waiting`."""
+    """Mean number of customers per orbit (retrial models): at a state, `mean_number_waiting`."""
     _retrial(model, "mean_orbit_size")
-    return mean_number_waiting(model, state)
+    return _observable(model, state, "mean_orbit_size")
 
 
 def prob_blocked(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Probability that a primary customer finds every sampled server busy and joins an orbit (retrial models):
     `prob_wait` of the primary stream, $g_1(\rho)$ at the fixed point."""
     _retrial(model, "prob_blocked")
-    return prob_wait(model, state, stream="primary")
+    return _observable(model, state, "prob_blocked")
 
 
 def prob_retrial_success(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    """Probability that a retrial is served (retrial models, `RetrialJSQ.prob_retrial_success`)."""
+    """Probability that a retrial is served (retrial models, `RetrialJSQ.observables`)."""
     _retrial(model, "prob_retrial_success")
-    return model.prob_retrial_success(_state(model, state))
+    return _observable(model, state, "prob_retrial_success")
 
 
 def mean_sojourn_time_tagged(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """$E[T]$ from a tagged customer's path (linear re-probing retrial models, `RetrialJSQ.sojourn_time_tagged`);
     at the fixed point it equals `mean_sojourn_time` (Little's law)."""
     _retrial(model, "mean_sojourn_time_tagged")
-    return model.sojourn_time_tagged(_state(model, state))
+    model.check_tagged()
+    return _observable(model, state, "mean_sojourn_time_tagged")
 
 
 def orbit_size_distribution(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
@@ -220,22 +284,23 @@ def _repairable(model, what: str):
 def availability(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of working servers (repairable-server models)."""
     _repairable(model, "availability")
-    return model.fraction_working(_state(model, state))
+    return _observable(model, state, "availability")
 
 
 def customers_at_failed_servers(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of the customers in the system held at failed servers (repairable-server models)."""
     _repairable(model, "customers_at_failed_servers")
-    return model.customers_at_failed(_state(model, state))
+    return _observable(model, state, "customers_at_failed_servers")
 
 
 def repairmen_utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    """The fraction of the repair capacity in use (repairable-server models, `RepairableJSQ.repairmen_utilisation`)."""
+    """The fraction of the repair capacity in use (repairable-server models, `RepairableJSQ.observables`)."""
     _repairable(model, "repairmen_utilisation")
-    return model.repairmen_utilisation(_state(model, state))
+    return _observable(model, state, "repairmen_utilisation")
 
 
 def fraction_failed_waiting(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of failed servers that wait for a repairman (repairable-server models with repair='R3')."""
     _repairable(model, "fraction_failed_waiting")
-    return model.fraction_failed_waiting(_state(model, state))
+    model.check_r3("fraction_failed_waiting")
+    return _observable(model, state, "fraction_failed_waiting")
