@@ -78,6 +78,27 @@ def test_repairable_availability_under_r1_is_the_closed_form():
     assert abs(sim.customers_at_failed_servers - at_failed) < sim.customers_at_failed_servers_ci
 
 
+def test_classes_wait_as_often_as_the_servers_are_busy_with_one_choice():
+    """Two classes that each sample one server (d = 1): by PASTA a job of either class waits with the probability
+    that a server is busy, rho = 0.5 here, at any N; the simulated per-class P(wait) lie within their intervals
+    of it."""
+    model = jsmkt.JSQdClasses([0.6, 0.4], d=[1, 1], mu=2.0, K=40)
+    sim = jsmkt.simulate(model, 50, 400.0, key=jr.PRNGKey(5), n_replications=4)
+    assert set(sim.metrics) == solve_names(model) == {"prob_wait_class_1", "prob_wait_class_2"}
+    for name in ("prob_wait_class_1", "prob_wait_class_2"):
+        assert abs(sim.metrics[name] - 0.5) < 2 * sim.metrics_ci[name] < 0.1, (name, sim.metrics[name])
+
+
+def test_every_family_names_the_metrics_solve_prints():
+    """The named observables, which `simulate` estimates, are the family metrics `jsmkt solve` prints, in every
+    registered family's examples."""
+    from jsmkt._spec import FAMILIES
+
+    for fam in FAMILIES.values():
+        for label, model in fam.examples().items():
+            assert set(model.observables()) == (solve_names(model) if fam.metrics else set()), label
+
+
 @pytest.mark.parametrize("spec", ["retrial_reprobe.toml", "repairable_model_I.toml"])
 def test_cli_simulate_prints_the_family_metrics(spec, capsys):
     """`jsmkt simulate` of an example: every family metric `jsmkt solve` prints, with its half-width, in the JSON

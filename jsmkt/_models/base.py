@@ -396,8 +396,9 @@ class AbstractDescribedModel(AbstractSupermarketModel):
             if level[c] > cells.K:
                 raise ValueError(f"occupancy holds servers at level {int(level[c])} > K={self.K}: evaluate it with "
                                  f"model.with_K({occupancy.top})")
-            raise ValueError(f"occupancy holds servers at level {int(level[c])} in status {names[int(np.asarray(occupancy.status)[c])]!r}, a "
-                             f"cell a {type(self).__name__} does not have")
+            name = names[int(np.asarray(occupancy.status)[c])]
+            raise ValueError(f"occupancy holds servers at level {int(level[c])} in status {name!r}, a cell a "
+                             f"{type(self).__name__} does not have")
         onto = np.zeros((level.size, cells.size))
         onto[np.flatnonzero(index >= 0), index[index >= 0]] = 1.0
         return jnp.asarray(fractions @ onto)
