@@ -18,6 +18,7 @@ evaluates them too.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel, Occupancy
@@ -56,7 +57,14 @@ def _observable(model: AbstractSupermarketModel, state, name: str) -> Float[Arra
     `Occupancy` (or the `SimulationResult` that carries it), read in `model`'s cells (`cells_of`)."""
     occ = _simulated(state)
     if occ is None:
-        return _observables_at(model, _state(model, state), (name,), True)[name]
+        try:
+            y = _state(model, state)
+        except ValueError as e:
+            if isinstance(state, (jax.Array, np.ndarray)) and not isinstance(state, jax.core.Tracer):
+                raise ValueError(f"{e}; for a simulation, pass its occupancy (res.occupancy, or res itself), not "
+                                 "its tails") from None
+            raise
+        return _observables_at(model, y, (name,), True)[name]
     x = model.cells_of(occ)
     if x.ndim != 1:
         raise ValueError(f"the occupancy holds {x.shape[:-1]} occupancies (fractions of shape "

@@ -51,6 +51,8 @@ def test_retrial_metrics_are_those_of_the_simulated_occupancy():
         assert 0 < ci < 0.2 * abs(value), (name, ci)
         mean_field = float(f(model, fp))
         assert abs(value - mean_field) < 3 * ci + 0.05 * abs(mean_field), (name, value, mean_field, ci)
+    with pytest.raises(ValueError, match=r"for a simulation, pass its occupancy \(res.occupancy, or res itself\)"):
+        jsmkt.mean_orbit_size(model, sim.tails)
     with pytest.raises(ValueError, match=r"level \d+ > K=2: evaluate it with model.with_K\(\d+\)"):
         jsmkt.mean_orbit_size(model.with_K(2), sim.occupancy)
     with pytest.raises(ValueError, match=r"statuses \['busy', 'idle'\] that a RepairableJSQ's cells do not have"):
