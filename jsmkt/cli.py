@@ -510,7 +510,7 @@ def _print_table(out: dict[str, Any], header: str, level: str = "Q", utilisation
     for label, key in rows:
         if key in out:
             v = out[key]
-            ci = out.get(f"{key}_ci") if f"{key}_ci" not in shown else None  # a simulated family metric's interval
+            ci = out.get(f"{key}_ci") if f"{key}_ci" not in shown else None  # a simulated figure's interval
             print((f"  {label:<26} {v:.10g}" if isinstance(v, float) else f"  {label:<26} {v}")
                   + (f" ± {ci:.2g}" if isinstance(ci, float) else ""))
     if "note" in out:
