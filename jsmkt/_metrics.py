@@ -12,15 +12,22 @@ service at once. The papers' ODEs as published (`jsmkt.published`) keep their JS
 Every metric of a fixed point that failed (solved with `throw=False`) is NaN, and so are its derivatives, even
 where the formula does not read the state (`probe_rate` of JSQ(d) is $\lambda E[D]$): the fixed point's `result`
 says why, and the other entries of a `vmap` batch keep their values (`jsmkt._solution.nan_if_failed`).
+
+A family's own metrics (`mean_orbit_size`, `availability`, ...) are its named observables
+(`AbstractDescribedModel.observables`), functions of the occupancy: they take a state as the others do, or a
+simulated occupancy (`SimulationResult.occupancy`, or the `SimulationResult` itself), on which `jsmkt.simulate`
+evaluates them too.
 """
 
 import functools
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
-from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
+from ._models.base import AbstractDescribedModel, AbstractSupermarketModel, Occupancy
 from ._models.description import JobFlows, job_flows
 from ._solution import FixedPoint, Trajectory, nan_if_failed
 
@@ -44,6 +51,67 @@ def _nan_if_failed(metric):
         return nan_if_failed(metric(model, state, *args, **kwargs), state)
 
     return wrapper
+
+def _simulated(state) -> Occupancy | None:
+    """The `Occupancy` that `state` is or carries (a `SimulationResult`), else `None`."""
+    occ = state if isinstance(state, Occupancy) else getattr(state, "occupancy", None)
+    return occ if isinstance(occ, Occupancy) else None
+
+
+@eqx.filter_jit
+def _observables_at(model: AbstractDescribedModel, z, names: tuple[str, ...], reduced: bool) -> dict[str, Array]:
+    """The observables `names` at the reduced state `z` (`reduced`) or the occupancy `z`, compiled once per model
+    structure."""
+    obs = model.observables()
+    x = model.occupancy(z) if reduced else z
+    return {n: obs[n](x) for n in names}
+
+
+def _observable(model: AbstractSupermarketModel, state, name: str) -> Float[Array, ""]:
+    """The named observable `name` of `model`'s family at `state`: a state (or `FixedPoint`), or a simulated
+    `Occupancy` (or the `SimulationResult` that carries it), read in `model`'s cells (`cells_of`)."""
+    occ = _simulated(state)
+    if occ is None:
+        try:
+            y = _state(model, state)
+        except ValueError as e:
+            if isinstance(state, (jax.Array, np.ndarray)) and not isinstance(state, jax.core.Tracer):
+                raise ValueError(f"{e}; for a simulation, pass its occupancy (res.occupancy, or res itself), not "
+                                 "its tails") from None
+            raise
+        return _observables_at(model, y, (name,), True)[name]
+    x = model.cells_of(occ)
+    if x.ndim != 1:
+        raise ValueError(f"the occupancy holds {x.shape[:-1]} occupancies (fractions of shape "
+                         f"{jnp.shape(occ.fractions)}): give one, or use jsmkt._metrics.observable_values")
+    return _observables_at(model, x, (name,), False)[name]
+
+
+def observable_values(model: AbstractSupermarketModel, occupancy: Occupancy) -> dict[str, Array]:
+    """Every named observable of `model`'s family (`{}` for a family without) on each occupancy of `occupancy`
+    (fractions of shape `(..., C)`; the result has the leading shape), read in the cells of `model` (at its
+    `K`: `model.with_K(occupancy.top)` reads any)."""
+    names = tuple(model.observables()) if isinstance(model, AbstractDescribedModel) else ()
+    if not names:
+        return {}
+    x = model.cells_of(occupancy)
+    flat = jax.vmap(lambda z: _observables_at(model, z, names, False))(x.reshape(-1, x.shape[-1]))
+    return {n: flat[n].reshape(x.shape[:-1]) for n in names}
+
+
+def observable_gradients(model: AbstractSupermarketModel, occupancy: Occupancy) -> dict[str, Array]:
+    """The gradient of every named observable with respect to the occupancy vector of `model`'s cells, at the one
+    occupancy `occupancy` (for the delta method: a ratio's batch-means interval)."""
+    names = tuple(model.observables()) if isinstance(model, AbstractDescribedModel) else ()
+    if not names:
+        return {}
+    grads = _observable_gradients(model, model.cells_of(occupancy), names)
+    return {n: grads[n] for n in names}
+
+
+@eqx.filter_jit
+def _observable_gradients(model, x, names):
+    return {n: jax.grad(lambda z, n=n: _observables_at(model, z, (n,), False)[n])(x) for n in names}
 
 
 class _Totals(eqx.Module):
@@ -193,6 +261,8 @@ def mean_number_waiting(model: AbstractSupermarketModel, state) -> Float[Array, 
 
 
 # --- retrial models ---------------------------------------------------------------------------------------------
+# These and the repairable servers' metrics are the families' named observables (`RetrialJSQ.observables`,
+# `RepairableJSQ.observables`); `state` may also be a simulated occupancy (`SimulationResult.occupancy`).
 
 
 def _retrial(model, what: str):
@@ -204,9 +274,9 @@ def _retrial(model, what: str):
 
 @_nan_if_failed
 def mean_orbit_size(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    """Mean number of customers per orbit (retrial models): `mean_number_waiting`."""
+    """Mean number of customers per orbit (retrial models): at a state, `mean_number_waiting`."""
     _retrial(model, "mean_orbit_size")
-    return mean_number_waiting(model, state)
+    return _observable(model, state, "mean_orbit_size")
 
 
 @_nan_if_failed
@@ -214,14 +284,14 @@ def prob_blocked(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Probability that a primary customer finds every sampled server busy and joins an orbit (retrial models):
     `prob_wait` of the primary stream, $g_1(\rho)$ at the fixed point."""
     _retrial(model, "prob_blocked")
-    return prob_wait(model, state, stream="primary")
+    return _observable(model, state, "prob_blocked")
 
 
 @_nan_if_failed
 def prob_retrial_success(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    """Probability that a retrial is served (retrial models, `RetrialJSQ.prob_retrial_success`)."""
+    """Probability that a retrial is served (retrial models, `RetrialJSQ.observables`)."""
     _retrial(model, "prob_retrial_success")
-    return model.prob_retrial_success(_state(model, state))
+    return _observable(model, state, "prob_retrial_success")
 
 
 @_nan_if_failed
@@ -229,7 +299,8 @@ def mean_sojourn_time_tagged(model: AbstractSupermarketModel, state) -> Float[Ar
     """$E[T]$ from a tagged customer's path (linear re-probing retrial models, `RetrialJSQ.sojourn_time_tagged`);
     at the fixed point it equals `mean_sojourn_time` (Little's law)."""
     _retrial(model, "mean_sojourn_time_tagged")
-    return model.sojourn_time_tagged(_state(model, state))
+    model.check_tagged()
+    return _observable(model, state, "mean_sojourn_time_tagged")
 
 
 @_nan_if_failed
@@ -254,25 +325,26 @@ def _repairable(model, what: str):
 def availability(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of working servers (repairable-server models)."""
     _repairable(model, "availability")
-    return model.fraction_working(_state(model, state))
+    return _observable(model, state, "availability")
 
 
 @_nan_if_failed
 def customers_at_failed_servers(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of the customers in the system held at failed servers (repairable-server models)."""
     _repairable(model, "customers_at_failed_servers")
-    return model.customers_at_failed(_state(model, state))
+    return _observable(model, state, "customers_at_failed_servers")
 
 
 @_nan_if_failed
 def repairmen_utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
-    """The fraction of the repair capacity in use (repairable-server models, `RepairableJSQ.repairmen_utilisation`)."""
+    """The fraction of the repair capacity in use (repairable-server models, `RepairableJSQ.observables`)."""
     _repairable(model, "repairmen_utilisation")
-    return model.repairmen_utilisation(_state(model, state))
+    return _observable(model, state, "repairmen_utilisation")
 
 
 @_nan_if_failed
 def fraction_failed_waiting(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of failed servers that wait for a repairman (repairable-server models with repair='R3')."""
     _repairable(model, "fraction_failed_waiting")
-    return model.fraction_failed_waiting(_state(model, state))
+    model.check_r3("fraction_failed_waiting")
+    return _observable(model, state, "fraction_failed_waiting")

@@ -508,10 +508,13 @@ def _print_table(out: dict[str, Any], header: str, level: str = "Q", utilisation
         ("events simulated", "events"),
     ]
     rows = [(utilisation, k) if k == "utilisation" else (label, k) for label, k in rows]
+    shown = {k for _, k in rows}
     for label, key in rows:
         if key in out:
             v = out[key]
-            print(f"  {label:<26} {v:.10g}" if isinstance(v, float) else f"  {label:<26} {v}")
+            ci = out.get(f"{key}_ci") if f"{key}_ci" not in shown else None  # a simulated figure's interval
+            print((f"  {label:<26} {v:.10g}" if isinstance(v, float) else f"  {label:<26} {v}")
+                  + (f" ± {ci:.2g}" if isinstance(ci, float) else ""))
     if "note" in out:
         print(f"  note: {out['note']}")
     for what in ("sojourn", "waiting"):

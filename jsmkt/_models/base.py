@@ -18,11 +18,15 @@ Two levels of contract:
   transitions that move two servers included), `drift`, the reduced coordinates (`occupancy`, `reduce`,
   `vector_field`, `initial_state`, `tails`), the metrics' flows and the simulator's tables. A family may
   override `occupancy`, `reduce`, `vector_field` and `initial_guess` by faster hand-written forms; they are
-  tested equal to the derived ones, and its reduced state must flatten to the derived one.
+  tested equal to the derived ones, and its reduced state must flatten to the derived one. A family names its
+  own metrics as `observables()`: functions of the occupancy of its cells, which the metric functions evaluate on
+  a mean-field state and the simulator on a simulated time-averaged occupancy (`Occupancy`).
 """
 
 import abc
 import copy
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -266,6 +270,31 @@ def mph1_tail_decay(lam: float, alpha: np.ndarray, T: np.ndarray) -> float:
     return 1.0 / hi
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Occupancy:
+    r"""Fractions of servers in cells named by level and status, outside any model's truncation: a simulation's
+    time-averaged occupancy (`SimulationResult.occupancy`), which the family metric functions (`mean_orbit_size`,
+    `availability`, ...) accept in place of a state. Concrete NumPy arrays.
+
+    **Attributes:**
+
+    - `fractions`: shape `(..., C)`, the fraction of servers in each cell (leading axes: e.g. replications).
+    - `level`, `status`: shape `(C,)`, each cell's level and status (an index into `status_names`).
+    - `status_names`: the statuses' names, matched by name with a model's cells (`AbstractDescribedModel.cells_of`).
+    """
+
+    fractions: np.ndarray
+    level: np.ndarray
+    status: np.ndarray
+    status_names: tuple[str, ...]
+
+    @property
+    def top(self) -> int:
+        """The highest level that holds a positive fraction (0 for an empty occupancy)."""
+        used = np.any(np.reshape(np.asarray(self.fractions), (-1, np.shape(self.level)[0])) > 0, axis=0)
+        return int(np.max(np.asarray(self.level)[used], initial=0))
+
+
 class AbstractDescribedModel(AbstractSupermarketModel):
     """A model family stated once by its physics, `description()`; everything else is derived (module docstring
     and `jsmkt._models.description`)."""
@@ -326,6 +355,53 @@ class AbstractDescribedModel(AbstractSupermarketModel):
         # would compile on its own); only its static tables are read.
         jax.eval_shape(levels)
         return out[0]
+
+    # --- named observables ---------------------------------------------------------------------------------------
+    def observables(self) -> dict[str, Callable[[Float[Array, " C"]], Float[Array, ""]]]:
+        r"""The family's own metrics, by name: functions of the occupancy $x$ of the cells of `description()` (at
+        this model's `K`) and of the model's parameters, traceable. The metric functions of the same names
+        (`jsmkt.mean_orbit_size`, `jsmkt.availability`, ...) evaluate them on a mean-field state, and `simulate`
+        on the time-averaged occupancy of each replication (or batch), giving their estimates and 95 % half-widths
+        (`SimulationResult.metrics`). A flow ratio (e.g. the probability that an arrival is blocked) is written as
+        a function of the occupancy, the mean-field flows of `jsmkt._models.description`. An observable must not
+        depend on the truncation once the cells above the highest occupied level are empty. None by default."""
+        return {}
+
+    def cells_of(self, occupancy: Occupancy) -> Float[Array, "... C"]:
+        """The occupancy vector (shape `(..., C)`, in the order of this model's cells) of an `Occupancy` named by
+        level and status. Statuses are matched by name (a family with one status takes every cell by its level
+        alone); `ValueError` where a cell with a positive fraction has no counterpart here: a status this family
+        does not have, or a level above `K` (then use `model.with_K(occupancy.top)`)."""
+        out = []
+        jax.eval_shape(lambda: out.append(self.description().cells))  # static tables only (no rates computed)
+        cells = out[0]
+        level = np.asarray(occupancy.level, dtype=np.int64)
+        names = tuple(occupancy.status_names)
+        fractions = np.asarray(occupancy.fractions, dtype=float)
+        if level.ndim != 1 or fractions.shape[-1:] != level.shape or np.shape(occupancy.status) != level.shape:
+            raise ValueError(f"occupancy has fractions of shape {fractions.shape} for {level.shape} levels and "
+                             f"{np.shape(occupancy.status)} statuses: give one fraction per cell (last axis)")
+        if len(cells.status_names) == 1:
+            status = np.zeros_like(level)
+        else:
+            unknown = sorted(set(names) - set(cells.status_names))
+            if unknown:
+                raise ValueError(f"occupancy has statuses {unknown} that a {type(self).__name__}'s cells do not have "
+                                 f"(its statuses are {list(cells.status_names)})")
+            status = np.array([cells.status_names.index(names[s]) for s in np.asarray(occupancy.status)], np.int64)
+        index = cells.index(level, status)
+        lost = (index < 0) & np.any(np.reshape(fractions, (-1, level.size)) > 0, axis=0)
+        if lost.any():
+            c = int(np.flatnonzero(lost)[0])
+            if level[c] > cells.K:
+                raise ValueError(f"occupancy holds servers at level {int(level[c])} > K={self.K}: evaluate it with "
+                                 f"model.with_K({occupancy.top})")
+            name = names[int(np.asarray(occupancy.status)[c])]
+            raise ValueError(f"occupancy holds servers at level {int(level[c])} in status {name!r}, a cell a "
+                             f"{type(self).__name__} does not have")
+        onto = np.zeros((level.size, cells.size))
+        onto[np.flatnonzero(index >= 0), index[index >= 0]] = 1.0
+        return jnp.asarray(fractions @ onto)
 
     def simulation_top(self, n: int) -> int | None:
         """The largest level the simulation of `n` servers keeps (its tables' truncation), or `None` (the default)

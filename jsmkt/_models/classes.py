@@ -11,7 +11,7 @@ from .._choice import AbstractChoice, named_choice, named_value_errors
 from .._distributions.ph import PH, concrete_mean_scv, exponential, not_a_ph
 from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, default_K, fmt, mph1_tail_decay
-from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, make_cells
+from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, job_flows, make_cells
 
 
 _MAX_BATCH = 4096
@@ -257,6 +257,17 @@ class JSQdClasses(AbstractDescribedModel):
             name = "helper" if len(self.helper_choices) == 1 else f"helper {l + 1}"
             dispatches.append(Dispatch(name, choice, key=key, effect=help_, rate=rate, arrivals=False))
         return Description(cells, tuple(events), tuple(dispatches))
+
+    def observables(self):
+        """With several classes, `prob_wait_class_<j>`: the fraction of class j's jobs that do not start service at
+        once, the waiting flow over the offered flow of its stream (`jsmkt.prob_wait(..., stream=...)`)."""
+        if self.n_classes == 1:
+            return {}
+
+        def wait(stream):
+            return lambda x: (f := job_flows(self.description(), x, stream)).waiting / f.offered
+
+        return {f"prob_wait_class_{j + 1}": wait(f"class {j + 1} arrival") for j in range(self.n_classes)}
 
     def initial_guess(self):
         r"""The cut balance of the class docstring solved level by level with $\mu = 1/E[S]$ (bisection in $s_k$

@@ -286,26 +286,38 @@ class RepairableJSQ(AbstractDescribedModel):
         out.append((~(self.load() < 1.0), self._unstable_message()))
         return out
 
-    # --- metrics the description does not name ------------------------------------------------------------------
-    def _cells(self, y):
-        return self.occupancy(y).reshape(self.K + 1, self.n_status)
+    # --- named observables ----------------------------------------------------------------------------------------
+    def observables(self):
+        r"""Functions of the occupancy $x$ of the cells $(k, \text{status})$:
 
-    def fraction_working(self, y) -> Array:
-        """The fraction of working servers at the reduced state `y`."""
-        return jnp.sum(self._cells(y)[:, WORKING])
+        - `availability`: the fraction of working servers;
+        - `customers_at_failed_servers`: the fraction of the customers in the system held at failed servers,
+          $\sum_k k\,x_{k,\text{failed}} / \sum_k k\,x_k$;
+        - `repairmen_utilisation`: the fraction of the repair capacity $N\beta$ that is repairing: R.1, the failed
+          fraction; R.2, the fraction of the repairman's events that find a failed server, $1 - g_2(a)$; R.3, the
+          small repairmen's busy fraction of all servers plus the large one's share $(1 - j)$ times the fraction of
+          its events that find a waiting server;
+        - `fraction_failed_waiting` (R.3 only): the fraction of failed servers that wait for a repairman.
 
-    def customers_at_failed(self, y) -> Array:
-        """The fraction of customers held at failed servers."""
-        x = self._cells(y)
+        On a simulated occupancy, the pgf terms of R.2 and R.3 are evaluated at the time-averaged fractions, whereas
+        a finite system's repairman finds a failed server with the time average of $1 - g_2(a(t))$: the two differ
+        by $\tfrac12 g_2''\,\mathrm{Var}(a(t))$, of order $1/N$."""
+        out = {"availability": self._working, "customers_at_failed_servers": self._at_failed,
+               "repairmen_utilisation": self._repairing}
+        if self.repair == "R3":
+            out["fraction_failed_waiting"] = self._waiting
+        return out
+
+    def _working(self, x) -> Array:
+        return jnp.sum(x.reshape(self.K + 1, self.n_status)[:, WORKING])
+
+    def _at_failed(self, x) -> Array:
+        x = x.reshape(self.K + 1, self.n_status)
         k = jnp.arange(self.K + 1, dtype=x.dtype)
         return jnp.sum(k * x[:, WORKING + 1:].sum(axis=1)) / jnp.sum(k * x.sum(axis=1))
 
-    def repairmen_utilisation(self, y) -> Array:
-        r"""The fraction of the repair capacity $N\beta$ that is repairing: R.1, the failed fraction; R.2, the
-        fraction of the repairman's events that find a failed server, $1 - g_2(a)$; R.3, the small repairmen's
-        busy fraction of all servers plus the large one's share $(1 - j)$ times the fraction of its events that
-        find a waiting server."""
-        x = self._cells(y)
+    def _repairing(self, x) -> Array:
+        x = x.reshape(self.K + 1, self.n_status)
         failed = jnp.sum(x[:, FAILED])
         if self.repair == "R2":
             return 1.0 - self.choice2.pgf(1.0 - failed)
@@ -313,12 +325,32 @@ class RepairableJSQ(AbstractDescribedModel):
             return failed + (1.0 - self.j) * (1.0 - self.choice2.pgf(1.0 - jnp.sum(x[:, WAITING])))
         return failed
 
+    def _waiting(self, x) -> Array:
+        x = x.reshape(self.K + 1, self.n_status)
+        return jnp.sum(x[:, WAITING]) / jnp.sum(x[:, SMALL:])
+
+    def check_r3(self, what: str) -> None:
+        """Raise `ValueError` unless the model has R.3's small repairmen (`what`: the metric asked for)."""
+        if self.repair != "R3":
+            raise ValueError(f"{what} is defined for repair='R3' (here repair={self.repair!r})")
+
+    # --- the observables at a reduced state ---------------------------------------------------------------------
+    def fraction_working(self, y) -> Array:
+        """The fraction of working servers at the reduced state `y`."""
+        return self._working(self.occupancy(y))
+
+    def customers_at_failed(self, y) -> Array:
+        """The fraction of customers held at failed servers (`observables`)."""
+        return self._at_failed(self.occupancy(y))
+
+    def repairmen_utilisation(self, y) -> Array:
+        """The fraction of the repair capacity $N\\beta$ that is repairing (`observables`)."""
+        return self._repairing(self.occupancy(y))
+
     def fraction_failed_waiting(self, y) -> Array:
         """The fraction of failed servers that wait for a repairman (R.3; 0 below saturation)."""
-        if self.repair != "R3":
-            raise ValueError(f"fraction_failed_waiting is defined for repair='R3' (here repair={self.repair!r})")
-        x = self._cells(y)
-        return jnp.sum(x[:, WAITING]) / jnp.sum(x[:, SMALL:])
+        self.check_r3("fraction_failed_waiting")
+        return self._waiting(self.occupancy(y))
 
 
 def _default_K(model: RepairableJSQ, rho: float) -> int:

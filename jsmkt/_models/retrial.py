@@ -12,7 +12,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, FixedChoice, named_choice, named_value_errors
 from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, fmt
-from .description import Description, Dispatch, LocalEvent, Moves, make_cells
+from .description import Description, Dispatch, LocalEvent, Moves, job_flows, make_cells
 
 
 RETRIALS = ("reprobe", "own")
@@ -239,6 +239,53 @@ class RetrialJSQ(AbstractDescribedModel):
         below = np.flatnonzero(s < 1e-12 / max(n, 1))
         return int(min(below[0] if below.size else self.K, self.K)) + 4
 
+    # --- named observables --------------------------------------------------------------------------------------
+    def observables(self):
+        r"""Functions of the occupancy $x$ of the cells $(j, \text{idle}|\text{busy})$:
+
+        - `mean_orbit_size`: $\sum_j j\,x_j$;
+        - `prob_blocked`: the fraction of primary customers that find every sampled server busy, the waiting flow
+          over the offered flow of the primary stream ($g_1(\text{busy fraction})$);
+        - `prob_retrial_success`: re-probing, $1 - g_2(\text{busy fraction})$; own retrials, the retrials that find
+          their server idle over all retrials, $\sum_j r_j x_{j,\text{idle}} / \sum_j r_j x_j$;
+        - `mean_sojourn_time_tagged` (linear re-probing only): $1/\mu + g_1(\rho)/(\theta(1 - g_2(\rho)))$, ρ the
+          busy fraction (`sojourn_time_tagged`).
+
+        On a simulated occupancy, the pgf terms are evaluated at the time-averaged busy fraction, whereas a finite
+        system's blocking is the time average of $g(\text{busy fraction}(t))$: the two differ by
+        $\tfrac12 g''\,\mathrm{Var}(\text{busy fraction}(t))$, of order $1/N$."""
+        out = {"mean_orbit_size": self._mean_orbit, "prob_blocked": self._blocked,
+               "prob_retrial_success": self._retrial_success}
+        if self.retrial == "reprobe" and self.policy == "linear":
+            out["mean_sojourn_time_tagged"] = self._tagged
+        return out
+
+    def _mean_orbit(self, x) -> Array:
+        x = x.reshape(self.K + 1, 2)
+        return jnp.sum(jnp.arange(self.K + 1, dtype=x.dtype) * x.sum(axis=1))
+
+    def _blocked(self, x) -> Array:
+        f = job_flows(self.description(), x, "primary")
+        return f.waiting / f.offered
+
+    def _retrial_success(self, x) -> Array:
+        x = x.reshape(self.K + 1, 2)
+        if self.retrial == "reprobe":
+            return 1.0 - self.choice2.pgf(jnp.sum(x[:, BUSY]))
+        r = self.retrial_rates(np.arange(1, self.K + 1))
+        return jnp.sum(r * x[1:, IDLE]) / jnp.sum(r * x[1:].sum(axis=1))
+
+    def _tagged(self, x) -> Array:
+        rho = jnp.sum(x.reshape(self.K + 1, 2)[:, BUSY])
+        return 1.0 / self.mu + self.choice1.pgf(rho) / (self.theta * (1.0 - self.choice2.pgf(rho)))
+
+    def check_tagged(self) -> None:
+        """Raise `ValueError` unless the tagged-customer E[T] exists (linear re-probing retrials)."""
+        if not (self.retrial == "reprobe" and self.policy == "linear"):
+            raise ValueError(f"the tagged-customer E[T] exists for retrial='reprobe', policy='linear' only (here "
+                             f"retrial={self.retrial!r}, policy={self.policy!r}): a customer's retrials then succeed "
+                             "independently of its orbit; use mean_sojourn_time (Little's law)")
+
     # --- metrics the description does not name ------------------------------------------------------------------
     def retrial_attempt_rate(self, y) -> Array:
         """Retrials per unit time per server, $\\sum_{j\\ge1} r_j x_j$ ($r_j$ the retrial rate of an orbit of
@@ -247,24 +294,15 @@ class RetrialJSQ(AbstractDescribedModel):
         return jnp.sum(self.retrial_rates(np.arange(1, self.K + 1)) * x[1:].sum(axis=1))
 
     def prob_retrial_success(self, y) -> Array:
-        """Probability that a retrial is served: $1 - g_2(\\text{busy fraction})$ for re-probing, the
-        retrial-rate-weighted fraction of orbits whose server is idle for own retrials."""
-        x = self.occupancy(y).reshape(self.K + 1, 2)
-        if self.retrial == "reprobe":
-            return 1.0 - self.choice2.pgf(jnp.sum(x[:, BUSY]))
-        r = self.retrial_rates(np.arange(1, self.K + 1))
-        return jnp.sum(r * x[1:, IDLE]) / jnp.sum(r * x[1:].sum(axis=1))
+        """Probability that a retrial is served at the reduced state `y` (`observables`)."""
+        return self._retrial_success(self.occupancy(y))
 
     def sojourn_time_tagged(self, y) -> Array:
         r"""$E[T]$ of a tagged customer, for linear re-probing retrials: served at once with probability
         $1 - g_1(\rho)$; otherwise each of its retrials (rate θ) succeeds independently with probability
         $1 - g_2(\rho)$, so $E[T] = 1/\mu + g_1(\rho)/(\theta(1 - g_2(\rho)))$, ρ the busy fraction."""
-        if not (self.retrial == "reprobe" and self.policy == "linear"):
-            raise ValueError(f"the tagged-customer E[T] exists for retrial='reprobe', policy='linear' only (here "
-                             f"retrial={self.retrial!r}, policy={self.policy!r}): a customer's retrials then succeed "
-                             "independently of its orbit; use mean_sojourn_time (Little's law)")
-        rho = jnp.sum(self.occupancy(y).reshape(self.K + 1, 2)[:, BUSY])
-        return 1.0 / self.mu + self.choice1.pgf(rho) / (self.theta * (1.0 - self.choice2.pgf(rho)))
+        self.check_tagged()
+        return self._tagged(self.occupancy(y))
 
 
 def _guess_occupancy(lam, theta, mu, choice1, choice2, retrial: str, policy: str, K: int) -> Float[Array, " C"]:

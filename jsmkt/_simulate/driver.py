@@ -17,7 +17,7 @@ from .. import _maps
 from .._choice import choice_support
 from .._distributions.ph import PH, concrete_mean_scv, reachable_phases
 from .._errors import staging
-from .._models.base import AbstractSupermarketModel
+from .._models.base import AbstractDescribedModel, AbstractSupermarketModel, Occupancy
 from . import core, generic, jsq_tables
 from . import tables as tables_mod
 from .result import SimulationResult
@@ -736,7 +736,7 @@ def simulate(
         )
     per_batch, events, real_events, ends, n_run_batches = _run_chunks(plan, keys, warmup, t1, n_batches, progress)
     return _result(plan, per_batch, events, real_events, ends, n_run_batches, n=n, n_rep=n_rep, t1=t1,
-                   warmup=warmup, n_batches=n_batches, sampling=sampling, percentiles=percentiles)
+                   warmup=warmup, n_batches=n_batches, sampling=sampling, percentiles=percentiles, model=model)
 
 
 def _run_chunks(plan: _Plan, keys, warmup: float, t1: float, n_batches: int, progress: bool):
@@ -784,10 +784,12 @@ def _run_chunks(plan: _Plan, keys, warmup: float, t1: float, n_batches: int, pro
 
 
 def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_batches: int, *, n: int, n_rep: int,
-            t1: float, warmup: float, n_batches: int, sampling: str, percentiles=_PERCENTILES) -> SimulationResult:
+            t1: float, warmup: float, n_batches: int, sampling: str, percentiles=_PERCENTILES,
+            model=None) -> SimulationResult:
     """Refuse a run that overflowed (or met bad service times), then the statistics: per replication r and batch
     b, over the cells up to the last one some server reached (the cells above are 0); the results are padded with
-    zeros back to every cell and level."""
+    zeros back to every cell and level. The named observables of `model`'s family are evaluated on the
+    occupancies (`_family_metrics`)."""
     max_queue = plan.max_queue
     bad_service = int(per_batch[-1].bad_service.sum())
     if bad_service:
@@ -891,6 +893,14 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
         out = (out // plan.m) * plan.reach.size + np.flatnonzero(plan.reach)[out % plan.m]
     cell_fractions[out] = cells_r.mean(axis=0)
     cell_ci[out] = cells_ci
+
+    def reported(x):  # engine cells -> every reported cell
+        full = np.zeros(x.shape[:-1] + (n_out,))
+        full[..., out] = x
+        return Occupancy(full, plan.out_level, plan.out_status, plan.status_names)
+
+    metrics, metrics_ci = _family_metrics(model, reported(cells_r) if n_rep >= 2 else reported(p[0]),
+                                          reported(cells_r[0]) if n_rep == 1 else None)
     # Histograms by section: the groups of replications (several replications), else the batches.
     sections = per_batch[0].hist if n_rep >= 2 else np.concatenate([s.hist for s in per_batch], axis=0)
     nb = _N_BINS + 2
@@ -938,7 +948,34 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
         sojourn_time_histograms=soj_hist,
         waiting_time_histograms=wait_hist,
         histogram_lo=plan.hist_lo,
+        metrics=metrics,
+        metrics_ci=metrics_ci,
     )
+
+
+def _family_metrics(model, samples: Occupancy, whole: Occupancy | None) -> tuple[dict, dict]:
+    """The named observables of `model`'s family (`AbstractDescribedModel.observables`), the functions its
+    mean-field metrics evaluate, on the simulated occupancies, read in the model's cells at its `K` (or at the
+    highest level a server reached, if above). With replications (`whole` is `None`, `samples` one occupancy per
+    replication), the mean and the Student-t half-width of their values, as for the mean sojourn time. With one
+    replication (`samples` one occupancy per batch, `whole` the run's), the value at the whole run's occupancy
+    (a ratio of flows is then the ratio of their long-run averages) and the half-width of the batches' residuals
+    linearised about it, `grad f(x) . (x_b - x)` (the delta method, which for a ratio is the mean sojourn time's
+    interval)."""
+    from .._metrics import observable_gradients, observable_values
+
+    if not isinstance(model, AbstractDescribedModel) or not model.observables():
+        return {}, {}
+    m = model.with_K(max(model.K, samples.top))
+    if whole is None:
+        values = {k: np.asarray(v, float) for k, v in observable_values(m, samples).items()}
+        return ({k: float(v.mean()) for k, v in values.items()},
+                {k: float(_half_width(v[:, None])[0]) for k, v in values.items()})
+    est = observable_values(m, whole)
+    grads = observable_gradients(m, whole)
+    dx = np.asarray(m.cells_of(samples)) - np.asarray(m.cells_of(whole))[None, :]  # (B, C)
+    return ({k: float(v) for k, v in est.items()},
+            {k: float(_half_width((dx @ np.asarray(grads[k], float))[:, None])[0]) for k in est})
 
 
 # Lag-1 autocorrelation of the batch means above which their confidence intervals are flagged as too narrow (the

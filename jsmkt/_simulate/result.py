@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from .._models.base import Occupancy
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class SimulationResult:
@@ -50,6 +52,18 @@ class SimulationResult:
       cell `c` has level `cell_level[c]` and status `cell_status[c]`, named by `status_names`. For the JSQ models
       (either engine, unless a model's own tables number them otherwise) cell `k * m + i` holds `k` jobs, the job
       in service in phase `i` (status `i + 1`; status 0, `idle`, for `k = 0`).
+    - `metrics`, `metrics_ci`: the model family's own metrics (`{}` for a family without), under the names
+      `jsmkt solve` prints them (e.g. `mean_orbit_size`, `prob_blocked`, `availability`), and their half-widths;
+      also attributes (`res.availability`, `res.availability_ci`). Each is the family's named observable
+      (`AbstractDescribedModel.observables`), the function the mean-field metric of that name evaluates,
+      evaluated on each replication's time-averaged occupancy (the estimate is their mean, as for
+      `mean_sojourn_time`), or with one replication on the whole run's, its half-width by the delta method from
+      the batches' occupancies. A ratio of flows is thus the ratio of their long-run averages. An observable that
+      is nonlinear in the instantaneous occupancy (a choice pgf, e.g. `prob_blocked` with d1 >= 2) is evaluated at
+      the time-averaged occupancy, not time-averaged itself: the two differ by a term of order 1/N (see the
+      family's `observables`).
+    - `occupancy`: the time-averaged `cell_fractions` as an `Occupancy` (cells named by level and status), which
+      the family metric functions accept: `jsmkt.availability(model, res.occupancy)` equals `res.availability`.
     - `engine`: `"fast"` (the JSQ engines of `jsmkt._simulate.core`) or `"generic"`.
     - `n_servers`, `t1`, `warmup`, `n_replications`, `n_batches`, `max_queue`, `sampling`, `ci_method`: the run
       (`n_batches` is 1 with several replications, whose runs after the warm-up are not split).
@@ -90,6 +104,23 @@ class SimulationResult:
     sojourn_time_histograms: np.ndarray | None = None
     waiting_time_histograms: np.ndarray | None = None
     histogram_lo: int = 0
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    metrics_ci: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def occupancy(self) -> Occupancy:
+        """The time-averaged fraction of servers in each cell, named by level and status."""
+        return Occupancy(self.cell_fractions, self.cell_level, self.cell_status, self.status_names)
+
+    def __getattr__(self, name: str):
+        # The family's metrics by name (called only when no field or method has the name).
+        if not name.startswith("_") and name not in ("metrics", "metrics_ci"):
+            metrics, cis = self.__dict__.get("metrics", {}), self.__dict__.get("metrics_ci", {})
+            if name in metrics:
+                return metrics[name]
+            if name.endswith("_ci") and name[:-3] in cis:
+                return cis[name[:-3]]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def sojourn_time_percentile(self, q: float) -> tuple[float, float]:
         """The `q`-th percentile of the sojourn time (`q` in (0, 100), e.g. 99.9) and its 95 % half-width, from the
@@ -116,7 +147,8 @@ class SimulationResult:
         """JSON-ready summary (Python floats, ints and lists). `tail` and `tail_ci` list $s_k$ from $k = 0$ up to
         the last $k$ with $s_k > 0$; `sojourn_time_percentiles` (keys `p50`, `p99.9`, ...) and its half-widths
         `sojourn_time_percentiles_ci` are `{}` without FCFS queues; `waiting_time_percentiles` and
-        `waiting_time_percentiles_ci` are there when the run recorded waiting times."""
+        `waiting_time_percentiles_ci` are there when the run recorded waiting times; each of `metrics` is there
+        under its name, its half-width under the name with `_ci`."""
         nz = np.nonzero(self.tails > 0)[0]
         last = int(nz[-1]) + 1 if nz.size else 1
 
@@ -142,6 +174,8 @@ class SimulationResult:
             "real_events": int(self.real_events),
             "throughput": f(self.throughput),
             "throughput_ci": f(self.throughput_ci),
+            **{k: v for name in self.metrics
+               for k, v in ((name, f(self.metrics[name])), (f"{name}_ci", f(self.metrics_ci[name])))},
             "n_jobs": int(self.n_jobs),
             "n_servers": int(self.n_servers),
             "t1": float(self.t1),
