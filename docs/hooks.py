@@ -130,7 +130,8 @@ def on_files(files, config):
     spec = _registry()
     missing = [name for name in spec.FAMILIES if files.get_file_from_path(_family_page(name)) is None]
     if missing:
-        raise PluginError("no docs page for the families " + ", ".join(f"{n} (docs/{_family_page(n)})" for n in missing))
+        pages = ", ".join(f"{n} (docs/{_family_page(n)})" for n in missing)
+        raise PluginError(f"no docs page for the families {pages}")
     return files
 
 

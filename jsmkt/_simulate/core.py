@@ -25,10 +25,10 @@ All arrays have a fixed size, so memory does not grow with the run length.
 **Random numbers.** Event `e` of a replication uses the words `h(seed, e * W + w)`, `w < W`, of a counter-based
 SplitMix64 stream (Steele, Lea & Flood 2014; passes BigCrush) whose 64-bit `seed` is drawn from the replication's
 JAX key. Indexing by event number means an event's random numbers do not depend on how events are grouped into
-loop iterations, and they cost a few integer operations per word, far less than `jax.random`'s Threefry,
-which dominated the loop (`benchmarks/README.md`). The general engine numbers its arrivals instead (completions need no random numbers),
-and its service times still come from `jax.random` keys (the sampler's interface), `fold_in(key, e)` for arrival
-`e`.
+loop iterations, and they cost a few integer operations per word, far less than `jax.random`'s Threefry, which
+dominated the loop (`benchmarks/README.md`). The general engine numbers its arrivals instead (completions need no
+random numbers), and its service times still come from `jax.random` keys (the sampler's interface),
+`fold_in(key, e)` for arrival `e`.
 
 **Speculative blocks (Markov engine).** Events change one server each. A loop iteration evaluates the next
 `block` events all at once against the current state, finds the first event that reads a server (a sampled
