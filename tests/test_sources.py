@@ -14,7 +14,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = sorted(
-    p for folder in ("jsmkt", "tests", "benchmarks", "experiments") for p in (ROOT / folder).rglob("*.py")
+    p for folder in ("jsmkt", "tests", "benchmarks", "experiments", "docs") for p in (ROOT / folder).rglob("*.py")
 )
 
 
