@@ -3,7 +3,8 @@ claim.
 
 Each page's ```python blocks run in order in one namespace of their own, so that a page's first block states
 whatever the others need (imports, the model they work on): every page is self-contained. Blocks of other
-languages (```sh, ```toml, ```text) are shown, not run."""
+languages (```sh, ```toml, ```text) are shown, not run, and so is a block that only includes a file of the
+repository (`--8<-- "examples/demo.py"`, pymdownx.snippets): such a file is run by its own tests."""
 
 import pathlib
 import re
@@ -31,6 +32,17 @@ def _blocks(path: pathlib.Path, language: str | None = "python") -> list[str]:
     return [body for lang, body in _FENCE.findall(path.read_text()) if lang == (language or "")]
 
 
+def _included(block: str) -> bool:
+    """Whether a block only includes files (`--8<-- "path"` lines, resolved when the site is built)."""
+    lines = [line.strip() for line in block.splitlines() if line.strip()]
+    return bool(lines) and all(line.startswith("--8<--") for line in lines)
+
+
+def _code(path: pathlib.Path) -> list[str]:
+    """The page's ```python blocks that run: all but those that only include files."""
+    return [b for b in _blocks(path) if not _included(b)]
+
+
 def _run(path: pathlib.Path, blocks: list[str], namespace: dict | None = None) -> dict:
     namespace = {} if namespace is None else namespace
     for block in blocks:
@@ -40,7 +52,7 @@ def _run(path: pathlib.Path, blocks: list[str], namespace: dict | None = None) -
 
 def _the_block(marker: str) -> tuple[pathlib.Path, str]:
     """The one ```python block, on any page, that contains `marker`."""
-    found = [(path, b) for path in PAGES for b in _blocks(path) if marker in b]
+    found = [(path, b) for path in PAGES for b in _code(path) if marker in b]
     assert len(found) == 1, [_name(p) for p, _ in found]
     return found[0]
 
@@ -48,7 +60,8 @@ def _the_block(marker: str) -> tuple[pathlib.Path, str]:
 def test_pages_found():
     names = {_name(p) for p in PAGES}
     assert {"README.md", "docs/index.md", "docs/getting-started.md", "docs/tail-latency.md"} <= names
-    assert sum(bool(_blocks(p)) for p in PAGES) >= 10
+    assert sum(bool(_code(p)) for p in PAGES) >= 10
+    assert _included('--8<-- "examples/demo.py"\n') and not _included('import jsmkt\n--8<-- "examples/demo.py"\n')
 
 
 def test_readme_is_an_entry_point():
@@ -67,9 +80,9 @@ def test_every_code_block_names_its_language(path):
     assert {lang for lang, _ in _FENCE.findall(path.read_text())} <= _LANGUAGES
 
 
-@pytest.mark.parametrize("path", [p for p in PAGES if _blocks(p)], ids=_name)
+@pytest.mark.parametrize("path", [p for p in PAGES if _code(p)], ids=_name)
 def test_readme_python_blocks_run(path, capsys):
-    _run(path, _blocks(path))
+    _run(path, _code(path))
     assert jax.config.jax_enable_x64
     if path == README:
         # Independent check of the first example: E[Q] = sum_k 0.9^(2^k - 1) and its derivative in lam.
