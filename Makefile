@@ -1,6 +1,7 @@
 # jsmkt: `make demo` runs the main job, `make test` runs the test suite (each sets up .venv first).
-# Also: `make test-slow` (statistical checks), `make experiments` (the papers' numerical sections, rewriting
-# experiments/*/results; about 40 min), `make experiments-quick` (smoke runs into out/experiments), `make bench`.
+# Also: `make test-slow` (statistical checks), `make docs` (the documentation site, into out/site), `make experiments`
+# (the papers' numerical sections, rewriting experiments/*/results; about 40 min), `make experiments-quick` (smoke
+# runs into out/experiments), `make bench`.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -11,7 +12,7 @@ OUT    ?= out
 WORKERS ?= 2
 PYTEST  = $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
 
-.PHONY: venv demo test test-slow bench experiments experiments-quick clean
+.PHONY: venv demo test test-slow docs bench experiments experiments-quick clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +37,12 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow
+
+# The documentation site (mkdocs.yml, docs/), built with warnings as errors; the docs extra joins the venv.
+SITE ?= $(OUT)/site
+docs: $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[docs]"
+	$(BIN)/mkdocs build --strict --site-dir $(SITE)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/fixed_point.py

@@ -49,8 +49,8 @@ def mmatrix_solve(A: Float[Array, "m m"], b: Float[Array, " m"]) -> Float[Array,
 
 def small_solve(A: Float[Array, "m m"], B: Float[Array, "m k"]) -> Float[Array, "m k"]:
     """Solve `A X = B` for a small nonsingular `A`: Gaussian elimination with partial pivoting, written out for
-    `m <= _UNROLL_MAX` (inside `lax.scan` loops one LAPACK call per iteration costs more than the arithmetic: the
-    block elimination of 48 blocks of 2 took 155 us with it, 50 us without), `jnp.linalg.solve` above. A singular
+    `m <= _UNROLL_MAX` (inside `lax.scan` loops one LAPACK call per iteration costs more than the arithmetic;
+    `benchmarks/README.md`), `jnp.linalg.solve` above. A singular
     `A` gives non-finite entries."""
     m = A.shape[0]
     if m > _UNROLL_MAX:
@@ -74,8 +74,7 @@ def small_solve(A: Float[Array, "m m"], B: Float[Array, "m k"]) -> Float[Array, 
 
 def _small_matmul(A, B):
     """`A @ B` for small matrices as a broadcast product and sum, which XLA fuses with the operations around it
-    (its CPU backend runs a dot as a library call of its own): the block elimination of 480 blocks of 2 took
-    0.76 ms against 0.87 ms with dots."""
+    (its CPU backend runs a dot as a library call of its own; `benchmarks/README.md`)."""
     if A.shape[1] > _UNROLL_MAX:
         return A @ B
     return jnp.sum(A[:, :, None] * B[None, :, :], axis=1)
@@ -87,8 +86,8 @@ _CLOSED_FORM_MAX = 4  # block sizes whose elimination blocks `_block_thomas` inv
 def _cofactor_inverse(A: Float[Array, "m m"]) -> Float[Array, "m m"]:
     r"""The inverse of a small nonsingular `A` (`m <= _CLOSED_FORM_MAX`) by cofactors, $A^{-1} = \operatorname{adj}(A)
     / \det A$. Written out entry by entry, it is a few fused element-wise kernels, where Gaussian elimination with
-    pivoting runs a dozen small kernels per pivot: inside the block elimination's `lax.scan` that made each step
-    about 8 times slower. It divides by $\det A$ only, so zero or small diagonal entries need no row exchanges
+    pivoting runs a dozen small kernels per pivot, each dispatched on its own inside the block elimination's
+    `lax.scan`. It divides by $\det A$ only, so zero or small diagonal entries need no row exchanges
     (they would in elimination); it is as accurate as pivoted elimination for well-conditioned `A` with entries of
     order 1 (`_block_thomas` equilibrates the rows first, so that $\det A$, of degree $m$ in the entries, stays in
     range). A singular `A` gives non-finite entries."""

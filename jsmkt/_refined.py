@@ -260,8 +260,7 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
     when concrete.
 
     Cost: dense $n \times n$ linear algebra ($O(n^3)$; the Lyapunov equation takes 40 doublings) and $n$ second
-    directional derivatives of the drift, $n$ = size of the reduced state ($K m$): about 0.06 s at $n = 66$,
-    0.4 s at $n = 400$ and 1.5 s at $n = 774$ on a 2-core CPU, after compilation.
+    directional derivatives of the drift, $n$ = size of the reduced state ($K m$).
     """
     if not isinstance(fixed_point, FixedPoint):
         raise TypeError(

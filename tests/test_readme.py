@@ -1,51 +1,115 @@
-"""The README's examples run as written and print what they claim."""
+"""The examples of the README and of the documentation pages (`docs/**/*.md`) run as written and print what they
+claim.
+
+Each page's ```python blocks run in order in one namespace of their own, so that a page's first block states
+whatever the others need (imports, the model they work on): every page is self-contained. Blocks of other
+languages (```sh, ```toml, ```text) are shown, not run, and so is a block that only includes a file of the
+repository (`--8<-- "examples/demo.py"`, pymdownx.snippets): such a file is run by its own tests."""
 
 import pathlib
 import re
 
 import jax
 import numpy as np
+import pytest
 from scipy import optimize, stats
 
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
+_LANGUAGES = {"python", "sh", "toml", "text"}
 
 
-def _blocks(language: str | None = "python") -> list[str]:
-    """The README's fenced code blocks of one language (`None`: those without one)."""
-    return [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", README.read_text(), flags=re.S | re.M)
-            if lang == (language or "")]
+def _name(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT))
 
 
-def test_every_code_block_names_its_language():
-    """Only ```python blocks run here, so a block without a language would be skipped unseen."""
-    assert _blocks(None) == []
-    assert {lang for lang, _ in re.findall(r"^```(\w*)\n(.*?)^```", README.read_text(), flags=re.S | re.M)} \
-        <= {"python", "sh"}
+def _blocks(path: pathlib.Path, language: str | None = "python") -> list[str]:
+    """The page's fenced code blocks of one language (`None`: those without one)."""
+    return [body for lang, body in _FENCE.findall(path.read_text()) if lang == (language or "")]
 
 
-def test_readme_python_blocks_run(capsys):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 2
-    namespace: dict = {}
+def _included(block: str) -> bool:
+    """Whether a block only includes files (`--8<-- "path"` lines, resolved when the site is built)."""
+    lines = [line.strip() for line in block.splitlines() if line.strip()]
+    return bool(lines) and all(line.startswith("--8<--") for line in lines)
+
+
+def _code(path: pathlib.Path) -> list[str]:
+    """The page's ```python blocks that run: all but those that only include files."""
+    return [b for b in _blocks(path) if not _included(b)]
+
+
+def _run(path: pathlib.Path, blocks: list[str], namespace: dict | None = None) -> dict:
+    namespace = {} if namespace is None else namespace
     for block in blocks:
-        exec(compile(block, str(README), "exec"), namespace)
-    printed = capsys.readouterr().out.split()
-    # Independent check of the first example: E[Q] = sum_k 0.9^(2^k - 1) and its derivative in lam.
-    k = np.arange(1, 40)
-    EQ = np.sum(0.9 ** (2.0**k - 1))
-    dEQ = np.sum((2.0**k - 1) * 0.9 ** (2.0**k - 2))
-    assert abs(float(printed[0]) - EQ) < 1e-12
-    assert abs(float(printed[1]) - dEQ) < 1e-9 * dEQ
-    assert "2.35265" in README.read_text() and "11.9876" in README.read_text()
+        exec(compile(block, _name(path), "exec"), namespace)
+    return namespace
+
+
+def _the_block(marker: str) -> tuple[pathlib.Path, str]:
+    """The one ```python block, on any page, that contains `marker`."""
+    found = [(path, b) for path in PAGES for b in _code(path) if marker in b]
+    assert len(found) == 1, [_name(p) for p, _ in found]
+    return found[0]
+
+
+def test_pages_found():
+    names = {_name(p) for p in PAGES}
+    assert {"README.md", "docs/index.md", "docs/getting-started.md", "docs/tail-latency.md"} <= names
+    assert sum(bool(_code(p)) for p in PAGES) >= 10
+    assert _included('--8<-- "examples/demo.py"\n') and not _included('import jsmkt\n--8<-- "examples/demo.py"\n')
+
+
+def test_readme_is_an_entry_point():
+    """The README stays short (at most 15,000 bytes); what it leaves out is in the documentation pages, which it
+    links."""
+    text = README.read_text()
+    assert len(text.encode()) <= 15_000
+    for page in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (ROOT / page).is_file(), page
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_name)
+def test_every_code_block_names_its_language(path):
+    """Only ```python blocks run here, so a block without a language would be skipped unseen."""
+    assert _blocks(path, None) == []
+    assert {lang for lang, _ in _FENCE.findall(path.read_text())} <= _LANGUAGES
+
+
+@pytest.mark.parametrize("path", [p for p in PAGES if _code(p)], ids=_name)
+def test_readme_python_blocks_run(path, capsys):
+    _run(path, _code(path))
     assert jax.config.jax_enable_x64
+    if path == README:
+        # Independent check of the first example: E[Q] = sum_k 0.9^(2^k - 1) and its derivative in lam.
+        printed = capsys.readouterr().out.split()
+        k = np.arange(1, 40)
+        EQ = np.sum(0.9 ** (2.0**k - 1))
+        dEQ = np.sum((2.0**k - 1) * 0.9 ** (2.0**k - 2))
+        assert abs(float(printed[0]) - EQ) < 1e-12
+        assert abs(float(printed[1]) - dEQ) < 1e-9 * dEQ
+        assert "2.35265" in README.read_text() and "11.9876" in README.read_text()
+
+
+def test_api_pages_document_every_public_name():
+    """Every public name of `jsmkt` and `jsmkt.published` has its mkdocstrings entry (`::: jsmkt.NAME`), on an API
+    page or its family's page, once."""
+    import jsmkt
+
+    entries = [m for p in DOCS.rglob("*.md") for m in re.findall(r"^::: ([\w.]+)$", p.read_text(), flags=re.M)]
+    assert len(entries) == len(set(entries)), sorted(e for e in entries if entries.count(e) > 1)
+    missing = [f"jsmkt.{n}" for n in jsmkt.__all__ if f"jsmkt.{n}" not in entries and n != "published"]
+    assert not missing, missing
+    assert {"jsmkt.published", "jsmkt.plotting"} <= set(entries)
 
 
 def test_readme_sweep_example_flags_the_unstable_entries():
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "throw=False" in b]
-    assert len(blocks) == 1
-    namespace: dict = {"jax": jax, "jsmkt": __import__("jsmkt")}
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+    path, block = _the_block("throw=False")
+    namespace = _run(path, [block], {"jax": jax, "jsmkt": __import__("jsmkt")})
     assert list(np.asarray(namespace["ok"])) == [True] * 5 + [False] * 2
     assert np.all(np.isnan(np.asarray(namespace["ET"])[5:]))  # a failed entry's metrics are NaN
     # Mitzenmacher's E[T] = sum_k lam^(2^k - 2) for the stable entries.
@@ -66,9 +130,8 @@ def _jsq_exponential_p99_excess(lam: float, d: int, bound: float) -> float:
 def test_readme_sizing_example_matches_the_closed_form_for_d_1_2_3_5():
     """The sizing snippet, as written, for exponential service and p99 <= 10 E[S], against the largest rate of the
     closed form (d = 1: the M/M/1 answer 1 - ln(100)/10)."""
-    (block,) = [b for b in _blocks() if "def lam_max" in b]
-    namespace: dict = {}
-    exec(compile(block.replace("lam_max(2)", "pass"), str(README), "exec"), namespace)
+    path, block = _the_block("def lam_max")
+    namespace = _run(path, [block.replace("lam_max(2)", "pass")])
     import jsmkt
 
     for d in (1, 2, 3, 5):

@@ -2,9 +2,11 @@
 
 An invalid escape sequence in a string (e.g. `"\\varepsilon"` in a docstring, where `\\v` is a vertical tab) is a
 DeprecationWarning on Python 3.11, which pytest's filters ignore, but a SyntaxWarning on Python 3.12 and later,
-which `filterwarnings = error` turns into a failure at import time."""
+which `filterwarnings = error` turns into a failure at import time. Docstrings and comments carry no measured
+durations or speed ratios (those belong to `benchmarks/README.md`)."""
 
 import pathlib
+import re
 import warnings
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = sorted(
-    p for folder in ("jsmkt", "tests", "benchmarks", "experiments") for p in (ROOT / folder).rglob("*.py")
+    p for folder in ("jsmkt", "tests", "benchmarks", "experiments", "docs") for p in (ROOT / folder).rglob("*.py")
 )
 
 
@@ -100,3 +102,47 @@ def test_public_members_are_documented():
                 if not any((d or "").strip() for d in docs):
                     missing.append(f"{module.__name__}.{name}.{attr}")
     assert not missing, missing
+
+
+# A measured duration (a number with a unit of time, or a range of them) or a speed ratio ("1.6x faster", "12×",
+# "8 times slower"). Dimensions ("2 x 2 minors") and symbolic ratios ("N times faster") are not measurements.
+_NUMBER = r"(?<![\w.$^_])\d+(?:\.\d+)?"
+_MEASUREMENT = re.compile(
+    rf"{_NUMBER}(?:\s?[-–]\s?\d+(?:\.\d+)?)?\s?(?:s|ms|µs|us|ns|min|minutes?|seconds?)(?![\w^])"
+    rf"|{_NUMBER}\s?[×x](?![\w\d])(?!\s*\d)"
+    rf"|{_NUMBER}\s+times\s+(?:faster|slower|quicker)"
+)
+
+
+def _docstrings_and_comments(source: str):
+    """`(line, text)` of every docstring (module, class, function) and comment of a Python source."""
+    import ast
+    import io
+    import tokenize
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                yield node.body[0].lineno, doc
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], tok.string
+
+
+def test_the_measurement_pattern():
+    hits = ["took 155 us with it", "0.76 ms against", "about 1.6x faster", "0.01-2 s each", "12× faster",
+            "about 8 times slower", "0.05-0.09 µs per event", "40 min"]
+    misses = ["the 2 x 2 minors", "N times faster", "$N$ times faster", "2 servers", "s_1..s_4", "1e-10", "x_2 s"]
+    assert [t for t in hits if not _MEASUREMENT.search(t)] == []
+    assert [t for t in misses if _MEASUREMENT.search(t)] == []
+
+
+def test_no_measured_durations_in_docstrings_or_comments():
+    """Docstrings and comments say what code does and why; measured durations and speed ratios belong to
+    `benchmarks/README.md` (and commit messages), where their machine and run are named."""
+    found = [f"{p.relative_to(ROOT)}:{line}: {m.group(0)!r}"
+             for p in SOURCES if p.is_relative_to(ROOT / "jsmkt")
+             for line, text in _docstrings_and_comments(p.read_text())
+             for m in _MEASUREMENT.finditer(text)]
+    assert not found, found

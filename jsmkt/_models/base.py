@@ -176,7 +176,7 @@ class AbstractSupermarketModel(eqx.Module):
     def check_values(self) -> None:
         """Raise `ValueError` with the first failing value check (concrete models only).
 
-        The checks run as one compiled call (run eagerly, their few dozen operations cost about 1.5 ms), on a copy
+        The checks run as one compiled call (eagerly, each of their few dozen operations is dispatched), on a copy
         truncated at `K = 2` so that one compilation serves every `K`; the message of a failing check is then built
         from the concrete values."""
         for i, bad in enumerate(_value_flags(self.with_K(_VALUE_CHECK_K))):

@@ -290,7 +290,7 @@ _STATE_SIZES: dict = {}  # unknowns of the reduced state, by `_maps.signature` o
 def _state_size(model) -> int:
     """Number of unknowns of `model`'s reduced state. `initial_state` has the structure and shapes of every reduced
     state (the contract), and unlike `initial_guess` (a scan through the levels for PH service) it costs nothing to
-    trace; still, tracing it on every eager call cost 0.5 ms, so the size is kept per model structure."""
+    trace; still, tracing it on every eager call is not free, so the size is kept per model structure."""
     key = _maps.signature(model)
     n = _STATE_SIZES.get(key)
     if n is None:

@@ -25,10 +25,10 @@ All arrays have a fixed size, so memory does not grow with the run length.
 **Random numbers.** Event `e` of a replication uses the words `h(seed, e * W + w)`, `w < W`, of a counter-based
 SplitMix64 stream (Steele, Lea & Flood 2014; passes BigCrush) whose 64-bit `seed` is drawn from the replication's
 JAX key. Indexing by event number means an event's random numbers do not depend on how events are grouped into
-loop iterations, and they cost about 0.3 ns per word on a CPU, against ~10-30 ns for `jax.random`'s Threefry,
-which dominated the loop. The general engine numbers its arrivals instead (completions need no random numbers),
-and its service times still come from `jax.random` keys (the sampler's interface), `fold_in(key, e)` for arrival
-`e`.
+loop iterations, and they cost a few integer operations per word, far less than `jax.random`'s Threefry, which
+dominated the loop (`benchmarks/README.md`). The general engine numbers its arrivals instead (completions need no
+random numbers), and its service times still come from `jax.random` keys (the sampler's interface),
+`fold_in(key, e)` for arrival `e`.
 
 **Speculative blocks (Markov engine).** Events change one server each. A loop iteration evaluates the next
 `block` events all at once against the current state, finds the first event that reads a server (a sampled
@@ -40,7 +40,7 @@ events commit per iteration, so the fixed cost of an iteration of XLA's loop is 
 **One event at a time (Markov engine on a CPU).** The blocks above suit a GPU, where a loop iteration costs
 microseconds. On a CPU, `_sequential_chunk` applies the same events, with the same random numbers and so along
 the same path, one per iteration of an inner loop that reads and writes single array elements only; XLA then
-compiles that loop into one kernel (a few tens of ns per event, against 100-200 ns per event for the blocks).
+compiles that loop into one kernel, quicker per event than the blocks (`benchmarks/README.md`).
 The state-independent part of the events and their statistics are still computed a block at a time, vectorised,
 around the inner loop.
 

@@ -45,7 +45,7 @@ _PERCENTILES = (50, 90, 99)
 def _sequential_engine(max_d: int) -> bool:
     """Whether PH service runs one event at a time (`core._sequential_chunk`) rather than in speculative blocks
     vectorised over replications (`core._markov_block`). On a CPU, XLA compiles the sequential engine's event loop
-    into a single kernel, about 50 ns per event against 100-200 ns for the block engine (N = 1000, d = 2); it
+    into a single kernel, quicker per event than the block engine (`benchmarks/README.md`); it
     does so while the loop body is small, which holds up to `_SEQUENTIAL_MAX_D` sampled servers (checked by the
     tests). Elsewhere (GPU) a loop iteration costs microseconds, and the block engine shares it among many events
     and replications."""
@@ -59,9 +59,8 @@ def _sequential_general_engine(max_d: int) -> bool:
     """Whether general service runs each replication in turn with unbatched loops (`core._sequential_batch`)
     rather than vmapped over replications: on a CPU, whatever `max_d`. XLA compiles the unbatched loops into
     single kernels while they read at most `_SEQUENTIAL_GENERAL_MAX_D` sampled servers (checked by the tests):
-    0.05-0.09 us per event against 0.9-1.6 us vmapped (N = 100 and 1000, d = 2 to 10,
-    `benchmarks/general_service.py`). Above, both run op by op; the unbatched loop was still ahead when it did so
-    at d = 5 (0.9 against 1.7 us)."""
+    quicker per event than vmapped (`benchmarks/general_service.py`). Above, both run op by op; the unbatched loop
+    stays ahead (`benchmarks/README.md`)."""
     return jax.default_backend() == "cpu"
 
 
@@ -271,7 +270,7 @@ def _compiled(cfg: core.Config | generic.Config, devices: tuple = ()):
         init = jax.shard_map(init, mesh=mesh, in_specs=(rest, rep), out_specs=rep, check_vma=False)
         run = jax.shard_map(run, mesh=mesh, in_specs=(rest, rep, rest), out_specs=(rep, rep), check_vma=False)
     # XLA's copy insertion with region analysis (not its default) proves that the sequential engine's inner loop
-    # may update the server array in place: about 1.6x faster (49 against 77 ns per event, N = 1000, d = 2, H2).
+    # may update the server array in place, saving a copy per event (`benchmarks/README.md`).
     opts = ({"xla_cpu_copy_insertion_use_region_analysis": True}
             if cfg.sequential or getattr(cfg, "sampler", None) else None)
     return jax.jit(init), jax.jit(run, donate_argnums=1, compiler_options=opts)
