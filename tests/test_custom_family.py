@@ -146,6 +146,15 @@ def test_installed_package_declares_a_family_by_entry_point(registry, tmp_path, 
     assert _spec.family_of(model).name in ("jsq-abandon", "jsq-impatient")
 
 
+def test_the_docs_page_shows_the_example_class():
+    """docs/custom_family.md walks through the class of examples/custom_family.py as written there."""
+    source = SCRIPT.read_text()
+    cls = source[source.index("class JSQdAbandon"):source.index("jsmkt.register_family(")].rstrip()
+    page = (EXAMPLES.parent / "docs" / "custom_family.md").read_text()
+    assert "```python\n" + "import equinox as eqx" in page and cls + "\n```" in page
+    assert "jsmkt._" not in source  # the example imports no private module
+
+
 @pytest.mark.slow
 def test_custom_family_script_passes_its_checks():
     """`python examples/custom_family.py`: d = 1 against the M/M/1+M queue, gradients against central differences,
