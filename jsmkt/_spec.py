@@ -37,7 +37,8 @@ boolean.
 
 A spec is read in two steps: `parse_spec` checks its family, keys and value types and gives the constructor's
 arguments, without importing JAX (the CLI answers a bad spec at once), then `build_model` builds the model (the
-constructor checks the values). `model_from_spec` does both.
+constructor checks the values). `model_from_spec` does both. A family written outside jsmkt joins `FAMILIES` at run
+time (`register_family`, at the end of this module).
 """
 
 import functools
@@ -730,10 +731,10 @@ def register_family(name: str, cls: type, *, examples: Callable[[], dict[str, An
     `jsmkt.Description`, `jsmkt.make_cells`, `jsmkt.LocalEvent`, `jsmkt.Dispatch`, `jsmkt.Moves`;
     `examples/custom_family.py` is a complete family). Its spec keys are the arguments of its constructor, read from
     its signature: an argument annotated `int` (or whose default is an integer) is a TOML integer, `bool` a boolean,
-    `str` a string, anything else (a rate) a finite number; an argument without a default is a required key, one
-    with a default may be left out (the constructor's default applies). The arguments that are array fields of the
-    model of the same name are its parameters for `jsmkt.sensitivity` (`--wrt`); the CLI shows each argument's
-    value read from the attribute of that name.
+    `str` a string, `service` a `[service]` table (built as a `jsmkt.PH`), anything else (a rate) a finite number;
+    an argument without a default is a required key, one with a default may be left out (the constructor's default
+    applies). The arguments that are array fields of the model of the same name are its parameters for
+    `jsmkt.sensitivity` (`--wrt`); the CLI shows each argument's value read from the attribute of that name.
 
     **Arguments:**
 
@@ -831,8 +832,8 @@ def _signature_keys(cls: type) -> dict[str, tuple[str, bool]]:
         if p.annotation is p.empty:
             hint = type(p.default).__name__ if p.default is not p.empty else ""
         kind = {"bool": "boolean", "int": "integer", "str": "string"}.get(hint, "number")
-        if p.name == "K":
-            kind = "integer"
+        if p.name in ("K", "service"):  # the truncation; a `[service]` table, as jsmkt's families read it
+            kind = "integer" if p.name == "K" else "service"
         default = p.default
         keys[p.name] = (kind, default is p.empty)
     if "K" not in keys:
@@ -855,6 +856,8 @@ def _parse_signature(keys: dict[str, tuple[str, bool]], spec: dict[str, Any], wh
             out[key] = _integer(spec, key, where)
         elif kind == "number":
             out[key] = _number(spec, key, where)
+        elif kind == "service":
+            out[key] = parse_service(v)
         elif kind == "boolean" and not isinstance(v, bool):
             raise SpecError(f"{where}: {key}={show(v)} must be true or false")
         elif kind == "string" and not isinstance(v, str):

@@ -190,7 +190,10 @@ def _solve_exact(
     failures, which then raise the usual errors) by `solve_fixed_point` and the compiled metrics."""
     import numpy as np
 
-    found = _exact_from_export(model, grown_by) if servers is None and not percentiles else None
+    # A family registered at run time (`--family`) is code outside jsmkt's, which the exported files' keys do not
+    # cover: an edited family would load the results of its former code.
+    exportable = servers is None and not percentiles and family_of(model).cls is None
+    found = _exact_from_export(model, grown_by) if exportable else None
     described = None
     if found is not None:
         values, model = found

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jsmkt
-from jsmkt import _spec
+from jsmkt import _exported, _spec
 from jsmkt.cli import main
 
 
@@ -71,9 +71,17 @@ def test_d1_fixed_point_is_the_mm1m_queue_and_the_cli_solves_the_spec(registry, 
 
     spec = tmp_path / "abandon.toml"
     spec.write_text(f'model = "jsq-abandon"\nlam = {lam}\ngamma = {gamma}\nd = 1\nK = {K}\n')
-    code = main(["solve", "--family", str(SCRIPT), str(spec), "--format", "json", "--no-cache"])
+    # With the CLI's cache of exported solves on, a family registered at run time is solved anew: the cache's keys
+    # hold jsmkt's code, not the family's, so an edited family file would find its former results.
+    exported = tmp_path / "exported"
+    _exported.use_folder(exported)
+    try:
+        code = main(["solve", "--family", str(SCRIPT), str(spec), "--format", "json"])
+    finally:
+        _exported.use_folder(None)
     out = capsys.readouterr()
     assert code == 0, out.err
+    assert not exported.exists()
     res = json.loads(out.out)
     assert (res["model"], res["K"], res["d"], res["gamma"]) == ("JSQdAbandon", K, 1, gamma)
     np.testing.assert_allclose(res["tail"], want[: len(res["tail"])], rtol=1e-11)
