@@ -657,7 +657,7 @@ def parse_spec(spec: dict[str, Any], where: str = "spec") -> ParsedSpec:
     name = _require(spec, "model", where)
     if isinstance(name, str) and name not in FAMILIES:
         _entry_point_family(name)
-    if name not in FAMILIES:
+    if not isinstance(name, str) or name not in FAMILIES:
         raise SpecError(f"{where}: model={show(name)} is not one of {', '.join(map(show, FAMILIES))} (a family "
                         "written outside jsmkt: pass --family FILE, the Python file that registers it)")
     fam = FAMILIES[name]
@@ -770,7 +770,7 @@ def register_family(name: str, cls: type, *, examples: Callable[[], dict[str, An
         raise ValueError(f"cls={cls.__qualname__} leaves abstract methods undefined ({missing}); define them")
     old = FAMILIES.get(name)
     if old is not None and old.model is not cls and (old.cls is None or _origin(old.cls) != _origin(cls)):
-        owner = "jsmkt" if old.cls is None else f"{old.cls.__module__}.{old.cls.__qualname__}"
+        owner = f"jsmkt.{old.class_name}" if old.cls is None else f"{old.cls.__module__}.{old.cls.__qualname__}"
         raise ValueError(f"name={name!r} is taken by the family {owner}; choose another name for "
                          f"{cls.__qualname__}")
     if examples is not None and not callable(examples):
@@ -812,7 +812,7 @@ def _origin(cls: type) -> tuple[str, str]:
 
 def _signature_keys(cls: type) -> dict[str, tuple[str, bool]]:
     """`argument -> (kind, required)` of the constructor of `cls`: kinds `integer`, `boolean`, `string`, `number`
-    (the annotation, or the default's type, decides)."""
+    (the annotation, or the default's type, decides), `service` (an argument of that name)."""
     import inspect
 
     try:
@@ -827,10 +827,8 @@ def _signature_keys(cls: type) -> dict[str, tuple[str, bool]]:
         if p.name in ("model", "simulation"):
             raise ValueError(f"cls={cls.__qualname__}: its constructor's argument {p.name!r} clashes with the "
                              f"spec's key {p.name!r}; rename it")
-        # The annotation as written (a string under `from __future__ import annotations`), else the default's type.
-        hint = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
-        if p.annotation is p.empty:
-            hint = type(p.default).__name__ if p.default is not p.empty else ""
+        hint = _hint(p.annotation) if p.annotation is not p.empty else \
+            type(p.default).__name__ if p.default is not p.empty else ""
         kind = {"bool": "boolean", "int": "integer", "str": "string"}.get(hint, "number")
         if p.name in ("K", "service"):  # the truncation; a `[service]` table, as jsmkt's families read it
             kind = "integer" if p.name == "K" else "service"
@@ -840,6 +838,19 @@ def _signature_keys(cls: type) -> dict[str, tuple[str, bool]]:
         raise ValueError(f"cls={cls.__qualname__}: its constructor takes no K (the truncation level), which every "
                          "family has; add it (an integer, with a default)")
     return keys
+
+
+def _hint(annotation: Any) -> str:
+    """The name of an annotation's type, `None` left out of a union (`int | None` is `int`); a string annotation
+    (`from __future__ import annotations`) is read as written. `""` for a union of several types."""
+    import typing
+
+    if isinstance(annotation, str):
+        names = [t.strip() for t in annotation.replace("Optional[", "").rstrip("]").split("|")]
+    else:
+        names = [getattr(t, "__name__", "") for t in (typing.get_args(annotation) or (annotation,))]
+    names = [n for n in names if n not in ("None", "NoneType")]
+    return names[0] if len(names) == 1 else ""
 
 
 def _parse_signature(keys: dict[str, tuple[str, bool]], spec: dict[str, Any], where: str) -> dict[str, Any]:
