@@ -88,6 +88,11 @@ def test_d1_fixed_point_is_the_mm1m_queue_and_the_cli_solves_the_spec(registry, 
     assert res["mean_sojourn_time"] == pytest.approx(EQ / accepted, rel=1e-11)
     assert res["utilisation"] == pytest.approx(want[1], rel=1e-11)
 
+    # The description says fcfs=False (an abandoning job leaves from inside its queue): no tagged-job law is given.
+    assert main(["solve", "--family", str(SCRIPT), str(spec), "--percentiles", "50"]) == 2
+    assert "no FCFS queues (jobs move between servers, e.g. from orbits, or leave from inside a queue" in \
+        capsys.readouterr().err
+
     # A spec value of the wrong type is named by the key the constructor's signature gives it.
     spec.write_text('model = "jsq-abandon"\nlam = 0.9\ngamma = 0.1\nd = 1.5\n')
     assert main(["solve", "--family", str(SCRIPT), str(spec)]) == 2
