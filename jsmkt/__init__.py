@@ -94,6 +94,7 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._solution import RESULTS as RESULTS
     from ._solution import FixedPoint as FixedPoint
     from ._solution import Trajectory as Trajectory
+    from ._spec import register_family as register_family
 
 
 def _public_names() -> dict[str, tuple[str, str | None]]:

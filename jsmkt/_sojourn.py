@@ -154,8 +154,8 @@ class _Facts(NamedTuple):
     removals: int
 
 
-_NO_FCFS = ("its servers hold no FCFS queues (jobs move between servers, e.g. from orbits): a job's sojourn time is "
-            "not the time until the jobs ahead of it leave")
+_NO_FCFS = ("its servers hold no FCFS queues (jobs move between servers, e.g. from orbits, or leave from inside a "
+            "queue, e.g. by abandoning): a job's sojourn time is not the time until the jobs ahead of it leave")
 _FACTS: dict = {}
 
 

@@ -39,7 +39,8 @@ A spec is read in two steps: `parse_spec` checks its family, keys, value types a
 probabilities in [0, 1] summing to 1, d >= 1, K >= 2, a service's parameters) and gives the constructor's
 arguments, without importing JAX (the CLI answers a bad spec at once), then `build_model` builds the model (the
 constructor checks the values again, and what needs JAX: stability, a PH's or a BMAP's matrices).
-`model_from_spec` does both.
+`model_from_spec` does both. A family written outside jsmkt joins `FAMILIES` at run time (`register_family`,
+at the end of this module).
 """
 
 import functools
@@ -495,6 +496,8 @@ def _service_text(model, mean: float, scv: float) -> str:
         return f"{what}: exponential, rate mu = {1.0 / mean:.6g}"
     if family in ("jsq-batch-service", "jsq-classes", "jsq-ph"):
         return f"{what}: PH of order {model.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
+    if not hasattr(model, "mu"):  # a family registered at run time, without a service rate
+        return "service: as the family's description states"
     return f"service: exponential, rate mu = {float(model.mu):.6g}"
 
 
@@ -541,11 +544,12 @@ class Family(NamedTuple):
     utilisation: str = "utilisation s_1"  # the tables' label of the fraction of servers serving
     simulation_service: bool = False  # `[simulation.service]` applies: `jsmkt.simulate(..., service=...)` can run
     # the family with another service law
+    cls: type | None = None  # the class of a family registered at run time (`register_family`)
 
     @property
     def model(self) -> type:
-        """The family's class (`jsmkt.<class_name>`)."""
-        return getattr(jsmkt, self.class_name)
+        """The family's class (`jsmkt.<class_name>`, or the class given to `register_family`)."""
+        return self.cls if self.cls is not None else getattr(jsmkt, self.class_name)
 
 
 _LAM = Parameter(lambda m: m.lam, doc="arrival rate per server")
@@ -721,8 +725,11 @@ class ParsedSpec(NamedTuple):
 def parse_spec(spec: dict[str, Any], where: str = "spec") -> ParsedSpec:
     """Check a parsed TOML spec's family, keys and value types (no JAX is imported): a `SpecError` names the key."""
     name = _require(spec, "model", where)
-    if name not in FAMILIES:
-        raise SpecError(f"{where}: model={show(name)} is not one of {', '.join(map(show, MODELS))}")
+    if isinstance(name, str) and name not in FAMILIES:
+        _entry_point_family(name)
+    if not isinstance(name, str) or name not in FAMILIES:
+        raise SpecError(f"{where}: model={show(name)} is not one of {', '.join(map(show, FAMILIES))} (a family "
+                        "written outside jsmkt: pass --family FILE, the Python file that registers it)")
     fam = FAMILIES[name]
     _allowed(spec, set(fam.keys) | {"model", "simulation"}, where)
     return ParsedSpec(fam, fam.parse(spec, where), where, spec)
@@ -784,3 +791,237 @@ def parse_simulation(spec: dict[str, Any], where: str = "spec") -> dict[str, Any
 def simulation_from_spec(spec: dict[str, Any], where: str = "spec") -> dict[str, Any]:
     """Keyword arguments for `jsmkt.simulate` (`sampling`, `service`) from the optional `[simulation]` table."""
     return {k: v.build() if isinstance(v, ServiceSpec) else v for k, v in parse_simulation(spec, where).items()}
+
+
+# --- families registered at run time ------------------------------------------------------------------------------
+
+ENTRY_POINT_GROUP = "jsmkt.families"  # installed packages declare families here: `name = "module:Class"`
+_TOML_NAME = "letters, digits, '-' and '_', starting with a letter"
+
+
+def register_family(name: str, cls: type, *, examples: Callable[[], dict[str, Any]] | None = None,
+                    metrics: Callable[[Any, Any], dict[str, Any]] | None = None) -> None:
+    r"""Register the model family `cls` under the TOML name `name`, so that a spec with `model = "name"` builds it
+    (`jsmkt solve`, `simulate`, `transient` and `sensitivity`, and every function that reads specs).
+
+    `cls` is a subclass of `jsmkt.AbstractDescribedModel` that states its physics in `description()` (the recipe:
+    `jsmkt.Description`, `jsmkt.make_cells`, `jsmkt.LocalEvent`, `jsmkt.Dispatch`, `jsmkt.Moves`;
+    `examples/custom_family.py` is a complete family). Its spec keys are the arguments of its constructor, read from
+    its signature: an argument annotated `int` (or whose default is an integer) is a TOML integer, `bool` a boolean,
+    `str` a string, `service` a `[service]` table (built as a `jsmkt.PH`), anything else (a rate) a finite number;
+    an argument without a default is a required key, one with a default may be left out (the constructor's default
+    applies). The arguments that are array fields of the model of the same name are its parameters for
+    `jsmkt.sensitivity` (`--wrt`); the CLI shows each argument's value read from the attribute of that name.
+
+    **Arguments:**
+
+    - `name`: the TOML name (`model = "name"`): letters, digits, `-` and `_`, starting with a letter. A name taken by
+      jsmkt's families or by another class is refused; the same class, or a class of the same qualified name from
+      the same file (the file imported again, a notebook cell run again), is registered again in its place.
+    - `cls`: the family's class.
+    - `examples`: optional, a function returning small instances by name (for tests over every family).
+    - `metrics`: optional, `(model, fixed_point) -> dict` of the family's own metrics (arrays; traceable), which
+      `jsmkt solve` shows with the generic ones.
+
+    An installed package may instead declare its families in the entry-point group `jsmkt.families`
+    (`[project.entry-points."jsmkt.families"]`, `name = "module:Class"`): the first spec that names an unknown
+    model loads the entry point of that name, and registers the class it gives under that name (unless importing
+    its module registered it already).
+
+    **Raises:** `ValueError` naming the argument: `cls` is not a concrete subclass of `jsmkt.AbstractDescribedModel`,
+    `name` is not a TOML name or is taken, or the constructor's signature has `*args`/`**kwargs` or no `K`.
+    """
+    import dataclasses
+    import inspect
+
+    from ._models.base import AbstractDescribedModel
+
+    if not isinstance(name, str) or not name[:1].isascii() or not name[:1].isalpha() or \
+            not all(c.isascii() and (c.isalnum() or c in "-_") for c in name):
+        raise ValueError(f"name={name!r} must be a TOML model name: {_TOML_NAME}")
+    if not (isinstance(cls, type) and issubclass(cls, AbstractDescribedModel)):
+        raise ValueError(f"cls={cls!r} must be a subclass of jsmkt.AbstractDescribedModel (a family stated by its "
+                         "physics, description()); see examples/custom_family.py")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        raise ValueError(f"cls={cls.__qualname__} leaves abstract methods undefined ({missing}); define them")
+    old = FAMILIES.get(name)
+    if old is not None and old.model is not cls and (old.cls is None or _origin(old.cls) != _origin(cls)):
+        owner = f"jsmkt.{old.class_name}" if old.cls is None else f"{old.cls.__module__}.{old.cls.__qualname__}"
+        raise ValueError(f"name={name!r} is taken by the family {owner}; choose another name for "
+                         f"{cls.__qualname__}")
+    if examples is not None and not callable(examples):
+        raise ValueError(f"examples={examples!r} must be a function returning a dict of models")
+    if metrics is not None and not callable(metrics):
+        raise ValueError(f"metrics={metrics!r} must be a function (model, fixed_point) -> dict of arrays")
+    keys = _signature_keys(cls)
+    leaves = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("static", False)}
+    shown = [k for k in keys if k != "K"]
+
+    def parameters(model) -> dict[str, Any]:
+        return {k: v for k in shown if (v := _plain(getattr(model, k, None))) is not None}
+
+    FAMILIES[name] = Family(
+        name, cls.__name__, frozenset(keys), functools.partial(_parse_signature, keys), parameters=parameters,
+        describe=lambda m: "   ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}"
+                                      for k, v in parameters(m).items()),
+        examples=examples or dict,
+        params={k: Parameter(functools.partial(_attribute, k), doc=f"{cls.__name__}'s argument {k}")
+                for k, (kind, _) in keys.items() if kind == "number" and k in leaves},
+        metrics=metrics, cls=cls,
+    )
+
+
+def _attribute(name: str, model):
+    """`model.<name>` (a picklable `Parameter.where`)."""
+    return getattr(model, name)
+
+
+def _origin(cls: type) -> tuple[str, str]:
+    """Where a class is defined: its module's file (resolved) or, without one, the module's name; and its
+    qualified name. A class of one origin is the same family defined again."""
+    import os
+    import sys
+
+    file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    return (os.path.realpath(file) if file else cls.__module__), cls.__qualname__
+
+
+def _signature_keys(cls: type) -> dict[str, tuple[str, bool]]:
+    """`argument -> (kind, required)` of the constructor of `cls`: kinds `integer`, `boolean`, `string`, `number`
+    (the annotation, or the default's type, decides), `service` (an argument of that name)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"cls={cls.__qualname__}: its constructor's signature cannot be read ({e})") from None
+    keys = {}
+    for p in signature.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise ValueError(f"cls={cls.__qualname__}: its constructor takes {p}; name every argument (they are "
+                             "the TOML keys)")
+        if p.name in ("model", "simulation"):
+            raise ValueError(f"cls={cls.__qualname__}: its constructor's argument {p.name!r} clashes with the "
+                             f"spec's key {p.name!r}; rename it")
+        hint = _hint(p.annotation) if p.annotation is not p.empty else \
+            type(p.default).__name__ if p.default is not p.empty else ""
+        kind = {"bool": "boolean", "int": "integer", "str": "string"}.get(hint, "number")
+        if p.name in ("K", "service"):  # the truncation; a `[service]` table, as jsmkt's families read it
+            kind = "integer" if p.name == "K" else "service"
+        default = p.default
+        keys[p.name] = (kind, default is p.empty)
+    if "K" not in keys:
+        raise ValueError(f"cls={cls.__qualname__}: its constructor takes no K (the truncation level), which every "
+                         "family has; add it (an integer, with a default)")
+    return keys
+
+
+def _hint(annotation: Any) -> str:
+    """The name of an annotation's type, `None` left out of a union (`int | None` is `int`); a string annotation
+    (`from __future__ import annotations`) is read as written. `""` for a union of several types."""
+    import typing
+
+    if isinstance(annotation, str):
+        names = [t.strip() for t in annotation.replace("Optional[", "").rstrip("]").split("|")]
+    else:
+        names = [getattr(t, "__name__", "") for t in (typing.get_args(annotation) or (annotation,))]
+    names = [n for n in names if n not in ("None", "NoneType")]
+    return names[0] if len(names) == 1 else ""
+
+
+def _parse_signature(keys: dict[str, tuple[str, bool]], spec: dict[str, Any], where: str) -> dict[str, Any]:
+    """The constructor's arguments from a spec, by the kinds of `_signature_keys` (keys left out are left to the
+    constructor's defaults)."""
+    out: dict[str, Any] = {}
+    for key, (kind, required) in keys.items():
+        if key not in spec:
+            if required:
+                raise SpecError(f"{where}: missing key {key!r}")
+            continue
+        v = spec[key]
+        if kind == "integer":
+            out[key] = _integer(spec, key, where)
+        elif kind == "number":
+            out[key] = _number(spec, key, where)
+        elif kind == "service":
+            out[key] = parse_service(v)
+        elif kind == "boolean" and not isinstance(v, bool):
+            raise SpecError(f"{where}: {key}={show(v)} must be true or false")
+        elif kind == "string" and not isinstance(v, str):
+            raise SpecError(f"{where}: {key}={show(v)} must be a string")
+        else:
+            out[key] = v
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A model's attribute as a JSON value: a scalar array as a float, an integer, a boolean or a string as it is,
+    a choice rule as its mean; `None` for anything else."""
+    import numpy as np
+
+    if isinstance(value, (bool, int, str)):
+        return value
+    if hasattr(value, "weights") and hasattr(value, "mean"):  # a choice rule
+        value = value.mean
+    try:
+        a = np.asarray(value)
+    except Exception:  # noqa: BLE001  (a traced value, or an object that is no array)
+        return None
+    return float(a) if a.shape == () and a.dtype.kind in "fiu" else None
+
+
+def _entry_point_family(name: str) -> None:
+    """Register the family `name` from the installed packages' entry points (`ENTRY_POINT_GROUP`), if one declares
+    it: its object is a family class (registered under `name` unless importing its module registered it)."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        try:
+            obj = ep.load()
+        except Exception as e:  # noqa: BLE001  (any error of the package's code)
+            raise SpecError(f"model={show(name)}: the entry point {ep.name} = {ep.value!r} of group "
+                            f"{ENTRY_POINT_GROUP!r} cannot be loaded ({type(e).__name__}: {e})") from None
+        if name not in FAMILIES:
+            try:
+                register_family(name, obj)
+            except ValueError as e:
+                raise SpecError(f"model={show(name)}: the entry point {ep.name} = {ep.value!r}: {e}") from None
+        return
+
+
+def load_family_file(path: str) -> None:
+    """Import the Python file `path`, which registers families (`register_family`); a file already imported (as a
+    module or as the running script) is not run again. A `SpecError` names the file when it cannot be imported,
+    raises, or registers nothing."""
+    import importlib.util
+    import os
+    import sys
+    import traceback
+
+    real = os.path.realpath(path)
+    if not os.path.isfile(real):
+        raise SpecError(f"--family={path}: no such file" if not os.path.exists(real) else
+                        f"--family={path}: not a file; give the Python file that registers the family")
+    if any(os.path.realpath(f) == real for m in list(sys.modules.values())
+           if isinstance(f := getattr(m, "__file__", None), str)):
+        return
+    before = {k: v.model if v.cls is not None else None for k, v in FAMILIES.items()}
+    module = "jsmkt_family_" + "".join(c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(real))[0])
+    spec = importlib.util.spec_from_file_location(module, real)
+    if spec is None or spec.loader is None:
+        raise SpecError(f"--family={path}: not a Python file (give a .py file that calls jsmkt.register_family)")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[module] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException as e:
+        del sys.modules[module]
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.realpath(f.filename) == real]
+        at = f" at line {frames[-1].lineno}" if frames else ""
+        raise SpecError(f"--family={path}: importing it raised {type(e).__name__}{at}: {e}") from None
+    after = {k: v.model if v.cls is not None else None for k, v in FAMILIES.items()}
+    if after == before:
+        raise SpecError(f"--family={path} registered no family; call jsmkt.register_family(name, cls) in it")

@@ -9,7 +9,9 @@ jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [-
                [--max-queue Q] [--cpu-devices K] [--progress] [--percentiles 50,90,99,99.9]
 jsmkt sensitivity SPEC.toml [--wrt lam,theta] [--metric NAME] [--format table|json] [--plot FILE]
 ```
-Every command also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`).
+Every command also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`), and
+`--family FILE`: a Python file that registers a family written outside jsmkt (`jsmkt.register_family`), imported
+before the spec is read.
 Bad specifications give one error line on stderr and exit code 2; an interrupt (Ctrl-C) gives the line
 `jsmkt: interrupted` and exit code 130 (128 + SIGINT), as shells report it.
 
@@ -36,6 +38,7 @@ from ._spec import (
     build_model,
     describe_model,
     family_of,
+    load_family_file,
     load_spec,
     parse_simulation,
     parse_spec,
@@ -104,6 +107,8 @@ def _simulated_service(spec: dict[str, Any], model, service) -> dict[str, Any]:
         service = model.service
     elif hasattr(model, "service"):
         return {"kind": "exponential", "source": "mu", "mean": float(model.service.mean), "scv": 1.0}
+    elif not hasattr(model, "mu"):  # a family registered at run time, without a service rate
+        return {"kind": "the family's description", "source": "description", "mean": math.nan, "scv": math.nan}
     else:
         return {"kind": "exponential", "source": "mu", "mean": 1.0 / float(model.mu), "scv": 1.0}
     out["mean"], out["scv"] = float(service.mean), float(service.scv)
@@ -187,7 +192,10 @@ def _solve_exact(
     failures, which then raise the usual errors) by `solve_fixed_point` and the compiled metrics."""
     import numpy as np
 
-    found = _exact_from_export(model, grown_by) if servers is None and not percentiles else None
+    # A family registered at run time (`--family`) is code outside jsmkt's, which the exported files' keys do not
+    # cover: an edited family would load the results of its former code.
+    exportable = servers is None and not percentiles and family_of(model).cls is None
+    found = _exact_from_export(model, grown_by) if exportable else None
     described = None
     if found is not None:
         values, model = found
@@ -1064,6 +1072,9 @@ def _common_options() -> argparse.ArgumentParser:
                         f"compiling (default: ${CACHE_ENV}, else $XDG_CACHE_HOME/jsmkt or ~/.cache/jsmkt; "
                         f"{CACHE_ENV}=off turns the cache off)")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the compilation cache")
+    c.add_argument("--family", metavar="FILE", action="append", default=[],
+                   help="import the Python FILE first, which registers a model family written outside jsmkt "
+                        "(jsmkt.register_family), so that the spec may name it; may be given several times")
     return c
 
 
@@ -1214,6 +1225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        for path in args.family:  # before the spec is read: it may name the families these files register
+            load_family_file(path)
         code = args.func(args)
         sys.stdout.flush()  # a write error surfaces here, not at exit
         return code
