@@ -143,8 +143,9 @@ def check_positive(name: str, x: Any) -> None:
 def number_texts(values: list[float], digits: int = 6) -> list[str]:
     """The numbers of one message as text: `digits` significant digits, or more (up to the shortest text that reads
     back as the same float64) where fewer would print two different numbers of the list, or a number and 1 (the
-    bound of a load), alike. A load `rho = 1 + 1e-7` then prints as `1.0000001`, not as `1`, and `lam=1.0000001 >= capacity mu=1`
-    stays true as printed: rounding to a common number of digits keeps the order of the numbers it tells apart."""
+    bound of a load), alike. A load `rho = 1 + 1e-7` then prints as `1.0000001`, not as `1`, and
+    `lam=1.0000001 >= capacity mu=1` stays true as printed: rounding to a common number of digits keeps the order of
+    the numbers it tells apart."""
     xs = [float(v) for v in values]
     shown = {x for x in xs if np.isfinite(x)} | {1.0}
     for p in range(digits, 17):

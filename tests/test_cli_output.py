@@ -72,13 +72,13 @@ def test_simulate_percentiles_close_to_100_keep_their_own_keys(tmp_path, capsys)
 def test_simulate_takes_space_separated_percentiles_before_the_spec(tmp_path, capsys):
     """`jsmkt simulate --percentiles 50 90 99 SPEC ...` was refused with the top-level usage: the list is read, the
     spec after it is read as the spec (its option errors come next)."""
-    from jsmkt.cli import _join_percentiles, build_parser
-
     spec = tmp_path / "m.toml"
     spec.write_text(MM1)
     argv = ["simulate", "--percentiles", "50", "90", "99.9", str(spec), "--servers", "0", "--time", "10"]
     code, out, err = run(argv, capsys)
     assert code == 2 and err == "jsmkt: error: --servers=0 must be >= 1\n", err
+    from jsmkt.cli import _join_percentiles, build_parser
+
     args = build_parser().parse_args(_join_percentiles(argv))
     assert args.percentiles == (50, 90, 99.9) and args.spec == str(spec)
     args = build_parser().parse_args(_join_percentiles(["simulate", str(spec), "--perc=50", "99", "--servers", "3",
@@ -110,7 +110,8 @@ def test_simulate_table_prints_to_the_precision_of_the_intervals(tmp_path, capsy
         assert (len(x.split(".")[1]) if "." in x else 0) == max(0, -place), text
         assert abs(float(x) - est) <= 0.5 * 10**place * (1 + 1e-9), (text, est)
 
-    for label, key in (("mean sojourn time E[T]", "mean_sojourn_time"), ("mean queue length E[Q]", "mean_queue_length")):
+    for label, key in (("mean sojourn time E[T]", "mean_sojourn_time"),
+                       ("mean queue length E[Q]", "mean_queue_length")):
         line = next(ln for ln in table.splitlines() if ln.strip().startswith(label))
         check(line.split(label)[1].split("(95% CI)")[0].strip(), sim[key], sim[key + "_ci"])
     for what in ("sojourn", "waiting"):
