@@ -114,8 +114,8 @@ def _load(path: pathlib.Path, key: bytes):
         return None
     size = int.from_bytes(data[n:n + 8], "little")
     if data[n + 8:n + 8 + size] != key:
-        _warn(f"the cache entry {path} holds another model's or another jsmkt's exported function than its name "
-              "says; computing it again (and replacing it)")
+        _warn(f"the cache entry {path} holds another key than its name (the exported function of another model "
+              "or jsmkt); computing it again (and replacing it)")
         return None
     try:
         return jax_export.deserialize(bytearray(data[n + 8 + size:]))

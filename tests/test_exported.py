@@ -95,7 +95,7 @@ def test_a_file_under_another_models_name_is_not_loaded(folder, capsys):
     expected = sum(0.7 ** (2**k - 1) for k in range(1, 12))
     assert float(values["mean_queue_length"]) == pytest.approx(expected, rel=1e-12)
     caught = [str(w.message) for w in caught if type(w.message).__name__ == "CacheWarning"]
-    assert how == "exported" and len(caught) == 1 and "holds another model's" in caught[0]
+    assert how == "exported" and len(caught) == 1 and "holds another key than its name" in caught[0]
     assert _exported.call(SOLVE, cli._exact_outputs, two)[1] == "loaded"  # overwritten with its own solve
     # The CLI's path: one warning line on stderr, and d = 2's numbers.
     path.write_bytes(other.read_bytes())
