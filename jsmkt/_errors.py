@@ -138,3 +138,24 @@ def check_positive(name: str, x: Any) -> None:
     c = concrete_array(x)
     if c is not None and not c > 0:
         raise ValueError(f"{name}={float(c)!r} must be positive")
+
+
+def number_texts(values: list[float], digits: int = 6) -> list[str]:
+    """The numbers of one message as text: `digits` significant digits, or more (up to the shortest text that reads
+    back as the same float64) where fewer would print two different numbers of the list, or a number and 1 (the
+    bound of a load), alike. A load `rho = 1 + 1e-7` then prints as `1.0000001`, not as `1`, and
+    `lam=1.0000001 >= capacity mu=1` stays true as printed: rounding to a common number of digits keeps the order of
+    the numbers it tells apart."""
+    xs = [float(v) for v in values]
+    shown = {x for x in xs if np.isfinite(x)} | {1.0}
+    for p in range(digits, 17):
+        if len({f"{x:.{p}g}" for x in shown}) == len(shown):
+            return [f"{x:.{p}g}" for x in xs]
+    return [repr(x)[:-2] if repr(x).endswith(".0") else repr(x) for x in xs]  # the shortest that reads back
+
+
+def percentile_label(p: float) -> str:
+    """The key of percentile `p` (in percent) in outputs: `p` and the shortest text that reads back as the same
+    float64 (`p50`, `p99.9`, `p99.9999999`), so that distinct percentiles have distinct keys."""
+    text = repr(float(p))
+    return "p" + (text[:-2] if text.endswith(".0") else text)

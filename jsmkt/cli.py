@@ -9,6 +9,11 @@ jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [-
                [--max-queue Q] [--cpu-devices K] [--progress] [--percentiles 50,90,99,99.9]
 jsmkt sensitivity SPEC.toml [--wrt lam,theta] [--metric NAME] [--format table|json] [--plot FILE]
 ```
+`--percentiles` also takes the percentiles separated by spaces (`--percentiles 50 90 99 SPEC.toml`: the first token
+that is not a number ends the list). Printed numbers: the mean field's probabilities clipped at 0 (the solver's
+rounding noise, far below the leading tails, has either sign); simulated estimates to the precision of their 95 %
+interval (two significant digits of the half-width); derivatives as 0 below a relative threshold
+(`_ZERO_DERIVATIVE`, stated by `jsmkt sensitivity --help`).
 Every command also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`), and
 `--family FILE`: a Python file that registers a family written outside jsmkt (`jsmkt.register_family`), imported
 before the spec is read.
@@ -58,7 +63,8 @@ _REFINED_SLOW = 1000  # reduced-state size above which `solve --servers` says th
 
 
 def _percentile_list(text: str) -> tuple[float, ...]:
-    """`--percentiles 50,90,99,99.9`: comma-separated percentiles in (0, 100) (argparse's type)."""
+    """`--percentiles 50,90,99,99.9`: comma-separated percentiles in (0, 100) (argparse's type; `_join_percentiles`
+    has joined a space-separated list with commas)."""
     try:
         values = tuple(float(x) for x in text.split(","))
     except ValueError:
@@ -67,6 +73,40 @@ def _percentile_list(text: str) -> tuple[float, ...]:
     if bad:
         raise argparse.ArgumentTypeError(f"{bad[0]:g} is not a percentile in (0, 100) (e.g. 99.9 for p99.9)")
     return tuple(int(v) if v.is_integer() else v for v in values)
+
+
+def _is_number_list(token: str) -> bool:
+    """Whether `token` is a number or a comma-separated list of numbers (`99`, `50,90`)."""
+    try:
+        [float(x) for x in token.split(",")]
+    except ValueError:
+        return False
+    return True
+
+
+def _join_percentiles(argv: list[str]) -> list[str]:
+    """`argv` with the numbers after `--percentiles` (or an abbreviation argparse takes, `--perc`; or after
+    `--percentiles=50`) joined with commas into its one value: `--percentiles 50 90 99 spec.toml` reads as
+    `--percentiles 50,90,99 spec.toml`. The first token that is not a number ends the list (the spec path may
+    follow it); `--` ends the options."""
+    out, i = [], 0
+    while i < len(argv):
+        token = argv[i]
+        out.append(token)
+        i += 1
+        if token == "--":
+            return out + argv[i:]
+        name, eq, value = token.partition("=")
+        if len(name) < 4 or not "--percentiles".startswith(name):
+            continue
+        values = [value] if eq else []
+        while i < len(argv) and _is_number_list(argv[i]):
+            values.append(argv[i])
+            i += 1
+        if values:
+            out[-1] = name
+            out.append(",".join(values))
+    return out
 
 
 def _whole_float_d(model) -> int | None:
@@ -216,8 +256,12 @@ def _solve_exact(
         "K": model.K,
         "load": float(values.pop("load")),
     }
+    # Probabilities are printed clipped at 0: the solver leaves rounding noise of either sign (1e-40 and below)
+    # where the tails have fallen below float64's resolution relative to the leading levels.
     tail, phase_tails = values.pop("tail"), values.pop("phase_tails", None)
+    tail, phase_tails = np.maximum(tail, 0.0), None if phase_tails is None else np.maximum(phase_tails, 0.0)
     numbers = {k: values.pop(k) for k in ("tail_mass", "num_steps", "residual")}
+    numbers["tail_mass"] = np.maximum(numbers["tail_mass"], 0.0)
     quantiles = {k: values.pop(k) for k in _QUANTILE_KEYS if k in values}
     out.update({k: float(v) for k, v in values.items()})
     out.update({
@@ -229,7 +273,9 @@ def _solve_exact(
     if phase_tails is not None:
         out["phase_tails"] = [[float(v) for v in row] for row in phase_tails[: max(len(out["tail"]) - 1, 0)]]
     for name, q in quantiles.items():
-        out[name] = dict(zip((f"p{p:g}" for p in percentiles), map(float, np.asarray(q)), strict=True))
+        from ._errors import percentile_label
+
+        out[name] = dict(zip(map(percentile_label, percentiles), map(float, np.asarray(q)), strict=True))
     if servers is not None:
         out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling)
     return out, model, described
@@ -270,9 +316,17 @@ def _exact_from_export(model, grown_by: str | None):
     K0 = model.K
     while True:
         try:
-            values, _ = _exported.call("jsmkt solve: exact", _exact_outputs, model, before_export=before_export)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", _exported.CacheWarning)
+                values, _ = _exported.call("jsmkt solve: exact", _exact_outputs, model, before_export=before_export)
         except ValueError:  # too large to solve, or a structure refused: the usual path raises the error
             return None
+        finally:
+            for w in caught:  # the cache's own (an entry replaced or not written): one line each
+                if issubclass(w.category, _exported.CacheWarning):
+                    print(f"jsmkt: warning: {w.message}", file=sys.stderr)
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         if values is None:
             return None
         if bool(values.pop("successful")):
@@ -511,25 +565,32 @@ def _print_table(out: dict[str, Any], header: str, level: str = "Q", utilisation
         ("P(arrival waits)", "prob_wait"),
         ("utilisation s_1", "utilisation"),
         ("tail mass at K", "tail_mass_at_K"),
-        ("residual (published eqs)", "residual_in_published_equations"),
-        ("residual (exact eqs)", "residual_in_exact_equations"),
+        ("residual in published eqs", "residual_in_published_equations"),
+        ("residual in exact eqs", "residual_in_exact_equations"),
         ("events simulated", "events"),
     ]
     rows = [(utilisation, k) if k == "utilisation" else (label, k) for label, k in rows]
-    shown = {k for _, k in rows}
     for label, key in rows:
+        if key.endswith("_ci") and key[:-3] in out:
+            continue  # printed beside its estimate
         if key in out:
             v = out[key]
-            ci = out.get(f"{key}_ci") if f"{key}_ci" not in shown else None  # a simulated figure's interval
-            print((f"  {label:<26} {v:.10g}" if isinstance(v, float) else f"  {label:<26} {v}")
-                  + (f" ± {ci:.2g}" if isinstance(ci, float) else ""))
+            if isinstance(v, float) and f"{key}_ci" in out:  # a simulated estimate, to the precision of its CI
+                v, h = _with_interval(v, out[f"{key}_ci"])
+                print(f"  {label:<26} {v}" + (f" ± {h} (95% CI)" if h else ""))
+                continue
+            print(f"  {label:<26} {v:.10g}" if isinstance(v, float) else f"  {label:<26} {v}")
+    if "residual_in_published_equations" in out:
+        print("  (residual: max |dx/dt| below level K of the published or the exact mean-field equations at the "
+              "closed form x; 0 if x solves them)")
     if "note" in out:
         print(f"  note: {out['note']}")
     for what in ("sojourn", "waiting"):
         if out.get(f"{what}_time_percentiles"):
-            p, ci = out[f"{what}_time_percentiles"], out.get(f"{what}_time_percentiles_ci") or {}
+            p, ci = out[f"{what}_time_percentiles"], out.get(f"{what}_time_percentiles_ci")
+            texts = [_with_interval(v, ci.get(k)) if ci is not None else (f"{v:.4g}", None) for k, v in p.items()]
             print(f"  {what + ' time percentiles':<26} " + "  ".join(
-                f"{k}={v:.4g}" + (f"±{ci[k]:.2g}" if ci.get(k) is not None else "") for k, v in p.items()))
+                f"{k}={v}" + (f"±{h}" if h else "") for k, (v, h) in zip(p, texts, strict=True)))
     tail = out["tail"]
     ci = out.get("tail_ci")
     print()
@@ -540,10 +601,30 @@ def _print_table(out: dict[str, Any], header: str, level: str = "Q", utilisation
             print(f"  ... (s_k < 1e-16 from k = {k}; see --format json)")
             break
         nxt = tail[k + 1] if k + 1 < len(tail) else 0.0
-        line = f"  {k:>2}   {sk:<20.12e}  {sk - nxt:<18.10e}"
-        if ci and k < len(ci):
-            line += f"  ±{ci[k]:.2e}"
-        print(line)
+        if ci is None:
+            print(f"  {k:>2}   {sk:<20.12e}  {max(sk - nxt, 0.0):<18.10e}")
+            continue
+        # Simulated: s_k to the precision of its interval, P(= k) = s_k - s_{k+1} to that of the wider of theirs.
+        h = ci[k] if k < len(ci) else None
+        h_next = ci[k + 1] if k + 1 < len(ci) else None
+        s_text, h_text = _with_interval(sk, h)
+        p_text = _with_interval(sk - nxt, max((x for x in (h, h_next) if x is not None), default=None))[0]
+        print(f"  {k:>2}   {s_text:<20}  {p_text:<18}" + (f"  ±{h_text}" if h_text else ""))
+
+
+def _with_interval(x: float, h: float | None) -> tuple[str, str | None]:
+    """A simulated estimate `x` and its 95% half-width `h` as text, to the precision of the interval: `h` to two
+    significant digits, `x` to the same decimal place (`2.0231`, `0.1045` -> `2.02`, `0.10`). Without a positive
+    finite half-width (an exact value such as s_0 = 1, or none known), `x` to 10 significant digits and `None`."""
+    if h is None or not (math.isfinite(h) and h > 0) or not math.isfinite(x):
+        return f"{x:.10g}", None
+    place = math.floor(math.log10(h)) - 1  # the decimal place of h's second significant digit
+    if round(h, -place) >= 10 ** (place + 2):  # rounding carried into the next decade: 0.0996 -> 0.10
+        place += 1
+    if place < 0:
+        return f"{round(x, -place) + 0.0:.{-place}f}", f"{round(h, -place):.{-place}f}"
+    unit = 10**place
+    return f"{round(x / unit) * unit:.0f}", f"{round(h / unit) * unit:.0f}"
 
 
 def _plot_types(types: dict[str, str]) -> dict[str, str]:
@@ -785,6 +866,8 @@ def _cmd_transient(args) -> int:
     ts = np.linspace(0.0, args.time, args.points)
     traj = _integrate_with_progress(model, ts, args)
     values = {k: np.asarray(v) for k, v in _transient_values()(model, traj.ys, fp).items()}
+    for k in ("tails", "tail_star"):  # probabilities, clipped at 0 as `jsmkt solve` prints them
+        values[k] = np.maximum(values[k], 0.0)
     n = len(_trim(values["tail_star"]))
     out = {
         "variant": "transient",
@@ -1122,6 +1205,9 @@ def _cmd_sensitivity(args) -> int:
                         "they are taken through)")
     s = jsmkt.sensitivity(model, args.metric, wrt, service=service)
     rows = s.rows()
+    shown = _shown_derivative(float(s.value), [(r["value"], r["derivative"]) for r in rows])
+    undefined = None if float(s.value) != 0.0 else f"{s.metric} is 0, where its elasticity (theta/M) dM/dtheta " \
+        "is undefined"
     if args.plot:
         from .plotting import model_title
 
@@ -1129,6 +1215,12 @@ def _cmd_sensitivity(args) -> int:
     if args.format == "json":
         out = {"variant": "sensitivity", "model": type(model).__name__, **family_of(model).parameters(model),
                "K": model.K, **s.to_dict()}
+        for p in out["parameters"].values():
+            p["derivative"] = _map_lists(shown, p["value"], p["derivative"])
+            p["elasticity"] = _map_lists(lambda e, g: None if not math.isfinite(e) else 0.0 if g == 0.0 else e,
+                                         p["elasticity"], p["derivative"])
+        if undefined:
+            out["note"] = f"elasticity null: {undefined}"
         print(json.dumps(out, indent=2))
         return 0
     print(f"jsmkt sensitivity: derivatives of {s.metric} at the mean-field fixed point")
@@ -1141,12 +1233,53 @@ def _cmd_sensitivity(args) -> int:
     print(f"  {'parameter':<{width}} {'value':<16} {header:<{dwidth}} elasticity")
     for r in rows:
         side = f" ({r['one_sided']})" if r["one_sided"] else ""
-        print(f"  {r['name']:<{width}} {r['value']:<16.10g} {format(r['derivative'], '.10g') + side:<{dwidth}} "
-              f"{r['elasticity']:.6g}")
+        g = shown(r["value"], r["derivative"])
+        e = "-" if not math.isfinite(r["elasticity"]) else "0" if g == 0.0 else f"{r['elasticity']:.6g}"
+        print(f"  {r['name']:<{width}} {r['value']:<16.10g} {format(g, '.10g') + side:<{dwidth}} {e}")
     if any(r["one_sided"] for r in rows):
         print("  (right)/(left): one-sided derivative, a choice number at an integer (the randomised rule is "
               "piecewise linear in d)")
+    if undefined:
+        print(f"  -: {undefined}")
+    if any(shown(r["value"], r["derivative"]) != r["derivative"] for r in rows):
+        print(f"  (0: |theta dM/dtheta| below {_ZERO_DERIVATIVE:g} of the metric's scale, rounding noise of a zero "
+              "derivative; see --help)")
     return 0
+
+
+# A derivative this small relative to the metric's scale is printed as 0 (see `_shown_derivative`).
+_ZERO_DERIVATIVE = 1e-10
+_SENSITIVITY_DESCRIPTION = (
+    "Derivatives dM/dtheta and elasticities (theta/M) dM/dtheta of a metric M at the mean-field fixed point, by the "
+    f"implicit function theorem. A derivative with |theta dM/dtheta| (|dM/dtheta| where theta = 0) below "
+    f"{_ZERO_DERIVATIVE:g} times the larger of |M| and the largest such product over the parameters is printed as 0 "
+    "(rounding noise of a derivative that is 0; the elasticity is then 0). Where M = 0 the elasticity is undefined: "
+    "'-' in the table, null in the JSON, with a note.")
+
+
+def _shown_derivative(value: float, entries: list[tuple[float, float]]):
+    """`(theta, dM/dtheta) -> ` the derivative as `jsmkt sensitivity` prints it: 0 where |theta dM/dtheta| (|dM/dtheta|
+    for theta = 0) is below `_ZERO_DERIVATIVE` times the scale max(|M|, that product's largest value over `entries`,
+    the model's `(theta, dM/dtheta)`). The fixed point is solved to about 1e-11 relative, and a derivative that is 0
+    (a metric that does not depend on the parameter, such as the availability on lam) comes out as rounding noise,
+    1e-14 to 1e-18 of that scale; a -0 prints as 0."""
+    def effect(theta, g):
+        return abs(g) * (abs(theta) if theta != 0.0 else 1.0)
+
+    finite = [effect(t, g) for t, g in entries if math.isfinite(t) and math.isfinite(g)]
+    scale = max([abs(value)] + finite) if math.isfinite(value) else math.inf
+
+    def shown(theta, g):
+        return 0.0 if math.isfinite(g) and effect(theta, g) <= _ZERO_DERIVATIVE * scale else g
+
+    return shown
+
+
+def _map_lists(fn, a, b):
+    """`fn` entry by entry over two nested lists of one shape (or two numbers); None passes through."""
+    if isinstance(a, (list, tuple)):
+        return [_map_lists(fn, x, y) for x, y in zip(a, b, strict=True)]
+    return None if a is None or b is None else fn(a, b)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1163,7 +1296,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--servers", type=int, default=None, metavar="N",
                    help="also give the refined mean field (1/N correction) for N servers")
     s.add_argument("--percentiles", type=_percentile_list, default=None, metavar="P,P,...",
-                   help="also give these percentiles of the sojourn (and waiting) time, e.g. 50,90,99,99.9")
+                   help="also give these percentiles of the sojourn (and waiting) time, e.g. 50,90,99,99.9 or "
+                        "50 90 99 99.9")
     s.set_defaults(func=_cmd_solve)
 
     t = sub.add_parser("transient", parents=[common],
@@ -1204,11 +1338,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--cpu-devices", type=int, default=None, metavar="K",
                    help="on a CPU, run the replications on K cores in parallel (default: all cores)")
     m.add_argument("--percentiles", type=_percentile_list, default=None, metavar="P,P,...",
-                   help="percentiles of the sojourn (and waiting) time with 95%% CIs (default: 50,90,99)")
+                   help="percentiles of the sojourn (and waiting) time with 95%% CIs, e.g. 50,90,99,99.9 or 50 90 "
+                        "99 99.9 (default: 50,90,99)")
     m.set_defaults(func=_cmd_simulate)
 
     n = sub.add_parser("sensitivity", parents=[common], help="derivatives and elasticities of a metric at the fixed point of a model "
-                       "spec (TOML) with respect to its parameters")
+                       "spec (TOML) with respect to its parameters", description=_SENSITIVITY_DESCRIPTION)
     n.add_argument("spec", help="TOML model specification (see examples/)")
     n.add_argument("--wrt", default=None, metavar="NAMES",
                    help="parameters, separated by commas (e.g. lam,theta; default: all of the model's)")
@@ -1223,7 +1358,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_percentiles(sys.argv[1:] if argv is None else list(argv)))
     try:
         for path in args.family:  # before the spec is read: it may name the families these files register
             load_family_file(path)

@@ -2,6 +2,8 @@
 what the usual path prints, for new values of the same model structure too, and must give way to the usual path
 (and its errors) on any failure."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,9 @@ def folder(tmp_path):
     _exported.use_folder(tmp_path)
     yield tmp_path
     _exported.use_folder(None)
+
+
+SOLVE = "jsmkt solve: exact"  # the name `jsmkt solve` keeps its exported solve under
 
 
 def _usual(model, grown_by=None):
@@ -62,12 +67,66 @@ def test_a_foreign_file_or_new_code_is_traced_again(folder, monkeypatch):
     expected, how = _exported.call("test", cli._exact_outputs, model)
     (path,) = folder.iterdir()
     path.write_bytes(b"not an exported function")
-    values, how = _exported.call("test", cli._exact_outputs, model)
+    with pytest.warns(_exported.CacheWarning, match="is not a jsmkt exported function"):
+        values, how = _exported.call("test", cli._exact_outputs, model)
     assert how == "exported" and values.keys() == expected.keys()
     assert all(np.array_equal(values[k], expected[k], equal_nan=True) for k in values)  # NaN: JSQd has no PH
     monkeypatch.setattr(_exported, "code_digest", lambda: "other code")
     _, how = _exported.call("test", cli._exact_outputs, model)
     assert how == "exported" and len(list(folder.iterdir())) == 2
+
+
+def test_a_file_under_another_models_name_is_not_loaded(folder, capsys):
+    """Issue 34: the exported solve of JSQ(3) put under the file name of JSQ(2) (same shapes) was loaded, and
+    `jsmkt solve` printed d = 2 with the numbers of d = 3. The file holds its key: a load checks it, warns in one
+    line and computes the solve again (and overwrites the file)."""
+    two, three = jsmkt.JSQd(0.7, d=2, K=12), jsmkt.JSQd(0.7, d=3, K=12)
+    _exported.call(SOLVE, cli._exact_outputs, two)
+    (path,) = folder.iterdir()
+    _exported.use_folder(folder / "other")
+    _exported.call(SOLVE, cli._exact_outputs, three)
+    (other,) = (folder / "other").iterdir()
+    path.write_bytes(other.read_bytes())  # d = 3's solve, under d = 2's name
+    _exported.use_folder(folder)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        values, how = _exported.call(SOLVE, cli._exact_outputs, two)
+    # JSQ(2)'s mean queue length, sum_k lam^(2^k - 1); JSQ(3)'s would be sum_k lam^((3^k - 1)/2).
+    expected = sum(0.7 ** (2**k - 1) for k in range(1, 12))
+    assert float(values["mean_queue_length"]) == pytest.approx(expected, rel=1e-12)
+    caught = [str(w.message) for w in caught if type(w.message).__name__ == "CacheWarning"]
+    assert how == "exported" and len(caught) == 1 and "holds another key than its name" in caught[0]
+    assert _exported.call(SOLVE, cli._exact_outputs, two)[1] == "loaded"  # overwritten with its own solve
+    # The CLI's path: one warning line on stderr, and d = 2's numbers.
+    path.write_bytes(other.read_bytes())
+    capsys.readouterr()
+    out, _, _ = cli._solve_exact(two, None)
+    err = capsys.readouterr().err
+    assert out["mean_queue_length"] == pytest.approx(expected, rel=1e-12)
+    assert err.count("\n") == 1 and err.startswith("jsmkt: warning: the cache entry ") and "computing it again" in err
+
+
+def test_a_folder_in_place_of_a_file_leaves_no_temporary_file(folder, capsys):
+    """A folder where a cache file should be: the solve works, one line says the entry cannot be written, and no
+    temporary file is left behind (one of 34 KB was, on every run)."""
+    model = jsmkt.JSQd(0.7, d=2, K=12)
+    _exported.call(SOLVE, cli._exact_outputs, model)
+    (path,) = folder.iterdir()
+    path.unlink()
+    path.mkdir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        values, how = _exported.call(SOLVE, cli._exact_outputs, model)
+    expected = sum(0.7 ** (2**k - 1) for k in range(1, 12))
+    assert float(values["mean_queue_length"]) == pytest.approx(expected, rel=1e-12)
+    assert list(folder.iterdir()) == [path] and not any(path.iterdir())
+    caught = [str(w.message) for w in caught if type(w.message).__name__ == "CacheWarning"]
+    assert len(caught) == 1 and "cannot write the cache entry" in caught[0]
+    out, _, _ = cli._solve_exact(model.with_K(12), None)  # the CLI: one warning line
+    err = capsys.readouterr().err
+    assert out["mean_queue_length"] == pytest.approx(expected, rel=1e-12)
+    assert err.count("\n") == 1 and err.startswith("jsmkt: warning: cannot write the cache entry "), err
+    assert list(folder.iterdir()) == [path]
 
 
 def test_off_without_a_folder():

@@ -36,7 +36,7 @@ import numpy as np
 from jaxtyping import Array, Float, PyTree
 
 from .._distributions.ph import reachable_phases
-from .._errors import check_count, concrete_array, is_concrete
+from .._errors import check_count, concrete_array, is_concrete, number_texts
 from .description import Description
 from .description import TransitionClass as TransitionClass
 
@@ -197,14 +197,19 @@ class AbstractSupermarketModel(eqx.Module):
 
 
 def fmt(template: str, *, default: str, **values: Any) -> str:
-    """Fill `template` with the values (6 significant digits) when all are concrete; else return `default`
-    (inside jit the values are unknown when the message is built)."""
-    out = {}
+    """Fill `template` with the values when all are concrete (numbers as `number_texts` writes them: 6 significant
+    digits, more where two of them would print alike); else return `default` (inside jit the values are unknown
+    when the message is built)."""
+    out, scalars = {}, {}
     for name, x in values.items():
         c = concrete_array(x)
         if c is None:
             return default
-        out[name] = f"{float(c):.6g}" if c.ndim == 0 else repr(c.tolist())
+        if c.ndim == 0:
+            scalars[name] = float(c)
+        else:
+            out[name] = repr(c.tolist())
+    out.update(zip(scalars, number_texts(list(scalars.values())), strict=True))
     return template.format(**out)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._models.base import Occupancy
+from .._errors import percentile_label
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -148,13 +149,17 @@ class SimulationResult:
         the last $k$ with $s_k > 0$; `sojourn_time_percentiles` (keys `p50`, `p99.9`, ...) and its half-widths
         `sojourn_time_percentiles_ci` are `{}` without FCFS queues; `waiting_time_percentiles` and
         `waiting_time_percentiles_ci` are there when the run recorded waiting times; each of `metrics` is there
-        under its name, its half-width under the name with `_ci`."""
+        under its name, its half-width under the name with `_ci`. A percentile's key is `p` and the shortest text
+        that reads back as its float (`jsmkt._errors.percentile_label`: `p99.9999999`)."""
         nz = np.nonzero(self.tails > 0)[0]
         last = int(nz[-1]) + 1 if nz.size else 1
 
         def f(x):
             x = float(x)
             return x if math.isfinite(x) else None
+
+        def labelled(values):  # keys p50, p99.9, ...: `percentile_label`, exact and distinct
+            return {percentile_label(p): f(v) for p, v in (values or {}).items()}
 
         return {
             "mean_queue_length": f(self.mean_queue_length),
@@ -163,12 +168,10 @@ class SimulationResult:
             "mean_sojourn_time_ci": f(self.mean_sojourn_time_ci),
             "tail": [f(x) for x in self.tails[:last]],
             "tail_ci": [f(x) for x in self.tails_ci[:last]],
-            "sojourn_time_percentiles": {f"p{p:g}": f(v) for p, v in (self.sojourn_time_percentiles or {}).items()},
-            "sojourn_time_percentiles_ci": {f"p{p:g}": f(v)
-                                            for p, v in (self.sojourn_time_percentiles_ci or {}).items()},
-            **({"waiting_time_percentiles": {f"p{p:g}": f(v) for p, v in self.waiting_time_percentiles.items()},
-                "waiting_time_percentiles_ci": {f"p{p:g}": f(v)
-                                                for p, v in self.waiting_time_percentiles_ci.items()}}
+            "sojourn_time_percentiles": labelled(self.sojourn_time_percentiles),
+            "sojourn_time_percentiles_ci": labelled(self.sojourn_time_percentiles_ci),
+            **({"waiting_time_percentiles": labelled(self.waiting_time_percentiles),
+                "waiting_time_percentiles_ci": labelled(self.waiting_time_percentiles_ci)}
                if self.waiting_time_percentiles is not None else {}),
             "events": int(self.events),
             "real_events": int(self.real_events),
