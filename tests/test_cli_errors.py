@@ -233,6 +233,8 @@ def test_every_example_passes_the_value_checks():
     from jsmkt._spec import load_spec, parse_simulation, parse_spec
 
     for path in sorted(EXAMPLES.glob("*.toml")):
+        if path.with_suffix(".py").exists():  # a family written outside jsmkt (its own test registers it)
+            continue
         spec = load_spec(str(path))
         parse_spec(spec, str(path))
         parse_simulation(spec, str(path))
