@@ -73,6 +73,27 @@ def test_readme_is_an_entry_point():
         assert (ROOT / page).is_file(), page
 
 
+def test_readme_says_how_to_install():
+    """A user who does not use the Makefile learns how to install jsmkt, and how to run it on a GPU."""
+    text = README.read_text()
+    assert re.search(r"^pip install .*-c constraints\.txt \.", text, flags=re.M)
+    assert re.search(r'^pip install -U "jax\[cuda\d+\]"', text, flags=re.M)
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_name)
+def test_pages_speak_of_jsmkt_not_of_its_issues(path):
+    """The pages say what jsmkt does, not where a name came from ("carries the issue's `mean_queue_length`")."""
+    assert not re.search(r"\bthe issue'?s?\b", path.read_text(), flags=re.I)
+
+
+def test_every_experiment_folder_has_a_readme_listed_in_the_index():
+    experiments = ROOT / "experiments"
+    index = (experiments / "README.md").read_text()
+    for folder in sorted(p for p in experiments.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
+        assert (folder / "README.md").is_file(), folder.name
+        assert f"[`{folder.name}/`]({folder.name}/)" in index, folder.name
+
+
 @pytest.mark.parametrize("path", PAGES, ids=_name)
 def test_every_code_block_names_its_language(path):
     """Only ```python blocks run here, so a block without a language would be skipped unseen."""
