@@ -20,7 +20,8 @@ import pytest
 
 import jsmkt
 from _stats import assert_close, assert_mm1, standard_error
-from jsmkt._simulate import driver, generic, jsq_tables
+from jsmkt._simulate import driver, generic, jsq_tables, plan
+from jsmkt._simulate.described import model_tables
 from jsmkt._simulate import tables as tm
 from jsmkt._simulate.tables import INELIGIBLE, OVERFLOW, SimTables
 
@@ -342,7 +343,7 @@ def test_vmapped_form_follows_the_same_path(getkey, monkeypatch):
     kw = dict(key=getkey(), n_replications=2, max_queue=40)
     runs = []
     for sequential in (True, False):
-        monkeypatch.setattr(driver, "_generic_sequential", lambda s=sequential: s)
+        monkeypatch.setattr(plan, "_generic_sequential", lambda s=sequential: s)
         runs.append(jsmkt.simulate(model, 30, 200.0, **kw))
     a, b = runs
     assert (a.events, a.real_events, a.n_jobs) == (b.events, b.real_events, b.n_jobs)
@@ -368,7 +369,7 @@ def test_event_loop_is_one_kernel():
     """Performance guard: XLA compiles the generic engine's event loop into a single kernel (a "small call") for
     JSQ(d) with PH service up to `_GENERIC_ONE_KERNEL_MAX_D` sampled servers (here H2, a random choice number,
     distinct samples), for batches of up to 3 jobs, and for those batches from a BMAP's global phase."""
-    d = driver._GENERIC_ONE_KERNEL_MAX_D
+    d = plan._GENERIC_ONE_KERNEL_MAX_D
     h2 = jsmkt.hyperexponential2(1.0, 4.0)
     jsq = jsq_tables.jsq_tables(0.9, np.ones(d) / d, h2.alpha, h2.T, 13)
     assert 'xla_cpu_small_call="true"' in _run_hlo(jsq, max_d_replace=False)
@@ -376,7 +377,7 @@ def test_event_loop_is_one_kernel():
     assert 'xla_cpu_small_call="true"' in _run_hlo(batch)
     # A global phase (a BMAP, batches of up to 3 from two phases and its silent moves): one read more per event.
     bmap = jsmkt.BMAP([[-0.61, 0.01], [0.03, -0.53]], [np.diag([0.6, 0.0]), np.zeros((2, 2)), np.diag([0.0, 0.5])])
-    assert 'xla_cpu_small_call="true"' in _run_hlo(jsmkt.JSQdBMAP(bmap, d=2, K=13).simulation_tables(13))
+    assert 'xla_cpu_small_call="true"' in _run_hlo(model_tables(jsmkt.JSQdBMAP(bmap, d=2, K=13), 13))
 
 
 @pytest.mark.parametrize("sequential", [True, False])
