@@ -294,6 +294,33 @@ def test_refused_models_and_arguments(model, kwargs, match):
         jsmkt.simulate(model, 2, 50.0, key=jr.PRNGKey(0), **kwargs)
 
 
+class _SubJSQd(jsmkt.JSQd):
+    """A subclass, which might change the physics: the fast engines do not take it for JSQ(d)."""
+
+
+def test_the_engine_and_truncation_follow_the_models_hooks():
+    """The plan of a run (no run): the fast JSQ engines for a model whose `jsq_fast_path()` says it is JSQ(d), the
+    generic one for a subclass and for another family; a retrial model with linear retrials (its rates grow with
+    the orbit) is truncated 4 levels above the first orbit size whose mean-field tail is below 1e-12 / N, computed
+    here from `solve_fixed_point`, and the other policy by the rule for its load."""
+    keys = jr.split(jr.PRNGKey(0), 1)
+
+    def planned(model, n=50):
+        return plan.plan_run(model, None, n, 1, True, None, keys, 100.0, False, "auto")
+
+    assert planned(jsmkt.JSQd(0.5)).engine == "fast"
+    assert planned(jsmkt.JSQdPH(0.5, jsmkt.erlang(2, 1.0))).engine == "fast"
+    assert planned(_SubJSQd(0.5)).engine == "generic"
+    assert planned(jsmkt.JSQdBatch(0.3, [0.5, 0.5])).engine == "generic"
+    linear = jsmkt.RetrialJSQ(0.6, 0.5, d1=2, d2=2, K=60)
+    s = np.asarray(linear.tails(jsmkt.solve_fixed_point(linear).value))
+    top = int(np.flatnonzero(s < 1e-12 / 50)[0]) + 4
+    assert top < linear.K
+    p = planned(linear)
+    assert (p.engine, p.max_queue, p.default_note) == ("generic", top, " (from the model's mean-field tail)")
+    assert "for load" in planned(jsmkt.RetrialJSQ(0.6, 0.5, policy="constant", K=60)).default_note
+
+
 def _good(**change):
     t = jsq_tables.batch_jsq_tables(0.3, [0.5, 0.5], [0.0, 1.0], 1.0, 6)
     return t._replace(**change)

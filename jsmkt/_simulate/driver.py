@@ -111,10 +111,11 @@ def simulate(
     and joins the one with the fewest jobs (ties uniformly at random). Each server serves its queue first-come
     first-served. Service is the model's (exponential with rate `mu` for `JSQd`, PH for `JSQdPH`, the phase of the
     job in service tracked per server) or `service`, which may also be a general distribution
-    (`jsmkt.deterministic`, `jsmkt.lognormal`, `jsmkt.GeneralService`). Any other model runs on the generic
-    engine from its simulation tables, `model.simulation_tables(top)` (a `jsmkt._simulate.tables.SimTables`: the
-    cells of one server, its local events, and the dispatch streams that sample servers, compare their keys and
-    move the chosen one). The system starts empty; statistics are time averages over `[warmup, t1]`.
+    (`jsmkt.deterministic`, `jsmkt.lognormal`, `jsmkt.GeneralService`); a family is run so when its
+    `jsq_fast_path()` says it is JSQ(d). Any other model runs on the generic engine from its simulation tables
+    (a `jsmkt._simulate.tables.SimTables`: the cells of one server, its local events, and the dispatch streams that
+    sample servers, compare their keys and move the chosen one): those of its description
+    (`jsmkt._simulate.described`), or `model.simulation_tables(top)` for a model given by tables. The system starts empty; statistics are time averages over `[warmup, t1]`.
 
     This code path is independent of the mean-field solvers: it reads `lam`, `mu`/`service` and the choice rule's
     weights from a JSQ model, or the tables of another. It runs one compiled loop per time chunk (the warm-up,
@@ -139,8 +140,8 @@ def simulate(
 
     **Arguments:**
 
-    - `model`: a `jsmkt.JSQd` or `jsmkt.JSQdPH`, or a model with a method `simulation_tables(top)` (and `load()`,
-      for the default `max_queue`); concrete parameters.
+    - `model`: a family (`jsmkt.AbstractDescribedModel`: `jsmkt.JSQd`, `jsmkt.JSQdPH`, ...), or a model with a
+      method `simulation_tables(top)` (and `load()`, for the default `max_queue`); concrete parameters.
     - `n_servers`: number of servers $N \ge 1$.
     - `t1`: simulated time horizon.
     - `key`: a concrete JAX PRNG key (simulate runs its own compiled loops: call it outside `jit`/`vmap`);
@@ -155,16 +156,17 @@ def simulate(
     - `max_queue`: largest queue length a server may hold (ring-buffer size), the truncation `top` of a model's
       tables. Chosen from the load, the service SCV, the smallest choice number and $N$ when omitted (deeper for
       few servers, whose queues have geometric tails whatever $d$; for a model given by tables from `model.load()`
-      as for exponential service, times the largest batch a move adds); a `ValueError` is raised after the run if
-      an arrival found a full queue (a move beyond the truncation).
+      as for exponential service, times the largest batch a move adds; for a family whose rates grow with the
+      level, `rates_grow_with_level()`, where the mean field's tail falls below `1e-12 / N`); a `ValueError` is
+      raised after the run if an arrival found a full queue (a move beyond the truncation).
     - `n_batches`: number of batch means (of equal length, $\ge 30$ recommended) for confidence intervals of a
       single replication (with several, the run after the warm-up is not split). Batches shorter than the
       system's relaxation time give correlated batch means and half-widths that are too narrow: a
       `RuntimeWarning` says so when the lag-1 autocorrelation of the queue length's batch means exceeds 0.6.
     - `progress`: print a progress bar on stderr (the results do not depend on it).
     - `engine`: `"auto"` (the fast engines for `jsmkt.JSQd` and `jsmkt.JSQdPH`, the generic one for other models),
-      `"fast"` (JSQ models only) or `"generic"` (any model with tables; for a JSQ model its own tables if it has
-      them, else tables written from its parameters, `jsmkt._simulate.jsq_tables`).
+      `"fast"` (JSQ models only) or `"generic"` (any model with tables; for a JSQ model with a `service` override,
+      tables written from its parameters, `jsmkt._simulate.jsq_tables`).
     - `percentiles`: the percentiles (in percent, each in (0, 100), e.g. `(50, 99, 99.9)`) of the sojourn (and
       waiting) time to report, with 95 % confidence half-widths; any other is at hand afterwards
       (`SimulationResult.sojourn_time_percentile`).
