@@ -115,7 +115,8 @@ def simulate(
     `jsq_fast_path()` says it is JSQ(d). Any other model runs on the generic engine from its simulation tables
     (a `jsmkt._simulate.tables.SimTables`: the cells of one server, its local events, and the dispatch streams that
     sample servers, compare their keys and move the chosen one): those of its description
-    (`jsmkt._simulate.described`), or `model.simulation_tables(top)` for a model given by tables. The system starts empty; statistics are time averages over `[warmup, t1]`.
+    (`jsmkt._simulate.described`), or `model.simulation_tables(top)` for a model given by tables. The system
+    starts empty; statistics are time averages over `[warmup, t1]`.
 
     This code path is independent of the mean-field solvers: it reads `lam`, `mu`/`service` and the choice rule's
     weights from a JSQ model, or the tables of another. It runs one compiled loop per time chunk (the warm-up,

@@ -16,7 +16,15 @@ from .._models.base import AbstractSupermarketModel, JSQFastPath
 from . import core, generic, jsq_tables
 from . import tables as tables_mod
 from .described import has_tables, model_tables
-from .limits import _check_horizon, _check_sampler, _check_sizes, _check_waiting, _concrete, _default_max_queue, _unstable
+from .limits import (
+    _check_horizon,
+    _check_sampler,
+    _check_sizes,
+    _check_waiting,
+    _concrete,
+    _default_max_queue,
+    _unstable,
+)
 from .service import GeneralService
 from .statistics import _HIST_OCTAVES, _N_BINS, _hist_key
 
