@@ -32,7 +32,9 @@ demo: $(STAMP)
 	@echo
 	$(BIN)/python examples/demo.py --out $(OUT)
 
+# The layers first (pyproject.toml's import-linter contract: no import goes up), then the suite.
 test: $(STAMP)
+	$(BIN)/lint-imports --no-cache
 	$(PYTEST)
 
 test-slow: $(STAMP)

@@ -3,7 +3,7 @@
 Model: as `benchmarks/simulate.py` (JSQ(2), N = 1000, lam = 0.9, H2 service with mean 1 and SCV 4). For each
 number of replications R and block size B (events evaluated per loop iteration and replication), times
 `jsmkt.simulate` (medians of interleaved repeats, after a first call that compiles) and prints the events per
-second, the best B for each R and the B that `jsmkt.simulate` picks (`driver._markov_block_size`).
+second, the best B for each R and the B that `jsmkt.simulate` picks (`plan._markov_block_size`).
 
 A larger block shares an iteration's fixed cost (on a GPU: kernel launches and the loop condition read back by the
 host) among more events, but more of its events read a server changed by an earlier event of the block and are
@@ -21,7 +21,7 @@ import jax.random as jr
 
 import _common
 import jsmkt
-from jsmkt._simulate import driver
+from jsmkt._simulate import plan
 
 
 N, LAM, D, SCV = 1000, 0.9, 2, 4.0
@@ -50,10 +50,10 @@ def main(argv=None):
         parser.error(f"--replications={reps}: each must be one of {sorted(GRID)}")
     repeats = args.repeats or (1 if args.quick else 2)
     if args.engine == "block":
-        driver._sequential_engine = lambda max_d: False
-    elif driver._sequential_engine(D):
+        plan._sequential_engine = lambda max_d: False
+    elif plan._sequential_engine(D):
         parser.error("on a CPU jsmkt.simulate runs the sequential engine: pass --engine block to time the block one")
-    chosen = {r: driver._markov_block_size(N, r) for r in reps}
+    chosen = {r: plan._markov_block_size(N, r) for r in reps}
     model = jsmkt.JSQdPH(LAM, jsmkt.hyperexponential2(1.0, SCV), d=D)
     dev = jax.devices()[0]
     print(f"JSQ({D}), N = {N}, lam = {LAM}, H2 (SCV {SCV}); block PH engine on 1 {dev.platform} device "
@@ -63,7 +63,7 @@ def main(argv=None):
     for r in reps:
         t_sim = (20.0 if args.quick else 100.0) if r <= 16 else (4.0 if args.quick else 40.0)
         for b in GRID[r]:
-            driver._markov_block_size = lambda n, n_rep, b=b: b
+            plan._markov_block_size = lambda n, n_rep, b=b: b
             t0 = time.perf_counter()
             jsmkt.simulate(model, N, 1.0, key=jr.PRNGKey(0), n_replications=r)
             first = time.perf_counter() - t0

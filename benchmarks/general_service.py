@@ -7,7 +7,7 @@ job's completion time when it arrives (FCFS) and brings a server up to date only
 event costs O(d) whatever N. The rows compare, side by side in one run:
 
 - "one at a time": replications in turn, unbatched loops; the CPU default. XLA's CPU backend compiles them into
-  single kernels up to d = 13 (`driver._SEQUENTIAL_GENERAL_MAX_D`); above, they run op by op;
+  single kernels up to d = 13 (`plan._SEQUENTIAL_GENERAL_MAX_D`); above, they run op by op;
 - "vmapped": the loops vmapped over replications, run op by op on a CPU; the default on a GPU.
 
 `--previous DIR` adds an older form of the engine, from a checkout of an older commit (e.g.
@@ -55,10 +55,13 @@ sys.path.insert(0, sys.argv[1])
 import _common
 import jsmkt
 jsmkt.use_cpu_cores(1)
-from jsmkt._simulate import driver
+try:
+    from jsmkt._simulate import plan
+except ImportError:  # an older checkout, whose driver holds the plan
+    from jsmkt._simulate import driver as plan
 n, d, vmapped, span, lam, repeats = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", float(sys.argv[5]), \\
     float(sys.argv[6]), int(sys.argv[7])
-driver._sequential_general_engine = lambda max_d: not vmapped  # (no such switch in the previous engine)
+plan._sequential_general_engine = lambda max_d: not vmapped  # (no such switch in the previous engine)
 model, service = jsmkt.JSQd(lam, d=d), jsmkt.deterministic(1.0)
 t1 = span / n
 jsmkt.simulate(model, n, t1 / 20, key=jr.PRNGKey(0), service=service)  # compile
@@ -69,9 +72,9 @@ print(json.dumps({"wall": wall, "events": events}))
 
 
 def driver_max_d() -> int:
-    from jsmkt._simulate import driver
+    from jsmkt._simulate import plan
 
-    return driver._SEQUENTIAL_GENERAL_MAX_D
+    return plan._SEQUENTIAL_GENERAL_MAX_D
 
 
 def row(checkout, n, d, vmapped, span, repeats):

@@ -92,8 +92,8 @@ import jax.random as jr
 
 import _common
 import jsmkt
-from jsmkt._simulate import driver
-from jsmkt._simulate.driver import _sequential_engine
+from jsmkt._simulate import plan
+from jsmkt._simulate.plan import _sequential_engine
 
 
 N, LAM, D, SCV = 1000, 0.9, 2, 4.0
@@ -332,7 +332,7 @@ def main():
                              "jsmkt's choice (see benchmarks/block_size.py)")
     args = parser.parse_args()
     if args.block is not None:
-        driver._markov_block_size = lambda n, n_rep: args.block
+        plan._markov_block_size = lambda n, n_rep: args.block
     jsmkt.use_cpu_cores(args.cpu_devices)  # before JAX's first computation
     reps_list = args.replications
     t_sim = args.time if args.time is not None else 200.0 if args.quick else 600.0
@@ -412,8 +412,8 @@ def main():
         speedups[svc, r] = tps / py_tps
         eq, et, ci = results[svc, r]
         label = f"jsmkt.simulate, {r} replication" + ("s" if r > 1 else "")
-        label += f" ({driver._n_shards(r, len(devices))} dev." + (
-            ")" if _sequential_engine(D) or svc == "general" else f", block {driver._markov_block_size(N, r)})")
+        label += f" ({plan._n_shards(r, len(devices))} dev." + (
+            ")" if _sequential_engine(D) or svc == "general" else f", block {plan._markov_block_size(N, r)})")
         label += ", H2 as a general sampler" if svc == "general" else ""
         print(f"{label:{W}} {wall:8.2f} {eps:12.3e} {tps:12.4g} {speedups[svc, r]:9.2f}x   "
               f"{eq:.3f}, {et:.3f} ± {ci:.2g}")

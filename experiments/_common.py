@@ -229,7 +229,7 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
 
 def t975(nu: int) -> float:
     """97.5 % quantile of Student's t with `nu >= 1` degrees of freedom (95 % two-sided); the simulator's own."""
-    from jsmkt._simulate.driver import t_quantile_975
+    from jsmkt._simulate.statistics import t_quantile_975
 
     return t_quantile_975(nu)
 

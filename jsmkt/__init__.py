@@ -25,8 +25,8 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._design import Optimum as Optimum
     from ._design import optimise_choice as optimise_choice
     from ._design import optimise_repair as optimise_repair
-    from ._distributions.fit import fit_ph as fit_ph
-    from ._distributions.fit import fit_ph2_three_moments as fit_ph2_three_moments
+    from ._fit import fit_ph as fit_ph
+    from ._fit import fit_ph2_three_moments as fit_ph2_three_moments
     from ._distributions.ph import PH as PH
     from ._distributions.ph import coxian as coxian
     from ._distributions.ph import coxian2 as coxian2

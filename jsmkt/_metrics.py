@@ -5,7 +5,7 @@ directly. Metrics never solve anything.
 
 For a family stated by its physics (`AbstractDescribedModel`) every metric is defined from the description: the
 occupancy $x$ of the cells, the number of jobs and of jobs in service of each cell, and the job flows of the
-arrival streams (`jsmkt._models.description.job_flows`): the throughput is the rate of jobs that join a server,
+arrival streams (`jsmkt._models.meanfield.job_flows`): the throughput is the rate of jobs that join a server,
 $E[T]$ and $E[W]$ follow by Little's law, $P(\text{wait})$ is the fraction of arriving jobs that do not start
 service at once. The papers' ODEs as published (`jsmkt.published`) keep their JSQ formulas.
 
@@ -28,7 +28,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel, Occupancy
-from ._models.description import JobFlows, job_flows
+from ._models.meanfield import JobFlows, job_flows
 from ._solution import FixedPoint, Trajectory, nan_if_failed
 
 
@@ -219,7 +219,7 @@ def probe_rate(model: AbstractSupermarketModel, state, stream: str | None = None
     or by the one named `stream`: $\sum_{\text{streams}} R\,E[D]$, $R$ the stream's rate per server (for a stream
     that starts at the servers, such as retrials, the rate at which they start it) and $D$ its choice number. For
     JSQ(d) this is $\lambda E[D]$: divided by the arrival rate, the mean number of probes per arrival."""
-    from ._models.description import averaged, stream_rate
+    from ._models.meanfield import averaged, stream_rate
 
     y = _state(model, state)
     if not isinstance(model, AbstractDescribedModel):

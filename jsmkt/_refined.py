@@ -16,9 +16,9 @@ $$A W + W A^\top + Q = 0 \qquad\text{and}\qquad A V = -\tfrac12\, D^2 f : W.$$
 `W` is the covariance of the central limit theorem (linear noise approximation); `V` is the bias of the mean.
 Sampling without replacement makes the finite-N rates $N\beta_c(x) + \beta_c^{(1)}(x) + O(1/N)$; their drift
 $f^{(1)}$ joins the bias: $A V = -\tfrac12 D^2 f : W - f^{(1)}$. So does the $1/N$ drift of a stream that starts
-at a server (a retrial, a push: `jsmkt._models.description.origin_drift_correction`), which samples after its
+at a server (a retrial, a push: `jsmkt._refined_terms.origin_drift_correction`), which samples after its
 origin has moved. A modulating phase (a BMAP's, `jsmkt._models.description.Modulation`) adds its own noise to
-$Q$ and a bias term (`description.modulation_noise`): the phase moves $N$ times faster than the occupancy, so its
+$Q$ and a bias term (`jsmkt._refined_terms.modulation_noise`): the phase moves $N$ times faster than the occupancy, so its
 correlations enter at order $1/N$, through a corrector of the averaging. The
 Lyapunov equation is solved by Smith's doubling iteration on its Cayley transform (pure JAX, so everything here
 is differentiable and vmappable); second derivatives enter only contracted with `W`, by nested forward-mode
@@ -45,13 +45,8 @@ from ._choice import (
 )
 from ._errors import error_if, is_concrete
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
-from ._models.description import (
-    check_modulation,
-    jump_second_moment,
-    modulated_displacements,
-    modulation_noise,
-    origin_drift_correction,
-)
+from ._models.meanfield import check_modulation
+from ._refined_terms import jump_second_moment, modulated_displacements, modulation_noise, origin_drift_correction
 from ._solution import FixedPoint, failed, nan_where
 
 
@@ -109,7 +104,7 @@ def lyapunov(A: Float[Array, "n n"], Q: Float[Array, "n n"]) -> Float[Array, "n 
 def _jump_covariance(model: AbstractSupermarketModel, y: PyTree[Array]) -> Float[Array, "n n"]:
     """$Q = \\sum_{\\text{jumps}} \\text{flow}\\;\\ell\\ell^\\top$ in flattened reduced coordinates: $Q = R G R^\\top$
     with $R$ the (linear) reduction and $G$ the jumps' second moment in the occupancy space
-    (`description.jump_second_moment`: $n_{\\text{states}}^2$ floats, never the matrix of jump vectors, and
+    (`jsmkt._refined_terms.jump_second_moment`: $n_{\\text{states}}^2$ floats, never the matrix of jump vectors, and
     transitions that move two servers at once with their cross term)."""
     x = model.occupancy(y)
     reduce_flat = lambda x: ravel_pytree(model.reduce(x))[0]  # noqa: E731
@@ -307,7 +302,7 @@ def _refine(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) ->
     if isinstance(model, AbstractDescribedModel):
         desc = model.description()
         mod = check_modulation(desc)
-    if mod is not None:  # a modulating phase: its noise and its bias (`description.modulation_noise`)
+    if mod is not None:  # a modulating phase: its noise and its bias (`jsmkt._refined_terms.modulation_noise`)
         x = model.occupancy(y)
         reduce_flat = lambda v: ravel_pytree(model.reduce(v))[0]  # noqa: E731
         Phi, sigma, kappa = modulation_noise(desc, x)

@@ -2,7 +2,7 @@ r"""Sojourn and waiting times of a tagged job in the mean-field limit: their dis
 
 **The tagged job.** In the mean-field limit a server evolves, at the fixed point $x^*$, as a Markov chain of its
 own: its local events at their rates, and each dispatch choosing it at the rate the tail rule gives its cell
-(`jsmkt._models.description.chosen_factor`); the other servers are the stationary occupancy $x^*$. A tagged job
+(`jsmkt._models.meanfield.chosen_factor`); the other servers are the stationary occupancy $x^*$. A tagged job
 joins a server of cell $c$, through the effect row $c \to c'$ of an arrival stream, in proportion to that row's
 flow $R\,h_c(x^*)\,x^*_c\,w$ (Poisson arrivals see the stationary occupancy); a batch's $b$ jobs take the positions
 after the $\text{jobs}_c$ already there, one each. The server is an FCFS queue: a move that lowers its jobs by
@@ -63,15 +63,8 @@ from . import _maps
 from ._errors import error_if, is_concrete
 from ._graph import reachable
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
-from ._models.description import (
-    Description,
-    _pooled,
-    averaged,
-    chosen_factor,
-    clipped_targets,
-    pool_cells,
-    saturated_pool,
-)
+from ._models.description import Description
+from ._models.meanfield import averaged, chosen_factor, clipped_targets, pool_cells, pooled, saturated_pool
 from ._solution import Trajectory, failed, nan_where
 
 
@@ -102,7 +95,7 @@ def _server_moves(desc: Description, x: Array) -> _Moves:
 
     def add(moves, per_server):
         nonlocal freed
-        moves, frees = _pooled(desc, moves)
+        moves, frees = pooled(desc, moves)
         s = np.asarray(moves.source)
         src.append(s)
         tgt.append(clipped_targets(cells, moves))
@@ -133,7 +126,7 @@ def _move_structure(desc: Description) -> tuple[np.ndarray, np.ndarray]:
     cells = desc.cells
     src, tgt = [], []
     for moves in [ev.moves for ev in desc.local_events] + [d.effect for d in desc.dispatches]:
-        moves = _pooled(desc, moves)[0]
+        moves = pooled(desc, moves)[0]
         src.append(np.asarray(moves.source))
         tgt.append(clipped_targets(cells, moves))
     pool = saturated_pool(desc)
@@ -206,7 +199,7 @@ def _arrival_flows(desc: Description, x: Array, stream: str | None):
     for disp in desc.dispatches:
         if not disp.arrivals or (stream is not None and disp.name != stream):
             continue
-        eff = _pooled(desc, disp.effect)[0]
+        eff = pooled(desc, disp.effect)[0]
         s = np.asarray(eff.source)
         src.append(s)
         tgt.append(clipped_targets(desc.cells, eff))
@@ -237,7 +230,7 @@ def _key_dependence(desc: Description, reach: np.ndarray) -> str | None:
     cells = desc.cells
     jobs, status = cells.jobs, cells.status
     for disp in desc.dispatches:
-        eff, _ = _pooled(desc, disp.effect)
+        eff, _ = pooled(desc, disp.effect)
         s, t = np.asarray(eff.source), clipped_targets(cells, eff)
         rel = reach[s] & (jobs[s] >= 1) & ((jobs[t] < jobs[s]) | (status[t] != status[s]))
         keys, st = np.asarray(disp.key)[s[rel]], status[s[rel]]

@@ -156,11 +156,11 @@ def test_the_phase_noise_is_the_bmap_counting_variance():
     sum_b lam_b b^2 gives the asymptotic variance rate of the BMAP's job count, lim Var N(t) / t. Independently:
     the second derivative at 0 of the Perron eigenvalue of C + sum_b D_b e^(theta b) (its cumulant rate), by
     finite differences of `numpy.linalg.eigvals`."""
-    from jsmkt._models import description as Dsc
+    from jsmkt._refined_terms import modulation_noise
 
     model = jsmkt.JSQdBMAP(jsmkt.BMAP(C, D), d=2, K=8)
     x = jnp.full(model.K + 1, 1.0 / (model.K + 1))
-    Phi, sigma, _ = Dsc.modulation_noise(model.description(), x)
+    Phi, sigma, _ = modulation_noise(model.description(), x)
     assert Phi.shape == (2, model.K + 1) and np.allclose(np.sum(Phi, axis=1), 0.0, atol=1e-15)
     _, lam = _independent_rates(C, D)
     b = np.arange(1, 3)

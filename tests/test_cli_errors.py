@@ -104,7 +104,7 @@ def test_fit_ph_refuses_moments_that_no_distribution_has(target, match):
 def test_moments_of_distributions_pass_the_check(moments):
     import numpy as np
 
-    from jsmkt._distributions.fit import _check_moment_sequence
+    from jsmkt._fit import _check_moment_sequence
 
     _check_moment_sequence(np.asarray(moments))
 

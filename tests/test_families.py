@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import jsmkt
-from jsmkt._models import description as D
+from jsmkt import _refined_terms
+from jsmkt._models import meanfield, reduced
 from jsmkt._models import structure as S
 from jsmkt._models.base import AbstractDescribedModel
 from jsmkt._sensitivity import _value_and_grad, parameter_value, parameters_of, simplex_leaves, with_parameter
@@ -56,7 +57,7 @@ def test_fast_paths_equal_the_derived_forms(fam, name, getkey):
     model = _example(fam, name)
     desc = model.description()
     n = desc.cells.size
-    pool = D.saturated_pool(desc)
+    pool = meanfield.saturated_pool(desc)
     for _ in range(2):
         x = jr.dirichlet(getkey(), jnp.ones(n))
         if pool is not None:  # a state of the saturated regime: the holding status's mass is the pool's size
@@ -64,18 +65,18 @@ def test_fast_paths_equal_the_derived_forms(fam, name, getkey):
             mass = jnp.sum(jnp.where(held, x, 0.0))
             x = jnp.where(held, x * pool.capacity / mass, x * (1 - pool.capacity) / (1 - mass))
         y = model.reduce(x)
-        yd = D.derived_reduce(desc, x)
+        yd = reduced.derived_reduce(desc, x)
         np.testing.assert_allclose(np.ravel(y), yd, rtol=1e-13, atol=1e-15)
         np.testing.assert_allclose(model.occupancy(y), x, rtol=1e-12, atol=1e-14)
-        np.testing.assert_allclose(D.derived_occupancy(desc, yd), x, rtol=1e-12, atol=1e-14)
-        np.testing.assert_allclose(np.ravel(model.vector_field(0.0, y)), D.derived_vector_field(desc, yd),
+        np.testing.assert_allclose(reduced.derived_occupancy(desc, yd), x, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(np.ravel(model.vector_field(0.0, y)), reduced.derived_vector_field(desc, yd),
                                    rtol=1e-12, atol=1e-14)
-        np.testing.assert_allclose(model.tails(y), D.derived_tails(desc, yd), rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(model.tails(y), reduced.derived_tails(desc, yd), rtol=1e-13, atol=1e-15)
         dx = model.drift(x)
         assert abs(float(jnp.sum(dx))) < 1e-13  # mass is conserved
         for tc in model.transitions(x):
             assert np.all(np.asarray(tc.rate) >= 0), tc.name
-    assert np.array_equal(np.ravel(model.initial_state()), D.derived_reduce(desc, jnp.eye(n)[0]))
+    assert np.array_equal(np.ravel(model.initial_state()), reduced.derived_reduce(desc, jnp.eye(n)[0]))
 
 
 @pytest.mark.parametrize("fam, name", FIRST)
@@ -223,10 +224,11 @@ def test_batch_initial_guess_is_the_fixed_point():
 
 @pytest.mark.parametrize("fam, name", CASES)
 def test_simulation_tables_pass_the_engine_checks(fam, name):
+    from jsmkt._simulate.described import model_tables
     from jsmkt._simulate.tables import check_tables
 
     model = _example(fam, name)
-    t = check_tables(model.simulation_tables(8))
+    t = check_tables(model_tables(model, 8))
     assert t.level.max() == 8 and t.empty_cell == 0
     # Every eligible cell's effect is a probability law.
     for s in range(t.eff_prob.shape[0]):
@@ -406,7 +408,7 @@ def test_two_server_moves_have_the_pair_covariance(getkey):
     model = PushJSQ(0.8, 0.5, d=2, K=8)
     x = jr.dirichlet(getkey(), jnp.ones(model.K + 1))
     classes = model.transitions(x)
-    G = np.asarray(D.jump_second_moment(classes, x))
+    G = np.asarray(_refined_terms.jump_second_moment(classes, x))
     n = x.shape[0]
     want = np.zeros((n, n))
     e = np.eye(n)

@@ -416,7 +416,7 @@ def test_fit_ph_to_distributions():
     pareto = scipy.stats.pareto(2.5)
     laws = {"lognormal": (jsmkt.lognormal(1.0, 4.0), None), "deterministic": (jsmkt.deterministic(2.0), None),
             "weibull": (weibull.cdf, float(weibull.mean())), "pareto": (pareto.cdf, float(pareto.mean()))}
-    from jsmkt._distributions.fit import cdf_grid
+    from jsmkt._fit import cdf_grid
 
     xs, w = cdf_grid()
     for name, (law, mean) in laws.items():

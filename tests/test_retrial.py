@@ -215,7 +215,8 @@ def test_origin_drift_correction_is_the_finite_n_drift():
     origin has moved, from the occupancy x + (e_o' - e_o)/N. Summing the tail rule at each such shifted occupancy
     (the law of sampling with replacement from the N servers) gives the finite-N drift; N (drift_N - drift) tends
     to `origin_drift_correction` with an O(1/N) error."""
-    from jsmkt._models import description as D
+    from jsmkt import _refined_terms
+    from jsmkt._models import meanfield
 
     model = jsmkt.RetrialJSQ(0.8, 0.5, d1=2, d2=3, K=8)
     desc = model.description()
@@ -223,8 +224,8 @@ def test_origin_drift_correction_is_the_finite_n_drift():
     x = jr.dirichlet(jr.PRNGKey(0), jnp.ones(desc.cells.size))
     n = 1e5
     o = retrial.origin
-    src, tgt = np.asarray(o.source), D.clipped_targets(desc.cells, o)
-    es, et = np.asarray(retrial.effect.source), D.clipped_targets(desc.cells, retrial.effect)
+    src, tgt = np.asarray(o.source), meanfield.clipped_targets(desc.cells, o)
+    es, et = np.asarray(retrial.effect.source), meanfield.clipped_targets(desc.cells, retrial.effect)
     exact = np.zeros(desc.cells.size)
     mean_field = np.zeros(desc.cells.size)
     for i in range(src.size):
@@ -232,11 +233,11 @@ def test_origin_drift_correction_is_the_finite_n_drift():
         shift[tgt[i]] += 1.0
         shift[src[i]] -= 1.0
         for z, acc in ((x + shift / n, exact), (x, mean_field)):
-            p = np.asarray(D.chosen_factor(retrial, z))[es] * np.asarray(z)[es]
+            p = np.asarray(meanfield.chosen_factor(retrial, z))[es] * np.asarray(z)[es]
             rate = float(o.weight[i] * x[src[i]])
             np.add.at(acc, et, rate * p)
             np.add.at(acc, es, -rate * p)
-    f1 = np.asarray(D.origin_drift_correction(desc, x))
+    f1 = np.asarray(_refined_terms.origin_drift_correction(desc, x))
     assert np.max(np.abs(f1)) > 1e-2
     np.testing.assert_allclose(n * (exact - mean_field), f1, rtol=1e-3, atol=1e-6)
 

@@ -20,8 +20,10 @@ import scipy.stats
 
 import jsmkt
 from _stats import assert_close, assert_mm1, standard_error
-from jsmkt._simulate import core, driver
-from jsmkt._simulate.driver import _SEQUENTIAL_MAX_D, _compiled, t_quantile_975
+from jsmkt._simulate import core, plan
+from jsmkt._simulate.driver import _compiled
+from jsmkt._simulate.plan import _SEQUENTIAL_MAX_D
+from jsmkt._simulate.statistics import t_quantile_975
 
 
 # Checks of XLA's CPU backend and of CPU cores as devices; elsewhere (`benchmarks/gpu_check.sh`) they do not apply.
@@ -225,7 +227,7 @@ def test_bad_service_times_are_refused(getkey, sampler, count):
     match = rf"service=GeneralService.*returned {count or '[0-9]+'} service time\(s\) that are negative, infinite or NaN"
     for sequential in (True, False):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(driver, "_sequential_general_engine", lambda max_d, s=sequential: s)
+            mp.setattr(plan, "_sequential_general_engine", lambda max_d, s=sequential: s)
             with pytest.raises(ValueError, match=match):
                 jsmkt.simulate(jsmkt.JSQd(0.5, d=2), 20, 500.0, key=getkey(), n_replications=2, service=svc)
 
@@ -423,8 +425,8 @@ def test_sequential_general_event_loops_are_kernels():
                           sampler=jsmkt.deterministic(1.0).sampler, sequential=True)
         return _run_hlo(cfg).count('xla_cpu_small_call="true"')
 
-    assert small_calls(driver._SEQUENTIAL_GENERAL_MAX_D) == 2
-    assert small_calls(driver._SEQUENTIAL_GENERAL_MAX_D + 1) == 1
+    assert small_calls(plan._SEQUENTIAL_GENERAL_MAX_D) == 2
+    assert small_calls(plan._SEQUENTIAL_GENERAL_MAX_D + 1) == 1
 
 
 @pytest.mark.parametrize(
@@ -446,8 +448,8 @@ def test_sequential_and_block_engines_follow_the_same_path(getkey, monkeypatch, 
     kw = dict(key=getkey(), n_replications=2, sampling=sampling, max_queue=40, service=service)
     runs = []
     for sequential in (True, False):
-        monkeypatch.setattr(driver, "_sequential_engine", lambda max_d, s=sequential: s)
-        monkeypatch.setattr(driver, "_sequential_general_engine", lambda max_d, s=sequential: s)
+        monkeypatch.setattr(plan, "_sequential_engine", lambda max_d, s=sequential: s)
+        monkeypatch.setattr(plan, "_sequential_general_engine", lambda max_d, s=sequential: s)
         runs.append(jsmkt.simulate(model, 12, 300.0, **kw))
     a, b = runs
     assert a.events == b.events and a.n_jobs == b.n_jobs
@@ -464,11 +466,11 @@ import jax
 import jax.random as jr
 import jsmkt
 assert jsmkt.use_cpu_cores(2)
-from jsmkt._simulate import driver
+from jsmkt._simulate import plan
 if sys.argv[1] == "block":
-    driver._sequential_engine = lambda max_d: False
+    plan._sequential_engine = lambda max_d: False
 if sys.argv[1] == "general_vmapped":
-    driver._sequential_general_engine = lambda max_d: False
+    plan._sequential_general_engine = lambda max_d: False
 service = jsmkt.lognormal(1.0, 2.0) if sys.argv[1].startswith("general") else None
 model = jsmkt.JSQdPH(0.85, jsmkt.hyperexponential2(1.0, 4.0), d=2)
 res = jsmkt.simulate(model, 30, 200.0, key=jr.PRNGKey(7), n_replications=4, service=service)
@@ -493,9 +495,9 @@ def test_replications_sharded_over_devices_give_the_same_run(monkeypatch, servic
     model = jsmkt.JSQdPH(0.85, jsmkt.hyperexponential2(1.0, 4.0), d=2)
     svc = jsmkt.lognormal(1.0, 2.0) if service.startswith("general") else None
     if service == "block":  # the speculative-block engine (the GPU default)
-        monkeypatch.setattr(driver, "_sequential_engine", lambda max_d: False)
+        monkeypatch.setattr(plan, "_sequential_engine", lambda max_d: False)
     if service == "general_vmapped":  # the general-service engine vmapped over replications (the GPU default)
-        monkeypatch.setattr(driver, "_sequential_general_engine", lambda max_d: False)
+        monkeypatch.setattr(plan, "_sequential_general_engine", lambda max_d: False)
     res = jsmkt.simulate(model, 30, 200.0, key=jr.PRNGKey(7), n_replications=4, service=svc)
     assert (out["events"], out["n_jobs"]) == (res.events, res.n_jobs)
     np.testing.assert_allclose(out["tails"], res.tails, rtol=1e-12, atol=1e-15)
@@ -527,8 +529,8 @@ def test_use_cpu_cores_after_the_first_computation_and_bad_input():
 
 
 def test_shard_counts():
-    assert [driver._n_shards(r, 2) for r in (1, 2, 3, 16)] == [1, 2, 1, 2]
-    assert [driver._n_shards(r, 8) for r in (6, 12, 7, 1024)] == [6, 6, 7, 8]
+    assert [plan._n_shards(r, 2) for r in (1, 2, 3, 16)] == [1, 2, 1, 2]
+    assert [plan._n_shards(r, 8) for r in (6, 12, 7, 1024)] == [6, 6, 7, 8]
 
 
 # --- long statistical checks ------------------------------------------------------------------------------------
@@ -649,11 +651,11 @@ def test_block_size_follows_the_measured_optima(monkeypatch, backend):
     R = 16384 (H200); on a CPU 64 for R = 1 and 16 for R = 16."""
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     for n in (10, 100, 1000, 10**4, 10**6):
-        sizes = [driver._markov_block_size(n, r) for r in (1, 2, 16, 256, 4096, 16384, 65536)]
+        sizes = [plan._markov_block_size(n, r) for r in (1, 2, 16, 256, 4096, 16384, 65536)]
         assert all(8 <= b <= 1024 and b & (b - 1) == 0 for b in sizes), (n, sizes)
         assert sizes == sorted(sizes, reverse=True), (n, sizes)
     measured = {"gpu": {1: 64, 16: 64, 1024: 64, 4096: 64, 16384: 32}, "cpu": {1: 64, 16: 16}}[backend]
-    assert {r: driver._markov_block_size(1000, r) for r in measured} == measured
+    assert {r: plan._markov_block_size(1000, r) for r in measured} == measured
 
 
 _BIG_MAX_QUEUE_SCRIPT = """

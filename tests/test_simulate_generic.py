@@ -20,7 +20,8 @@ import pytest
 
 import jsmkt
 from _stats import assert_close, assert_mm1, standard_error
-from jsmkt._simulate import driver, generic, jsq_tables
+from jsmkt._simulate import driver, generic, jsq_tables, plan
+from jsmkt._simulate.described import model_tables
 from jsmkt._simulate import tables as tm
 from jsmkt._simulate.tables import INELIGIBLE, OVERFLOW, SimTables
 
@@ -293,6 +294,33 @@ def test_refused_models_and_arguments(model, kwargs, match):
         jsmkt.simulate(model, 2, 50.0, key=jr.PRNGKey(0), **kwargs)
 
 
+class _SubJSQd(jsmkt.JSQd):
+    """A subclass, which might change the physics: the fast engines do not take it for JSQ(d)."""
+
+
+def test_the_engine_and_truncation_follow_the_models_hooks():
+    """The plan of a run (no run): the fast JSQ engines for a model whose `jsq_fast_path()` says it is JSQ(d), the
+    generic one for a subclass and for another family; a retrial model with linear retrials (its rates grow with
+    the orbit) is truncated 4 levels above the first orbit size whose mean-field tail is below 1e-12 / N, computed
+    here from `solve_fixed_point`, and the other policy by the rule for its load."""
+    keys = jr.split(jr.PRNGKey(0), 1)
+
+    def planned(model, n=50):
+        return plan.plan_run(model, None, n, 1, True, None, keys, 100.0, False, "auto")
+
+    assert planned(jsmkt.JSQd(0.5)).engine == "fast"
+    assert planned(jsmkt.JSQdPH(0.5, jsmkt.erlang(2, 1.0))).engine == "fast"
+    assert planned(_SubJSQd(0.5)).engine == "generic"
+    assert planned(jsmkt.JSQdBatch(0.3, [0.5, 0.5])).engine == "generic"
+    linear = jsmkt.RetrialJSQ(0.6, 0.5, d1=2, d2=2, K=60)
+    s = np.asarray(linear.tails(jsmkt.solve_fixed_point(linear).value))
+    top = int(np.flatnonzero(s < 1e-12 / 50)[0]) + 4
+    assert top < linear.K
+    p = planned(linear)
+    assert (p.engine, p.max_queue, p.default_note) == ("generic", top, " (from the model's mean-field tail)")
+    assert "for load" in planned(jsmkt.RetrialJSQ(0.6, 0.5, policy="constant", K=60)).default_note
+
+
 def _good(**change):
     t = jsq_tables.batch_jsq_tables(0.3, [0.5, 0.5], [0.0, 1.0], 1.0, 6)
     return t._replace(**change)
@@ -342,7 +370,7 @@ def test_vmapped_form_follows_the_same_path(getkey, monkeypatch):
     kw = dict(key=getkey(), n_replications=2, max_queue=40)
     runs = []
     for sequential in (True, False):
-        monkeypatch.setattr(driver, "_generic_sequential", lambda s=sequential: s)
+        monkeypatch.setattr(plan, "_generic_sequential", lambda s=sequential: s)
         runs.append(jsmkt.simulate(model, 30, 200.0, **kw))
     a, b = runs
     assert (a.events, a.real_events, a.n_jobs) == (b.events, b.real_events, b.n_jobs)
@@ -368,7 +396,7 @@ def test_event_loop_is_one_kernel():
     """Performance guard: XLA compiles the generic engine's event loop into a single kernel (a "small call") for
     JSQ(d) with PH service up to `_GENERIC_ONE_KERNEL_MAX_D` sampled servers (here H2, a random choice number,
     distinct samples), for batches of up to 3 jobs, and for those batches from a BMAP's global phase."""
-    d = driver._GENERIC_ONE_KERNEL_MAX_D
+    d = plan._GENERIC_ONE_KERNEL_MAX_D
     h2 = jsmkt.hyperexponential2(1.0, 4.0)
     jsq = jsq_tables.jsq_tables(0.9, np.ones(d) / d, h2.alpha, h2.T, 13)
     assert 'xla_cpu_small_call="true"' in _run_hlo(jsq, max_d_replace=False)
@@ -376,7 +404,7 @@ def test_event_loop_is_one_kernel():
     assert 'xla_cpu_small_call="true"' in _run_hlo(batch)
     # A global phase (a BMAP, batches of up to 3 from two phases and its silent moves): one read more per event.
     bmap = jsmkt.BMAP([[-0.61, 0.01], [0.03, -0.53]], [np.diag([0.6, 0.0]), np.zeros((2, 2)), np.diag([0.0, 0.5])])
-    assert 'xla_cpu_small_call="true"' in _run_hlo(jsmkt.JSQdBMAP(bmap, d=2, K=13).simulation_tables(13))
+    assert 'xla_cpu_small_call="true"' in _run_hlo(model_tables(jsmkt.JSQdBMAP(bmap, d=2, K=13), 13))
 
 
 @pytest.mark.parametrize("sequential", [True, False])

@@ -36,7 +36,7 @@ import jax.random as jr  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jsmkt  # noqa: E402
-from jsmkt._distributions.fit import cdf_grid  # noqa: E402
+from jsmkt._fit import cdf_grid  # noqa: E402
 
 
 NAME = "ph_fits"

@@ -27,7 +27,7 @@ import abc
 import copy
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -35,10 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PyTree
 
-from .._distributions.ph import reachable_phases
+from .._choice import AbstractChoice
+from .._distributions.ph import PH, reachable_phases
 from .._errors import check_count, concrete_array, is_concrete, number_texts
 from .description import Description
 from .description import TransitionClass as TransitionClass
+from .meanfield import drift, transitions
+from .reduced import derived_occupancy, derived_reduce, derived_tails, derived_vector_field, reduced_index
 
 
 class AbstractSupermarketModel(eqx.Module):
@@ -57,8 +60,6 @@ class AbstractSupermarketModel(eqx.Module):
 
     def drift(self, x: Float[Array, " n"]) -> Float[Array, " n"]:
         """Mean-field drift of the occupancy vector, derived from `transitions`."""
-        from .description import drift
-
         return drift(self.transitions(x), x)
 
     def unknown_levels(self) -> np.ndarray:
@@ -188,12 +189,36 @@ class AbstractSupermarketModel(eqx.Module):
             if bool(bad):
                 raise ValueError(self.value_errors()[i][1])
 
+    # --- optional hooks of the simulator ----------------------------------------------------------------------
+    def jsq_fast_path(self) -> "JSQFastPath | None":
+        """`JSQFastPath` when this model is exactly JSQ(d) with Poisson arrivals, FCFS queues and PH (or
+        exponential) service: `jsmkt.simulate` then runs it on its fast JSQ engines (`jsmkt._simulate.core`), which
+        also take general service laws. `None` (the default): the generic engine runs the model's description."""
+        return None
+
+    def rates_grow_with_level(self) -> bool:
+        """Whether some per-server event rate grows with the level without bound (linear retrials: a cell's rate
+        is proportional to its orbit size). The simulator is uniformised at the largest rate of a cell, so a
+        generous truncation costs it events: for such a model it keeps only the levels the mean field gives mass
+        (`jsmkt._simulate.plan`). `False` by default."""
+        return False
+
     def with_K(self, K: int) -> "AbstractSupermarketModel":
         """The same model truncated at `K` jobs per server."""
         K = check_K(K)
         new = copy.copy(self)
         object.__setattr__(new, "K", K)
         return new
+
+
+class JSQFastPath(NamedTuple):
+    """What the fast JSQ simulation engines read of a model (`AbstractSupermarketModel.jsq_fast_path`): arrivals
+    at rate `lam` per server, each sampling servers by the `choice` law and joining the shortest queue (ties
+    uniformly at random), and FCFS service by `service`: a `PH`, or a rate (exponential service)."""
+
+    lam: Array
+    choice: AbstractChoice
+    service: PH | Array
 
 
 def fmt(template: str, *, default: str, **values: Any) -> str:
@@ -314,42 +339,28 @@ class AbstractDescribedModel(AbstractSupermarketModel):
         return [(int(k), int(s)) for k, s in zip(cells.level, cells.status, strict=True)]
 
     def transitions(self, x):
-        from .description import transitions
-
         return transitions(self.description(), x)
 
     def occupancy(self, y):
-        from .description import derived_occupancy
-
         return derived_occupancy(self.description(), y)
 
     def reduce(self, x):
-        from .description import derived_reduce
-
         return derived_reduce(self.description(), x)
 
     def vector_field(self, t, y, args=None):
         """The derived drift of the reduced state, in the shape of `y` (a family's reduced state flattens to the
         derived one, e.g. phase tails of shape `(K, m)`: an ODE solver needs `dy/dt` shaped like `y`)."""
-        from .description import derived_vector_field
-
         del t, args
         return jnp.reshape(derived_vector_field(self.description(), y), jnp.shape(y))
 
     def initial_state(self):
         """The empty system (under a saturated pool, the pool's units held by empty servers)."""
-        from .description import reduced_index
-
         return jnp.zeros(reduced_index(self.description()).size)
 
     def tails(self, y):
-        from .description import derived_tails
-
         return derived_tails(self.description(), y)
 
     def unknown_levels(self) -> np.ndarray:
-        from .description import reduced_index
-
         out = []
 
         def levels():
@@ -368,7 +379,7 @@ class AbstractDescribedModel(AbstractSupermarketModel):
         (`jsmkt.mean_orbit_size`, `jsmkt.availability`, ...) evaluate them on a mean-field state, and `simulate`
         on the time-averaged occupancy of each replication (or batch), giving their estimates and 95 % half-widths
         (`SimulationResult.metrics`). A flow ratio (e.g. the probability that an arrival is blocked) is written as
-        a function of the occupancy, the mean-field flows of `jsmkt._models.description`. An observable must not
+        a function of the occupancy, the mean-field flows of `jsmkt._models.meanfield`. An observable must not
         depend on the truncation once the cells above the highest occupied level are empty. None by default."""
         return {}
 
@@ -407,18 +418,3 @@ class AbstractDescribedModel(AbstractSupermarketModel):
         onto = np.zeros((level.size, cells.size))
         onto[np.flatnonzero(index >= 0), index[index >= 0]] = 1.0
         return jnp.asarray(fractions @ onto)
-
-    def simulation_top(self, n: int) -> int | None:
-        """The largest level the simulation of `n` servers keeps (its tables' truncation), or `None` (the default)
-        for the simulator's rule from the load. A family whose per-server event rates grow with the level (linear
-        retrials) overrides it: the simulator is uniformised at the largest rate of a cell, so a generous truncation
-        costs it events."""
-        del n
-        return None
-
-    def simulation_tables(self, top: int):
-        """The simulator's tables (`jsmkt._simulate.tables.SimTables`) of this model truncated at `top` jobs per
-        server (concrete parameters only)."""
-        from .description import simulation_tables
-
-        return simulation_tables(self.with_K(top).description())

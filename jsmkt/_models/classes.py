@@ -11,7 +11,8 @@ from .._choice import AbstractChoice, named_choice, named_value_errors
 from .._distributions.ph import PH, concrete_mean_scv, exponential, not_a_ph
 from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, default_K, fmt, mph1_tail_decay
-from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, job_flows, make_cells
+from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, make_cells
+from .meanfield import job_flows
 
 
 _MAX_BATCH = 4096

@@ -8,7 +8,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
 from .._errors import as_float_array, check_positive, concrete_array
-from .base import AbstractDescribedModel, check_K, default_K, fmt
+from .base import AbstractDescribedModel, JSQFastPath, check_K, default_K, fmt
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
 
 
@@ -80,6 +80,10 @@ class JSQd(AbstractDescribedModel):
 
     def rate_scale(self) -> Array:
         return jnp.maximum(self.lam, self.mu)
+
+    def jsq_fast_path(self) -> JSQFastPath | None:
+        """Exponential service at rate `mu`; `None` for a subclass, which may change the physics."""
+        return JSQFastPath(self.lam, self.choice, self.mu) if type(self) is JSQd else None
 
     def declared_structure(self):
         """Tridiagonal: level `k` exchanges servers with levels `k - 1` and `k + 1` only."""

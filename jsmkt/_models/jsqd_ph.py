@@ -9,7 +9,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, as_choice
 from .._distributions.ph import PH, concrete_mean_scv, not_a_ph
 from .._errors import as_float_array, concrete_array
-from .base import AbstractDescribedModel, check_K, default_K, fmt, mph1_tail_decay
+from .base import AbstractDescribedModel, JSQFastPath, check_K, default_K, fmt, mph1_tail_decay
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
 
 
@@ -91,6 +91,10 @@ class JSQdPH(AbstractDescribedModel):
 
     def rate_scale(self) -> Array:
         return jnp.maximum(self.lam, jnp.max(-jnp.diagonal(self.service.T)))
+
+    def jsq_fast_path(self) -> JSQFastPath | None:
+        """PH service `service`; `None` for a subclass, which may change the physics."""
+        return JSQFastPath(self.lam, self.choice, self.service) if type(self) is JSQdPH else None
 
     def declared_structure(self):
         """Block tridiagonal (blocks of the phases): level `k` exchanges servers with levels `k - 1` and `k + 1`

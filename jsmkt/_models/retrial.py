@@ -12,7 +12,8 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, FixedChoice, named_choice, named_value_errors
 from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, fmt
-from .description import Description, Dispatch, LocalEvent, Moves, job_flows, make_cells
+from .description import Description, Dispatch, LocalEvent, Moves, make_cells
+from .meanfield import job_flows
 
 
 RETRIALS = ("reprobe", "own")
@@ -226,18 +227,10 @@ class RetrialJSQ(AbstractDescribedModel):
                                   default="lam >= mu (load rho = lam/mu >= 1)") + \
             "; the servers cannot serve the primary arrivals: lower lam or raise mu"
 
-    def simulation_top(self, n: int) -> int | None:
-        """Linear retrials make a cell's event rate grow with its orbit size, and the simulator is uniformised at
-        the largest: keep the orbits the mean field gives mass, the first orbit size whose tail falls below
-        `1e-12 / n` (at most `K`), plus 4 levels. A run that still reaches the top is refused after it (raise
-        `max_queue`). The constant policy keeps the simulator's default."""
-        if self.policy != "linear":
-            return None
-        from .._fixed_point import solve_fixed_point
-
-        s = np.asarray(self.tails(solve_fixed_point(self).value))
-        below = np.flatnonzero(s < 1e-12 / max(n, 1))
-        return int(min(below[0] if below.size else self.K, self.K)) + 4
+    def rates_grow_with_level(self) -> bool:
+        """Linear retrials: a cell's retrial rate is proportional to its orbit size (the simulator then keeps the
+        orbit sizes the mean field gives mass). The constant policy keeps the simulator's default."""
+        return self.policy == "linear"
 
     # --- named observables --------------------------------------------------------------------------------------
     def observables(self):

@@ -1,12 +1,10 @@
-"""`simulate`: input checks, the chunked run and the statistics."""
+"""`simulate`: its arguments, the chunked run and the result (the plan in `plan`, the limits in `limits`, the
+estimators in `statistics`)."""
 
 import functools
 import math
-import operator
 import sys
 import time
-import warnings
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,242 +12,31 @@ import jax.random as jr
 import numpy as np
 
 from .. import _maps
-from .._choice import choice_support
-from .._distributions.ph import PH, concrete_mean_scv, reachable_phases
+from .._distributions.ph import PH
 from .._errors import staging
-from .._models.base import AbstractDescribedModel, AbstractSupermarketModel, Occupancy
-from . import core, generic, jsq_tables
-from . import tables as tables_mod
+from .._models.base import AbstractDescribedModel, Occupancy
+from . import core, generic
+from .limits import _int_arg, _real_arg
+from .plan import _n_shards, _Plan, plan_run
 from .result import SimulationResult
 from .service import GeneralService
+from .statistics import (
+    _N_BINS,
+    _PERCENTILES,
+    _half_width,
+    _pad_levels,
+    _percentile_args,
+    _percentiles,
+    _trim_cells,
+    _warn_if_correlated,
+    _with_zero_phases,
+)
 
 
 _SAMPLING = ("with_replacement", "without_replacement")
 _ENGINES = ("auto", "fast", "generic")
-_GENERIC_BLOCK = 256  # events per outer-loop iteration of the generic engine vmapped over replications (GPU)
-_FIRST_TOP = 8  # truncation of the tables read for the default max_queue of a model given by tables
-_HIST_OCTAVES = 40  # sojourn-time histogram range: E[S] * 2**-20 .. E[S] * 2**20
-_N_BINS = _HIST_OCTAVES << core.HIST_SUB_BITS
-_GENERAL_BLOCK = 64  # arrivals per outer-loop iteration of the general-service engine, vmapped (GPU)
-_GENERAL_SEQUENTIAL_BLOCK = 512  # the same, one replication at a time (CPU), as for the sequential PH engine
-_SEQUENTIAL_BLOCK = 512  # events drawn per outer-loop iteration of the sequential PH engine (CPU)
-_SEQUENTIAL_MAX_D = 12  # largest choice number for which XLA compiles that engine's event loop into one kernel
 _PROGRESS_UPDATES = 100  # about this many progress-bar updates per run
-_MAX_RING_SLOTS = 2**30  # 8 GiB of arrival times; also keeps the flat int32 indices of the engines in range
-_MAX_CELLS = 2**27  # time-integral cells (max_queue + 1) * m over all replications: 1 GiB per float64 array
-_MAX_HORIZON = 1e10  # largest t1 / E[S]: sojourn times are differences of event times of size up to t1
 _HIST_SECTIONS = 32  # most groups of replications whose histograms come back apart (percentiles' intervals)
-_PERCENTILES = (50, 90, 99)
-
-
-def _sequential_engine(max_d: int) -> bool:
-    """Whether PH service runs one event at a time (`core._sequential_chunk`) rather than in speculative blocks
-    vectorised over replications (`core._markov_block`). On a CPU, XLA compiles the sequential engine's event loop
-    into a single kernel, quicker per event than the block engine (`benchmarks/README.md`); it
-    does so while the loop body is small, which holds up to `_SEQUENTIAL_MAX_D` sampled servers (checked by the
-    tests). Elsewhere (GPU) a loop iteration costs microseconds, and the block engine shares it among many events
-    and replications."""
-    return jax.default_backend() == "cpu" and max_d <= _SEQUENTIAL_MAX_D
-
-
-_SEQUENTIAL_GENERAL_MAX_D = 13  # the same for the general-service engine's arrival loop
-
-
-def _sequential_general_engine(max_d: int) -> bool:
-    """Whether general service runs each replication in turn with unbatched loops (`core._sequential_batch`)
-    rather than vmapped over replications: on a CPU, whatever `max_d`. XLA compiles the unbatched loops into
-    single kernels while they read at most `_SEQUENTIAL_GENERAL_MAX_D` sampled servers (checked by the tests):
-    quicker per event than vmapped (`benchmarks/general_service.py`). Above, both run op by op; the unbatched loop
-    stays ahead (`benchmarks/README.md`)."""
-    return jax.default_backend() == "cpu"
-
-
-def _generic_sequential() -> bool:
-    """Whether the generic engine runs one event at a time, replication after replication (a CPU), rather than
-    vmapped over replications with loops of a fixed number of iterations (elsewhere). XLA's CPU backend compiles
-    its event loop into one kernel while the loop body is small: up to `_GENERIC_ONE_KERNEL_MAX_D` sampled servers
-    for JSQ(d) with PH service (checked by the tests); above, the loop runs op by op, still one event at a
-    time."""
-    return jax.default_backend() == "cpu"
-
-
-_GENERIC_ONE_KERNEL_MAX_D = 8  # see `_generic_sequential`
-
-
-_GPU_SHARED_REPLICATIONS = 4096  # replications up to which a GPU iteration's fixed cost dominates (H200, N = 1000)
-
-
-def _markov_block_size(n: int, n_rep: int) -> int:
-    """Events evaluated per iteration of the block PH engine (a power of 2 in [8, 1024]). About 1.2 sqrt(N) of them
-    commit per iteration; larger blocks share the fixed cost of an iteration among more events but waste more
-    evaluations.
-
-    - On a GPU an iteration's fixed cost (kernel launches, the loop condition read back by the host) dominates up
-      to thousands of replications: 2 sqrt(N) up to R = 4096, then 2 sqrt(N * 4096 / R). Measured on an H200 at
-      N = 1000 (`benchmarks/block_size.py`, `benchmarks/results/h200-2026-11-30`): B = 64 was best or within 3 %
-      of the best for R = 1 to 4096 (1.26e9 events/s at R = 4096, against 6.2e8 with B = 8), and B = 32 best at
-      R = 16384 (2.14e9 events/s, against 1.94e9 with B = 64).
-    - On a CPU (where the block engine runs only for choice numbers above `_SEQUENTIAL_MAX_D`) the fixed cost is
-      shared R ways, so the best block shrinks sooner: 2 sqrt(N / R) (measured on a 2-core CPU at N = 1000: 64
-      for R = 1, 16 for R = 16)."""
-    if jax.default_backend() == "cpu":
-        per = n / n_rep
-    else:
-        per = n * min(1.0, _GPU_SHARED_REPLICATIONS / n_rep)
-    return int(min(1024, max(8, 2 ** round(math.log2(2.0 * math.sqrt(per))))))
-
-
-# --- Student-t quantiles without SciPy --------------------------------------------------------------------------
-
-
-def _t_two_sided(t: float, nu: int) -> float:
-    """P(|T| <= t) for Student's t with `nu` degrees of freedom (exact finite series, Abramowitz & Stegun 26.7)."""
-    theta = math.atan(t / math.sqrt(nu))
-    s, c2 = math.sin(theta), math.cos(theta) ** 2
-    if nu % 2 == 1:
-        total, term = 0.0, 1.0
-        if nu > 1:
-            total = term
-            for j in range(1, (nu - 3) // 2 + 1):
-                term *= c2 * (2 * j) / (2 * j + 1)
-                total += term
-        return 2.0 / math.pi * (theta + s * math.cos(theta) * total)
-    total, term = 1.0, 1.0
-    for j in range(1, (nu - 2) // 2 + 1):
-        term *= c2 * (2 * j - 1) / (2 * j)
-        total += term
-    return s * total
-
-
-@functools.lru_cache(maxsize=None)
-def t_quantile_975(nu: int) -> float:
-    """The 97.5 % quantile of Student's t with `nu >= 1` degrees of freedom (bisection on the exact CDF)."""
-    lo, hi = 0.0, 100.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if _t_two_sided(mid, nu) < 0.95:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-def _half_width(samples: np.ndarray) -> np.ndarray:
-    """95 % Student-t half-width of the mean of `samples` along axis 0."""
-    n = samples.shape[0]
-    if n < 2:
-        return np.full(samples.shape[1:], np.nan)
-    return t_quantile_975(n - 1) * samples.std(axis=0, ddof=1) / math.sqrt(n)
-
-
-# --- input checks -----------------------------------------------------------------------------------------------
-
-
-def _int_arg(name: str, value, minimum: int) -> int:
-    """A Python, NumPy or concrete 0-d JAX integer (not a bool) >= `minimum`."""
-    if isinstance(value, jax.core.Tracer):
-        raise ValueError(f"{name} is traced (inside jit/grad/vmap); call simulate outside JAX transformations")
-    try:
-        if isinstance(value, (bool, np.bool_)) or np.asarray(value).dtype == bool:
-            raise TypeError
-        x = operator.index(value)
-    except TypeError as e:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}") from e
-    if x < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-    return x
-
-
-def _real_arg(name: str, value) -> float:
-    if isinstance(value, jax.core.Tracer):
-        raise ValueError(f"{name} is traced (inside jit/grad/vmap); call simulate outside JAX transformations")
-    try:
-        a = np.asarray(value)
-        if a.shape != () or a.dtype.kind not in "iuf":
-            raise TypeError
-        x = float(a)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name}={value!r} must be a real number") from e
-    if not math.isfinite(x):
-        raise ValueError(f"{name}={value!r} must be finite")
-    return x
-
-
-def _concrete(name: str, x) -> np.ndarray:
-    if isinstance(x, jax.core.Tracer):
-        raise ValueError(
-            f"{name} is traced: simulate was called inside jit/grad/vmap, or with traced model parameters; it needs "
-            "concrete values (call it outside JAX transformations)"
-        )
-    return np.asarray(x, dtype=float)
-
-
-def _check_sampler(service: GeneralService, key) -> None:
-    """The sampler must map one key (of the run's kind) to one real scalar (checked abstractly, without running
-    it)."""
-    try:
-        out = jax.eval_shape(service.sampler, key)
-    except Exception as e:  # noqa: BLE001  (whatever the sampler raises when traced)
-        raise ValueError(
-            f"service={service!r}: calling its sampler on one JAX key failed ({type(e).__name__}: {e}); a sampler "
-            "must be a JAX-traceable function key -> service time"
-        ) from e
-    dtype = getattr(out, "dtype", None)
-    if getattr(out, "shape", None) != () or dtype is None or jnp.dtype(dtype).kind not in "biuf":
-        got = f"shape {out.shape} and dtype {dtype}" if hasattr(out, "shape") else repr(out)
-        raise ValueError(
-            f"service={service!r}: its sampler returned {got}; it must return one real scalar (shape ()) per key"
-        )
-
-
-def _service_of(model, service):
-    """(kind, PH arrays or GeneralService, mean, scv)."""
-    if service is None:
-        if hasattr(model, "service"):
-            service = model.service
-        elif hasattr(model, "mu"):
-            mu = float(_concrete("model.mu", model.mu))
-            return "ph", (np.ones(1), np.array([[-mu]])), 1.0 / mu, 1.0
-        else:
-            raise ValueError(f"model={model!r} has no service rate `mu` or service distribution `service`")
-    if isinstance(service, PH):
-        alpha, T = _concrete("service.alpha", service.alpha), _concrete("service.T", service.T)
-        mean, scv = concrete_mean_scv(service)
-        return "ph", (alpha, T), mean, scv
-    if isinstance(service, GeneralService):
-        return "general", service, service.mean, service.scv
-    raise ValueError(
-        f"service={service!r} must be a jsmkt.PH, a jsmkt.GeneralService (e.g. jsmkt.deterministic(1.0), "
-        "jsmkt.lognormal(1.0, 2.0)) or None (the model's own service)"
-    )
-
-
-def _unstable(lam: float, mean_s: float, service) -> str:
-    """The instability error, in the words of the models' value checks (`jsmkt solve` says the same)."""
-    simulated = "" if service is None else ", with the service simulated instead of the model's"
-    return (f"unstable: lam={lam:.6g} >= capacity 1/E[S]={1.0 / mean_s:.6g} per server (load rho=lam*E[S]="
-            f"{lam * mean_s:.6g}{simulated}); no steady state exists: lower lam or speed up service")
-
-
-def _default_max_queue(rho: float, scv: float, d_min: int, n: int) -> int:
-    """Ring-buffer size from the load. The heavy-traffic mean queue length of one M/G/1 queue sets the scale; a
-    queue that overflows `64 + 80 scale` is then an event of probability about e^-80. JSQ(d >= 2) has much lighter
-    tails, but only while the servers are many: the jobs in excess of N, whose number has about the tail of that
-    M/G/1 queue (N servers of rate 1 against one server of rate N), share N queues, so a few servers (e.g. N = 1,
-    an M/G/1 queue whatever d) need about 80 scale / N more levels."""
-    scale = min(rho * (1.0 + scv) / (2.0 * (1.0 - rho)), 2.0**62)  # an SCV of 1e308 stays finite
-    if d_min == 1:
-        return 64 + math.ceil(80.0 * scale)
-    return 32 + math.ceil(scale) + math.ceil(80.0 * scale / n)
-
-
-# --- compiled pieces --------------------------------------------------------------------------------------------
-
-
-def _n_shards(n_rep: int, n_devices: int) -> int:
-    """Devices the replications are spread over: the largest count <= `n_devices` that divides `n_rep` (each
-    device then runs the same number of replications)."""
-    return max(k for k in range(1, min(n_rep, n_devices) + 1) if n_rep % k == 0)
 
 
 @functools.lru_cache(maxsize=32)
@@ -300,282 +87,6 @@ def _progress(frac: float, t: float, t1: float, events: int, start: float) -> No
     sys.stderr.flush()
 
 
-# --- what a run executes ----------------------------------------------------------------------------------------
-
-
-class _Plan(NamedTuple):
-    """A configured run and how its statistics read: the engine's cells (`level`, `jobs`), and the cells and
-    statuses reported (those of the engine, except that the fast PH engine leaves out the phases no job visits,
-    which are reported as zeros: `reach`)."""
-
-    engine: str  # "fast" or "generic"
-    kind: str  # "ph", "general" (the fast engines' service) or "tables"
-    cfg: core.Config | generic.Config
-    params: core.Params | generic.Params
-    max_queue: int  # largest level (the tails are s_0 .. s_max_queue)
-    default_note: str  # how a default max_queue was chosen ("" when given)
-    level: np.ndarray  # (C,) level of each engine cell
-    jobs: np.ndarray  # (C,) jobs of each engine cell
-    group: int  # engine cells ordered by level, `group` per level (fast engines); 0: any order (generic)
-    fcfs: bool  # per-job sojourn times (else Little's law)
-    hist_lo: int
-    out_level: np.ndarray  # (C_out,) level of each reported cell
-    out_status: np.ndarray  # (C_out,) status of each reported cell
-    status_names: tuple[str, ...]
-    m: int  # phases of the fast PH engine (1 otherwise)
-    reach: np.ndarray | None  # the fast PH engine's phases (mask over the service's phases), else None
-    service: object  # the fast engine's service (error messages)
-    arrival_rate: float  # arrival dispatches per unit time and server (error messages)
-
-
-def _is_jsq(model) -> bool:
-    """Whether `model` is exactly a `jsmkt.JSQd` or `jsmkt.JSQdPH` (a subclass may change the physics)."""
-    from .._models.jsqd import JSQd
-    from .._models.jsqd_ph import JSQdPH
-
-    return type(model) in (JSQd, JSQdPH)
-
-
-def _jsq_status(m: int, max_queue: int):
-    """Reported statuses of the JSQ cells `k * m + i`: idle, then the phase of the job in service."""
-    status = np.tile(np.arange(1, m + 1, dtype=np.int32), max_queue + 1)
-    status[:m] = 0
-    names = ("idle", "busy") if m == 1 else ("idle",) + tuple(f"phase {i + 1}" for i in range(m))
-    return status, names
-
-
-def _choice_weights(model) -> tuple[np.ndarray, int, int]:
-    weights = _concrete("model.choice.weights()", model.choice.weights())
-    support = choice_support(weights)
-    if support is None:
-        raise ValueError(f"the choice rule has weights {weights.tolist()!r}: no choice number has positive probability")
-    d_min, max_d = support
-    return weights[:max_d] / weights[:max_d].sum(), d_min, max_d
-
-
-def _check_horizon(t1: float, mean_s: float) -> None:
-    if t1 / mean_s > _MAX_HORIZON:
-        raise ValueError(
-            f"t1={t1!r} is {t1 / mean_s:.3g} mean service times (E[S]={mean_s:.6g}): event times near t1 resolve "
-            f"sojourn times only to about {np.finfo(float).eps * t1 / mean_s:.1g} of E[S]; choose the time unit so "
-            f"that t1 / E[S] <= {_MAX_HORIZON:.0e}"
-        )
-
-
-def _check_sizes(n_rep: int, n: int, max_queue: int, note: str, slot_bytes: int, cells: int, what: str,
-                 waiting: bool = False) -> None:
-    size = f"max_queue={max_queue}{note}"
-    if n_rep * n * max_queue > _MAX_RING_SLOTS:
-        raise ValueError(
-            f"n_replications={n_rep} x n_servers={n} x {size} ring-buffer slots "
-            f"({slot_bytes * n_rep * n * max_queue / 2**30:.3g} GiB) exceed the limit of {_MAX_RING_SLOTS:.3g}; "
-            + ("give a smaller max_queue" if note else "lower max_queue") + " or n_replications (run replications "
-            "in several calls)"
-        )
-    bins = (_N_BINS + 2) * (2 if waiting else 1)
-    if n_rep * bins >= 2**31:
-        raise ValueError(
-            f"n_replications={n_rep} exceeds {(2**31 - 1) // bins}, the most whose sojourn-time histograms "
-            f"({8 * bins / 2**10:.0f} KiB each) one call holds; run replications in several calls"
-        )
-    if n_rep * cells > _MAX_CELLS:
-        raise ValueError(
-            f"n_replications={n_rep} x {what} time-average cells exceed the limit of {_MAX_CELLS:.3g}; lower "
-            "max_queue or n_replications (run replications in several calls)"
-        )
-
-
-def _fast_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, keys, t1: float,
-               waiting: bool = False) -> _Plan:
-    """The fast JSQ engines (`core`): uniformisation for PH service, completion times at arrival otherwise."""
-    lam = float(_concrete("model.lam", model.lam))
-    if not lam > 0:
-        raise ValueError(f"lam={lam!r} must be positive")
-    kind, serv, mean_s, scv = _service_of(model, service)
-    if kind == "general":
-        _check_sampler(serv, keys[0])
-    rho = lam * mean_s
-    if not rho < 1:
-        raise ValueError(_unstable(lam, mean_s, service))
-    _check_horizon(t1, mean_s)
-    weights, d_min, max_d = _choice_weights(model)
-    fixed_d = bool(weights[-1] == 1.0)
-    if not replace and max_d > n:
-        raise ValueError(
-            f"d={max_d} exceeds n_servers={n}: cannot sample {max_d} distinct servers without replacement"
-        )
-    note = ""
-    if max_queue is None:
-        max_queue = _default_max_queue(rho, scv, d_min, n)
-        note = f" (the default for load {rho:.6g} and service SCV {scv:.6g})"
-    reach = None
-    if kind == "ph":
-        alpha, T = serv
-        # Phases no job visits (e.g. after a Coxian continuation probability of 0) are left out: the uniformised
-        # chain's event rate then only covers the phases servers can be in. `phase_tails` gets them back as zeros.
-        reach = reachable_phases(alpha, T)
-        alpha, T = alpha[reach], T[np.ix_(reach, reach)]
-        m, sampler = len(alpha), None
-    else:
-        alpha, T = np.ones(1), -np.ones((1, 1))
-        m, sampler = 1, serv.sampler
-    _check_sizes(n_rep, n, max_queue, note, 8 if kind == "ph" else 16, (max_queue + 1) * m,
-                 f"(max_queue + 1)={max_queue + 1} x {m} phase(s)", waiting)
-    sequential = _sequential_engine(max_d) if sampler is None else _sequential_general_engine(max_d)
-    if sampler is not None:
-        block = _GENERAL_SEQUENTIAL_BLOCK if sequential else _GENERAL_BLOCK
-    else:
-        block = _SEQUENTIAL_BLOCK if sequential else _markov_block_size(n, n_rep)
-    cfg = core.Config(
-        n=n, max_queue=max_queue, m=m, max_d=max_d, fixed_d=fixed_d, replace=replace, block=block,
-        n_bins=_N_BINS, sampler=sampler, sequential=sequential, waiting=waiting,
-    )
-    hist_lo = _hist_key(mean_s * 2.0 ** (-_HIST_OCTAVES // 2))
-    params = core.Params(
-        lam=jnp.asarray(lam), alpha=jnp.asarray(alpha), T=jnp.asarray(T), weights=jnp.asarray(weights),
-        hist_lo=jnp.asarray(hist_lo, jnp.int64),
-    )
-    m_out = 1 if reach is None else reach.size
-    level = np.repeat(np.arange(max_queue + 1, dtype=np.int32), m)
-    status, names = _jsq_status(m_out, max_queue)
-    return _Plan(
-        engine="fast", kind=kind, cfg=cfg, params=params, max_queue=max_queue, default_note=note,
-        level=level, jobs=level, group=m, fcfs=True, hist_lo=hist_lo,
-        out_level=level if m_out == m else np.repeat(np.arange(max_queue + 1, dtype=np.int32), m_out),
-        out_status=status, status_names=names, m=m, reach=reach, service=service, arrival_rate=lam,
-    )
-
-
-def _default_top(rho: float, tables, n: int) -> int:
-    """`max_queue` for a model given by tables: the JSQ default for exponential service at load `rho` and the
-    smallest choice number of the arrival streams, times the largest number of jobs a move adds (a batch)."""
-    s = tables_mod.Structure(tables)
-    arr = np.asarray(tables.arrivals, bool)
-    d_min = 1
-    if arr.any():
-        support = [np.flatnonzero(np.asarray(tables.choice)[i] > 0) for i in np.flatnonzero(arr)]
-        d_min = min(int(x[0]) + 1 if x.size else 1 for x in support)
-    return max(s.up, 1) * _default_max_queue(rho, 1.0, d_min, n)
-
-
-def _tables_plan(model, service, n: int, n_rep: int, replace: bool, max_queue, t1: float,
-                 waiting: bool = False) -> _Plan:
-    """The generic engine, on `model.simulation_tables(top)` (or, for JSQd / JSQdPH without tables or with a
-    `service` override, on the tables of `jsq_tables`)."""
-    jsq = _is_jsq(model)
-    note = ""
-    if jsq:
-        lam = float(_concrete("model.lam", model.lam))
-        if not lam > 0:
-            raise ValueError(f"lam={lam!r} must be positive")
-        kind, serv, mean_s, scv = _service_of(model, service)
-        if kind == "general":
-            raise ValueError(
-                f"service={service!r} is a general distribution: the generic engine executes Markov tables (PH "
-                "service only); use engine='fast' (or 'auto') for general service"
-            )
-        rho = lam * mean_s
-        if not rho < 1:
-            raise ValueError(_unstable(lam, mean_s, service))
-        _check_horizon(t1, mean_s)
-        weights, d_min, _ = _choice_weights(model)
-        if max_queue is None:
-            max_queue = _default_max_queue(rho, scv, d_min, n)
-            note = f" (the default for load {rho:.6g} and service SCV {scv:.6g})"
-        if service is None and hasattr(model, "simulation_tables"):
-            make = model.simulation_tables
-        else:
-            alpha, T = serv
-            make = functools.partial(jsq_tables.jsq_tables, lam, weights, alpha, T)
-    else:
-        if service is not None:
-            raise ValueError(
-                f"service={service!r}: a {type(model).__name__} simulates its own service (its simulation tables); "
-                "give service=None"
-            )
-        make = model.simulation_tables
-        top = model.simulation_top(n) if max_queue is None and hasattr(model, "simulation_top") else None
-        if top is not None:
-            max_queue, note = top, " (from the model's mean-field tail)"
-        elif max_queue is None:
-            if not hasattr(model, "load"):
-                raise ValueError(f"model={model!r} has no load(): give max_queue")
-            rho = float(_concrete("model.load()", model.load()))
-            if not (math.isfinite(rho) and 0 <= rho < 1):
-                raise ValueError(
-                    f"model={model!r} has load {rho!r}: the default max_queue is chosen for a load in [0, 1); give "
-                    "max_queue (a system that blocks or loses jobs may be stable at higher loads)"
-                )
-            first = tables_mod.check_tables(make(_FIRST_TOP))
-            max_queue = _default_top(rho, first, n)
-            note = f" (the default for load {rho:.6g})"
-    tables = tables_mod.check_tables(make(max_queue))
-    if int(tables.level.max()) > max_queue:
-        raise ValueError(
-            f"simulation_tables({max_queue}) has cells of level {int(tables.level.max())} > {max_queue}: the levels "
-            "of a model truncated at top must be at most top"
-        )
-    structure = tables_mod.Structure(tables)
-    if not replace and structure.max_d > n:
-        raise ValueError(
-            f"d={structure.max_d} exceeds n_servers={n}: cannot sample {structure.max_d} distinct servers without "
-            "replacement"
-        )
-    C = structure.n_cells
-    if waiting:
-        _check_waiting(model, jsq, structure)
-    _check_sizes(n_rep, n, structure.queue if structure.fcfs else 0, note, 8, C, f"{C} cells", waiting)
-    sequential = _generic_sequential()
-    cfg = generic.Config(n=n, structure=structure, replace=replace,
-                         block=_SEQUENTIAL_BLOCK if sequential else _GENERIC_BLOCK, n_bins=_N_BINS,
-                         sequential=sequential, waiting=waiting)
-    hist_lo = _hist_key(t1 * 2.0 ** (1 - _HIST_OCTAVES))
-    arrival_rate = float(np.asarray(tables.stream_rate)[np.asarray(tables.arrivals, bool)].sum())
-    return _Plan(
-        engine="generic", kind="tables", cfg=cfg, params=generic.params_of(structure, tables, hist_lo, n),
-        max_queue=max_queue, default_note=note, level=tables.level, jobs=tables.jobs, group=0, fcfs=tables.fcfs,
-        hist_lo=hist_lo, out_level=tables.level, out_status=tables.status,
-        status_names=tables.status_names, m=1,
-        reach=None, service=None, arrival_rate=arrival_rate,
-    )
-
-
-def _check_waiting(model, jsq: bool, structure) -> None:
-    """Waiting times are recorded where a job starts service when it reaches the head of its FCFS queue: the head
-    of a non-empty queue is always in service, and jobs leave one at a time."""
-    name = type(model).__name__
-    if not structure.fcfs:
-        raise ValueError(f"waiting_times=True: a {name} holds no FCFS queues (jobs move between servers), so no job "
-                         "waits in a queue; give waiting_times=False")
-    if structure.down > 1:
-        raise ValueError(f"waiting_times=True: a {name} removes several jobs at once (batch service), so a job need "
-                         "not reach the head of its queue to leave; give waiting_times=False")
-    if not jsq and hasattr(model, "description"):
-        cells = model.description().cells
-        if not np.all(cells.in_service[cells.jobs >= 1] == 1):
-            raise ValueError(f"waiting_times=True: the job at the head of a {name}'s queue is not always in service "
-                             "(e.g. at a failed server), so reaching the head is not starting service; give "
-                             "waiting_times=False")
-
-
-def _percentile_args(percentiles) -> tuple[float, ...]:
-    """The requested percentiles, each a real number in (0, 100) (an integral one kept as an `int`)."""
-    if isinstance(percentiles, (str, bytes)) or np.ndim(percentiles) > 1:
-        raise ValueError(f"percentiles={percentiles!r} must be a sequence of numbers in (0, 100), e.g. (50, 99, 99.9)")
-    try:
-        values = [_real_arg("percentiles", q) for q in np.atleast_1d(np.asarray(percentiles, dtype=object))]
-    except ValueError as e:
-        raise ValueError(f"percentiles={percentiles!r} must be a sequence of numbers in (0, 100), e.g. "
-                         "(50, 99, 99.9)") from e
-    for q in values:
-        if not 0.0 < q < 100.0:
-            raise ValueError(f"percentiles={percentiles!r}: {q!r} is not in (0, 100) (percent: 99.9 for p99.9)")
-    return tuple(int(q) if float(q).is_integer() else q for q in values)
-
-
-# --- simulate ---------------------------------------------------------------------------------------------------
-
-
 def simulate(
     model,
     n_servers: int,
@@ -600,10 +111,12 @@ def simulate(
     and joins the one with the fewest jobs (ties uniformly at random). Each server serves its queue first-come
     first-served. Service is the model's (exponential with rate `mu` for `JSQd`, PH for `JSQdPH`, the phase of the
     job in service tracked per server) or `service`, which may also be a general distribution
-    (`jsmkt.deterministic`, `jsmkt.lognormal`, `jsmkt.GeneralService`). Any other model runs on the generic
-    engine from its simulation tables, `model.simulation_tables(top)` (a `jsmkt._simulate.tables.SimTables`: the
-    cells of one server, its local events, and the dispatch streams that sample servers, compare their keys and
-    move the chosen one). The system starts empty; statistics are time averages over `[warmup, t1]`.
+    (`jsmkt.deterministic`, `jsmkt.lognormal`, `jsmkt.GeneralService`); a family is run so when its
+    `jsq_fast_path()` says it is JSQ(d). Any other model runs on the generic engine from its simulation tables
+    (a `jsmkt._simulate.tables.SimTables`: the cells of one server, its local events, and the dispatch streams that
+    sample servers, compare their keys and move the chosen one): those of its description
+    (`jsmkt._simulate.described`), or `model.simulation_tables(top)` for a model given by tables. The system
+    starts empty; statistics are time averages over `[warmup, t1]`.
 
     This code path is independent of the mean-field solvers: it reads `lam`, `mu`/`service` and the choice rule's
     weights from a JSQ model, or the tables of another. It runs one compiled loop per time chunk (the warm-up,
@@ -628,8 +141,8 @@ def simulate(
 
     **Arguments:**
 
-    - `model`: a `jsmkt.JSQd` or `jsmkt.JSQdPH`, or a model with a method `simulation_tables(top)` (and `load()`,
-      for the default `max_queue`); concrete parameters.
+    - `model`: a family (`jsmkt.AbstractDescribedModel`: `jsmkt.JSQd`, `jsmkt.JSQdPH`, ...), or a model with a
+      method `simulation_tables(top)` (and `load()`, for the default `max_queue`); concrete parameters.
     - `n_servers`: number of servers $N \ge 1$.
     - `t1`: simulated time horizon.
     - `key`: a concrete JAX PRNG key (simulate runs its own compiled loops: call it outside `jit`/`vmap`);
@@ -644,16 +157,17 @@ def simulate(
     - `max_queue`: largest queue length a server may hold (ring-buffer size), the truncation `top` of a model's
       tables. Chosen from the load, the service SCV, the smallest choice number and $N$ when omitted (deeper for
       few servers, whose queues have geometric tails whatever $d$; for a model given by tables from `model.load()`
-      as for exponential service, times the largest batch a move adds); a `ValueError` is raised after the run if
-      an arrival found a full queue (a move beyond the truncation).
+      as for exponential service, times the largest batch a move adds; for a family whose rates grow with the
+      level, `rates_grow_with_level()`, where the mean field's tail falls below `1e-12 / N`); a `ValueError` is
+      raised after the run if an arrival found a full queue (a move beyond the truncation).
     - `n_batches`: number of batch means (of equal length, $\ge 30$ recommended) for confidence intervals of a
       single replication (with several, the run after the warm-up is not split). Batches shorter than the
       system's relaxation time give correlated batch means and half-widths that are too narrow: a
       `RuntimeWarning` says so when the lag-1 autocorrelation of the queue length's batch means exceeds 0.6.
     - `progress`: print a progress bar on stderr (the results do not depend on it).
     - `engine`: `"auto"` (the fast engines for `jsmkt.JSQd` and `jsmkt.JSQdPH`, the generic one for other models),
-      `"fast"` (JSQ models only) or `"generic"` (any model with tables; for a JSQ model its own tables if it has
-      them, else tables written from its parameters, `jsmkt._simulate.jsq_tables`).
+      `"fast"` (JSQ models only) or `"generic"` (any model with tables; for a JSQ model with a `service` override,
+      tables written from its parameters, `jsmkt._simulate.jsq_tables`).
     - `percentiles`: the percentiles (in percent, each in (0, 100), e.g. `(50, 99, 99.9)`) of the sojourn (and
       waiting) time to report, with 95 % confidence half-widths; any other is at hand afterwards
       (`SimulationResult.sojourn_time_percentile`).
@@ -715,24 +229,7 @@ def simulate(
         raise ValueError(f"key={key!r} is not a JAX PRNG key (use jax.random.key(seed))") from e
 
     # -- model and engine
-    if service is None and isinstance(model, AbstractSupermarketModel):
-        model.check_values()  # its parameters' errors in the words `solve_fixed_point` uses (instability, ...)
-    jsq = _is_jsq(model)
-    if engine == "fast" and not jsq:
-        raise ValueError(
-            f"engine='fast' runs jsmkt.JSQd and jsmkt.JSQdPH only, not a {type(model).__name__}; use engine='auto' "
-            "or 'generic' (the generic engine runs any model with simulation tables)"
-        )
-    if jsq and engine != "generic":
-        plan = _fast_plan(model, service, n, n_rep, replace, max_queue, keys, t1, waiting_times)
-    elif jsq or hasattr(model, "simulation_tables"):
-        plan = _tables_plan(model, service, n, n_rep, replace, max_queue, t1, waiting_times)
-    else:
-        raise ValueError(
-            f"model={model!r} must be a jsmkt.JSQd or jsmkt.JSQdPH, or a model with simulation tables: a "
-            f"{type(model).__name__} has no simulation tables (no simulation_tables(top) method), so no engine can "
-            "run it"
-        )
+    plan = plan_run(model, service, n, n_rep, replace, max_queue, keys, t1, waiting_times, engine)
     per_batch, events, real_events, ends, n_run_batches = _run_chunks(plan, keys, warmup, t1, n_batches, progress)
     return _result(plan, per_batch, events, real_events, ends, n_run_batches, n=n, n_rep=n_rep, t1=t1,
                    warmup=warmup, n_batches=n_batches, sampling=sampling, percentiles=percentiles, model=model)
@@ -975,92 +472,3 @@ def _family_metrics(model, samples: Occupancy, whole: Occupancy | None) -> tuple
     dx = np.asarray(m.cells_of(samples)) - np.asarray(m.cells_of(whole))[None, :]  # (B, C)
     return ({k: float(v) for k, v in est.items()},
             {k: float(_half_width((dx @ np.asarray(grads[k], float))[:, None])[0]) for k in est})
-
-
-# Lag-1 autocorrelation of the batch means above which their confidence intervals are flagged as too narrow (the
-# estimate from independent batch means exceeds it with probability 4e-5 for 30 batches, 2e-3 for 10).
-_MAX_BATCH_CORRELATION = 0.6
-
-
-def _warn_if_correlated(means: np.ndarray, batch_len: float) -> None:
-    """Warn when the batch means of the queue length are correlated: batches shorter than the system's relaxation
-    time give half-widths that are too narrow (at high load, e.g. 60 % coverage instead of 95 %)."""
-    x = means - means.mean()
-    denom = float(x @ x)
-    r1 = float(x[:-1] @ x[1:]) / denom if denom > 0 else 0.0
-    if r1 > _MAX_BATCH_CORRELATION:
-        warnings.warn(
-            f"the {means.size} batch means (batches of {batch_len:.4g} time units) are correlated (lag-1 "
-            f"autocorrelation {r1:.2f}): the batches are shorter than the system's relaxation time, so the "
-            "confidence intervals are too narrow; raise t1, or use n_replications >= 2",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def _trim_cells(stats: core.Stats, group: int) -> core.Stats:
-    """`stats` with the time integrals cut after the last cell some server reached (the cells above are 0); with
-    cells ordered by level, `group` per level, after the highest level reached. The statistics then take memory for
-    the levels reached, not for `max_queue`."""
-    reached = np.flatnonzero(stats.area.any(axis=0))
-    last = int(reached[-1]) if reached.size else 0
-    width = (last // group + 1) * group if group else last + 1
-    return stats._replace(area=stats.area[:, :width].copy())
-
-
-def _pad_levels(x: np.ndarray, above: int, axis: int) -> np.ndarray:
-    """`x` with `above` zero levels appended along its queue-level axis `axis`."""
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, above)
-    return np.pad(x, pad)
-
-
-def _with_zero_phases(x: np.ndarray, reach: np.ndarray) -> np.ndarray:
-    """`x` (..., m') over the phases in `reach`, widened to all len(reach) phases with zeros elsewhere."""
-    out = np.zeros(x.shape[:-1] + reach.shape, x.dtype)
-    out[..., reach] = x
-    return out
-
-
-def _hist_key(x: float) -> int:
-    """Histogram key of x > 0: its float64 bits without the low mantissa bits (monotone in x)."""
-    return int(np.array(x, np.float64).view(np.int64)) >> (52 - core.HIST_SUB_BITS)
-
-
-def _hist_edge(key: int) -> float:
-    """Smallest float64 with histogram key `key`."""
-    return float(np.array(key << (52 - core.HIST_SUB_BITS), np.int64).view(np.float64))
-
-
-def _percentile(hist: np.ndarray, q: float, hist_lo: int, zero_below: bool = False) -> float:
-    """q-th percentile from the log-linear histogram (bin 0: below the range, last bin: above), interpolated
-    linearly inside its bin (relative bin width <= 2**-HIST_SUB_BITS). `zero_below`: bin 0 holds zeros (waiting
-    times of jobs that did not wait)."""
-    total = hist.sum()
-    if total == 0:
-        return math.nan
-    cum = np.cumsum(hist)
-    target = q / 100.0 * total
-    b = int(np.searchsorted(cum, target))
-    n_bins = len(hist) - 2
-    if b == 0:
-        return 0.0 if zero_below else _hist_edge(hist_lo)
-    if b == n_bins + 1:
-        return _hist_edge(hist_lo + n_bins)
-    lo, hi = _hist_edge(hist_lo + b - 1), _hist_edge(hist_lo + b)
-    frac = (target - cum[b - 1]) / hist[b]
-    return lo + frac * (hi - lo)
-
-
-def _percentiles(sections: np.ndarray, qs, hist_lo: int, zero_below: bool) -> tuple[dict, dict]:
-    """Percentiles `qs` of the pooled histogram of `sections` (rows: groups of replications, or batches), and 95 %
-    half-widths from their spread over the sections (sectioning: the pooled estimate, with the Student-t interval
-    of the sections' own estimates; NaN with fewer than two sections that saw jobs)."""
-    pooled = sections.sum(axis=0)
-    used = sections[sections.sum(axis=1) > 0]
-    est, ci = {}, {}
-    for q in qs:
-        est[q] = float(_percentile(pooled, q, hist_lo, zero_below))
-        each = np.array([_percentile(h, q, hist_lo, zero_below) for h in used])
-        ci[q] = float(_half_width(each[:, None])[0]) if each.size >= 2 else math.nan
-    return est, ci

@@ -8,6 +8,7 @@ import numpy as np
 
 from .._models.base import Occupancy
 from .._errors import percentile_label
+from .statistics import _percentile_args, _percentiles
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -134,8 +135,6 @@ class SimulationResult:
         return self._percentile("waiting", self.waiting_time_histograms, q, True)
 
     def _percentile(self, what: str, hists, q, zero_below: bool) -> tuple[float, float]:
-        from .driver import _percentile_args, _percentiles
-
         if hists is None:
             why = ("the model holds no FCFS queues" if what == "sojourn" else
                    "the run recorded no waiting times (simulate(..., waiting_times=True) records them)")

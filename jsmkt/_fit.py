@@ -1,4 +1,6 @@
-r"""Fitting PH distributions to moments."""
+r"""Fitting PH distributions: PH(2) from three moments in closed form, and PH(m) by gradient fits of moments, a
+likelihood or a distribution function with the optax loop of `jsmkt._optimise` (fitting is an analysis of the
+distributions, in the layer of the optimisation it uses)."""
 
 import math
 
@@ -7,7 +9,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 
-from .ph import PH
+from ._distributions.ph import PH
 
 
 # Relative tolerance under which moments outside the feasible region are treated as rounding error: they are
@@ -299,7 +301,7 @@ _EXACT = 1e-22  # a moment fit whose squared log-residuals sum below this is exa
 def _moment_loss(params, target):
     """Squared log-ratios of the normalised moments $E[S^k]/E[S]^k$, $k \\ge 2$, to the target's (the mean is
     matched by scaling)."""
-    from .param import ph_arrays
+    from ._distributions.param import ph_arrays
 
     alpha, T = ph_arrays(params)
     v, ms = jnp.ones(alpha.shape[0]), []
@@ -313,7 +315,7 @@ def _moment_loss(params, target):
 
 def _likelihood_loss(params, x):
     """Minus the mean log-density of the samples `x` (in units of their mean)."""
-    from .param import ph_arrays
+    from ._distributions.param import ph_arrays
 
     alpha, T = ph_arrays(params)
     return -jnp.mean(jnp.log(PH(alpha, T).pdf(x)))
@@ -352,7 +354,7 @@ def survival_on_grid(alpha, T):
 def _cdf_loss(params, w, F, match_mean):
     r"""$\int (F_{PH} - F)^2\,dx$ by the trapezoid weights `w` on `cdf_grid` (in units of the target's mean); with
     `match_mean` the PH is first scaled to mean 1."""
-    from .param import ph_arrays
+    from ._distributions.param import ph_arrays
 
     alpha, T = ph_arrays(params)
     if match_mean:
@@ -424,8 +426,8 @@ def fit_ph(target, order: int = 2, *, to: str | None = None, structure: str = "c
     """
     import jax.random as jr
 
-    from .._optimise import optimise
-    from .param import STRUCTURES, erlang_like_params, hyper_like_params, ph_arrays, random_params
+    from ._optimise import optimise
+    from ._distributions.param import STRUCTURES, erlang_like_params, hyper_like_params, ph_arrays, random_params
 
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order < 1:
         raise ValueError(f"order={order!r} must be a positive integer (the number of phases)")

@@ -1,0 +1,115 @@
+r"""The $1/N$ terms of a `Description` that the refined mean field (`jsmkt._refined`) needs besides the drift:
+the jumps' second moment, the drift of streams that start at a server (their origin moves first), and the noise
+of a modulating phase. Derived from the mean-field transitions (`jsmkt._models.meanfield`)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from ._distributions.bmap import stationary_vector
+from ._models.description import Description, TransitionClass
+from ._models.meanfield import check_modulation, chosen_factor, clipped_targets, drift, phase_generator, transitions
+
+
+def jump_second_moment(classes: list[TransitionClass], x: Float[Array, " C"]) -> Float[Array, "C C"]:
+    r"""$G = \sum_{\text{jumps}} \text{flow}\;\ell\ell^\top$ in the occupancy space, $\ell$ the change of $x$ (times
+    $N$) of one event: $e_t - e_s$, plus $e_{t'} - e_{s'}$ for a partner. For a class with a partner the pair
+    flows factor as $a_i b_j$, so $G$ is accumulated from the two sides and their cross term, never per pair."""
+    n = x.shape[0]
+    G = jnp.zeros((n, n), x.dtype)
+
+    def add_side(G, s, t, w):
+        return G.at[t, t].add(w).at[s, s].add(w).at[t, s].add(-w).at[s, t].add(-w)
+
+    for tc in classes:
+        a = tc.rate * x[tc.source]
+        s, t = jnp.asarray(tc.source), jnp.asarray(tc.target)
+        if tc.partner is None:
+            G = add_side(G, s, t, a)
+            continue
+        p = tc.partner
+        b = p.prob
+        ps, pt = jnp.asarray(p.source), jnp.asarray(p.target)
+        A, B = jnp.sum(a), jnp.sum(b)
+        G = add_side(G, s, t, a * B)
+        G = add_side(G, ps, pt, b * A)
+        u = jnp.zeros(n, x.dtype).at[t].add(a).at[s].add(-a)  # sum_i a_i l_i
+        v = jnp.zeros(n, x.dtype).at[pt].add(b).at[ps].add(-b)  # sum_j b_j l'_j
+        G = G + jnp.outer(u, v) + jnp.outer(v, u)
+    return G
+
+
+def origin_drift_correction(desc: Description, x: Float[Array, " C"]) -> Float[Array, " C"]:
+    r"""$f^{(1)}$, the $1/N$ term of the drift of the $N$-server system that streams with an origin add: the origin
+    moves first and the stream then samples among all $N$ servers, so it sees the occupancy
+    $x + (e_{o'} - e_o)/N$. With $\Phi(x)$ the chosen server's displacement per unit of the stream's rate (the
+    tail rule) and $u = \sum_o r_o x_o (e_{o'} - e_o)$ the origins' own drift, the exact drift is
+    $R\,\Phi(x) + D\Phi(x)\,u/N + O(1/N^2)$, so $f^{(1)} = D\Phi(x)\,u$ (one `jax.jvp` per stream). Zero
+    without such streams."""
+    cells = desc.cells
+    out = jnp.zeros_like(x)
+    for disp in desc.dispatches:
+        if disp.origin is None:
+            continue
+        o = disp.origin
+        src, tgt = np.asarray(o.source), clipped_targets(cells, o)
+        flow = o.weight * x[src]
+        u = jnp.zeros_like(x).at[tgt].add(flow).at[src].add(-flow)
+        eff = disp.effect
+        es, et = np.asarray(eff.source), clipped_targets(cells, eff)
+
+        def displacement(z, disp=disp, eff=eff, es=es, et=et):
+            p = chosen_factor(disp, z)[es] * z[es] * eff.weight
+            return jnp.zeros_like(z).at[et].add(p).at[es].add(-p)
+
+        out = out + jax.jvp(displacement, (x,), (u,))[1]
+    return out
+
+
+def modulation_noise(desc: Description, x: Float[Array, " C"]):
+    r"""The $1/N$ terms of a modulating phase at occupancy $x$ (`jsmkt.refined_mean_field`).
+
+    With $\Phi_s(x)$ the occupancy's drift per unit rate of modulated stream $s$ (the tail rule), $r_s(i)$ its
+    rate in phase $i$, $\bar r_s = \gamma r_s$, the drift in phase $i$ is $f_i = f_0 + \sum_s r_s(i)\Phi_s$. The
+    phase's generator $G$ is $N$ times faster than the occupancy: the corrector $h_i = \sum_s \eta_s(i)\Phi_s / N$
+    with $G\eta_s = -(r_s - \bar r_s)$, $\gamma\eta_s = 0$ ($\eta_s = (\mathbf1\gamma - G)^{-1}(r_s - \bar r_s)$)
+    makes $x + h_J$ a process with the averaged drift $\bar f$ up to $O(1/N)$. Its martingale's jumps,
+    $(\ell + h_j - h_i)$ at an event that moves the phase $i \to j$, give the diffusion
+    $Q + \Phi^\top\Sigma\,\Phi$ (per $1/N$) with
+
+    $$\Sigma = a + a^\top + c,\quad a_{ss'} = \textstyle\sum_{ij}\gamma_i R_s[i, j]\,(\eta_{s'}(j) - \eta_{s'}(i)),
+      \quad c_{s's''} = \sum_{ij}\gamma_i G_{ij}(\eta_{s'}(j) - \eta_{s'}(i))(\eta_{s''}(j) - \eta_{s''}(i)),$$
+
+    and its drift the $1/N$ bias $b = \sum_{s s'}\kappa_{ss'}\,D\Phi_{s'}[\Phi_s]$, $\kappa_{ss'} = (\gamma R_s)\,
+    \eta_{s'}$ (the chosen server's law moves with the occupancy between the phase's moves). For a counting process
+    ($\Phi_s$ the batch size) $\bar r + \Phi^\top\Sigma\Phi$ is the BMAP's asymptotic variance rate.
+
+    Returns `(Phi, Sigma, kappa)`: `(S, C)`, `(S, S)`, `(S, S)` for the modulated streams, in order."""
+    mod = check_modulation(desc)
+    G = phase_generator(mod)
+    m = mod.order
+    gamma = stationary_vector(G)
+    R = jnp.asarray(mod.rates)
+    r = jnp.sum(R, axis=2)  # (S, m)
+    rbar = r @ gamma
+    Z = jnp.linalg.inv(jnp.outer(jnp.ones(m, G.dtype), gamma) - G)
+    eta = (r - rbar[:, None]) @ Z.T  # (S, m): eta[s] = Z (r_s - rbar_s e)
+    gR = jnp.einsum("i,sij->sj", gamma, R)  # (S, m): gamma R_s
+    kappa = gR @ eta.T  # kappa[s, s'] = (gamma R_s) eta_s'
+    a = kappa - (gamma[None, :] * r) @ eta.T  # a[s, s'] = sum_ij gamma_i R_s[i, j] (eta_s'(j) - eta_s'(i))
+    c = (gamma[None, :] * eta) @ r.T
+    c = c + c.T  # c[s', s''] = (gamma o eta_s'') r_s' + (gamma o eta_s') r_s''
+    sigma = a + a.T + c
+    return modulated_displacements(desc, x), sigma, kappa
+
+
+def modulated_displacements(desc: Description, x: Float[Array, " C"]) -> Float[Array, "S C"]:
+    r"""$\Phi_s(x)$, the occupancy's drift per unit rate of each modulated stream of `desc`, in order."""
+    mod = check_modulation(desc)
+    rows = []
+    for s in mod.streams:
+        one = desc._replace(local_events=(), dispatches=(desc.dispatches[s]._replace(rate=jnp.ones((), x.dtype)),),
+                            environment=None)
+        rows.append(drift(transitions(one, x), x))
+    return jnp.stack(rows)
