@@ -99,15 +99,46 @@ def test_overrides_follow_toml_paths():
         _apply_overrides(spec, {"classes.2.lam": "1"})
 
 
-# What `jsmkt solve SPEC --as-published --format json` printed before `as_published` (the K it chose; E[T]; the
-# tails s_1..s_3; the residuals of the closed form in the published and the exact equations).
+# What `jsmkt solve SPEC --as-published --format json` printed before `as_published` existed: the K it chose, E[T],
+# s_1..s_3, the residuals of the closed form in the published and in the exact equations, the first row of the phase
+# tails, and E[Q] of the published equations' own fixed point.
 _PRINTED = {
-    "jsq3_exponential.toml": None,  # filled in below from the classic closed form
+    "jsq3_exponential.toml": (13, 2.5351334765176503, [0.95, 0.8145062499999999, 0.5133420832795048], None, None,
+                              None, None),
+    "jsq2_h2.toml": (33, 2.080718668086706, [0.9, 0.36450000000000005, 0.05978711250000001], 0.1411702429692604,
+                     0.3234202429692603, [0.45, 0.45], None),
+    "jsq2_erlang2.toml": (16, 1.371968668086706, [0.9, 0.36450000000000005, 0.05978711250000001],
+                          0.18225000000000002, 0.36450000000000005, [0.45, 0.45], None),
+    "jsq_batch_service.toml": (31, 1.293064630612998, [0.8889547559495209, 0.45165578547550683, 0.1639067960384604],
+                               None, None, [0.5261023208903345, 0.3628524350591864], None),
+    "jsq_bmap.toml": (20, 0.8782953723424224, [0.36555925538817435, 0.11583828615938088, 0.01385701172763173],
+                      0.07024917923283039, 0.2388852922468653, [0.23175528132757905, 0.1338039740605953],
+                      0.5038147731761484),
 }
 
 
 def _model(spec: str, K: int):
     return build_model(parse_spec(load_spec(str(EXAMPLES / spec)))).with_K(K)
+
+
+@pytest.mark.parametrize("spec", sorted(_PRINTED))
+def test_as_published_gives_what_solve_as_published_printed(spec):
+    K, ET, tail, r_published, r_exact, phases, published_EQ = _PRINTED[spec]
+    form = jsmkt.published.as_published(_model(spec, K))
+    assert len(form.tail) == K + 1 and form.tail[0] == 1.0
+    np.testing.assert_allclose(form.tail[1:4], tail, rtol=1e-12)
+    assert form.mean_sojourn_time == pytest.approx(ET, rel=1e-12)
+    assert (form.residuals is None) == (r_published is None)
+    if r_published is not None:
+        assert form.residuals["published"] == pytest.approx(r_published, rel=1e-12)
+        assert form.residuals["exact"] == pytest.approx(r_exact, rel=1e-12)
+    assert (form.phase_tails is None) == (phases is None)
+    if phases is not None:
+        np.testing.assert_allclose(np.asarray(form.phase_tails)[0], phases, rtol=1e-12)
+        assert np.asarray(form.phase_tails).shape[0] == K
+    assert (form.published_equations is None) == (published_EQ is None)
+    if published_EQ is not None:
+        assert form.published_equations["mean_queue_length"] == pytest.approx(published_EQ, rel=1e-12)
 
 
 def test_as_published_of_jsqd_is_the_classic_closed_form():
