@@ -3,6 +3,7 @@ distribution has, a retrial rate too slow to truncate, a transient without progr
 that were found only after JAX was imported."""
 
 import ast
+import importlib
 import json
 import pathlib
 import re
@@ -42,16 +43,16 @@ def test_an_interrupt_is_one_line_and_exit_130(command, monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(jsmkt.cli, f"_cmd_{command}", interrupted)
+    monkeypatch.setattr(importlib.import_module(f"jsmkt.cli.{command}"), f"_cmd_{command}", interrupted)
     code, out, err = run([command, str(EXAMPLES / "jsq3_exponential.toml"), *_ARGS[command]], capsys)
     assert (code, out, err) == (130, "", "jsmkt: interrupted\n")
 
 
 def test_sigint_ends_the_console_script_with_130(tmp_path):
     """A real SIGINT, raised inside a command of the console script (`run`, as `python -m jsmkt.cli`)."""
-    code = ("import signal, jsmkt.cli\n"
+    code = ("import signal, jsmkt.cli, jsmkt.cli.solve\n"
             "def command(args):\n    signal.raise_signal(signal.SIGINT)\n    return 0\n"
-            "jsmkt.cli._cmd_solve = command\njsmkt.cli.run()\n")
+            "jsmkt.cli.solve._cmd_solve = command\njsmkt.cli.run()\n")
     proc = subprocess.run([sys.executable, "-c", code, "solve", str(EXAMPLES / "jsq3_exponential.toml")],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "jsmkt: interrupted\n")
@@ -171,8 +172,8 @@ def _option_names(node) -> set[str]:
 
 def test_no_message_names_an_option_the_cli_lacks():
     """Every `--option` that a string in jsmkt names (messages, advice, help, docstrings) is an option of some
-    command, and every one that a command's own function (`_cmd_NAME` in jsmkt/cli.py) names is an option of that
-    command."""
+    command, and every one that a command's own function (`_cmd_NAME` in jsmkt/cli/NAME.py) names is an option of
+    that command."""
     options = _parser_options()
     every = set().union(*options.values())
     missing = {}
@@ -180,8 +181,8 @@ def test_no_message_names_an_option_the_cli_lacks():
         for name in _option_names(ast.parse(path.read_text())) - every:
             missing.setdefault(name, []).append(str(path.relative_to(ROOT)))
     assert not missing, missing
-    cli = ast.parse((ROOT / "jsmkt" / "cli.py").read_text())
-    commands = [f for f in cli.body if isinstance(f, ast.FunctionDef) and f.name.startswith("_cmd_")]
+    commands = [f for path in sorted((ROOT / "jsmkt" / "cli").glob("*.py")) for f in ast.parse(path.read_text()).body
+                if isinstance(f, ast.FunctionDef) and f.name.startswith("_cmd_")]
     assert {f.name.removeprefix("_cmd_") for f in commands} == set(options) - {""}
     for f in commands:
         name = f.name.removeprefix("_cmd_")

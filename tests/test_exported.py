@@ -25,7 +25,7 @@ SOLVE = "jsmkt solve: exact"  # the name `jsmkt solve` keeps its exported solve 
 def _usual(model, grown_by=None):
     """`jsmkt solve`'s results by the usual path (no exported files)."""
     _exported.use_folder(None)
-    return cli._solve_exact(model, grown_by)[:2]
+    return cli._solve(model, grown_by)[:2]
 
 
 def test_a_loaded_solve_prints_what_the_usual_path_prints(folder):
@@ -36,7 +36,7 @@ def test_a_loaded_solve_prints_what_the_usual_path_prints(folder):
     values, how = _exported.call("test", cli._exact_outputs, other)
     assert how == "loaded" and len(list(folder.iterdir())) == 1 and bool(values["successful"])
     _exported.use_folder(folder)
-    fast, fast_model, described = cli._solve_exact(other, None)
+    fast, fast_model, described, _ = cli._solve(other, None)
     assert fast_model.K == 12
     assert fast == _usual(other)[0]
     assert describe_model(other, described) == describe_model(other)  # the numbers that came with the results
@@ -47,7 +47,7 @@ def test_a_loaded_solve_prints_what_the_usual_path_prints(folder):
 
 def test_a_default_K_grows_as_in_the_usual_path(folder):
     model = jsmkt.JSQd(0.95, d=2, K=4)
-    fast, fast_model, _ = cli._solve_exact(model, "the default K")
+    fast, fast_model, _, _ = cli._solve(model, "the default K")
     usual, usual_model = _usual(model, "the default K")
     assert fast_model.K == usual_model.K > 4
     assert fast == usual
@@ -56,7 +56,7 @@ def test_a_default_K_grows_as_in_the_usual_path(folder):
 def test_failures_take_the_usual_path_and_its_error(folder):
     model = jsmkt.JSQd(0.95, d=2, K=4)
     with pytest.raises(SpecError) as fast:
-        cli._solve_exact(model, None)
+        cli._solve(model, None)
     with pytest.raises(SpecError) as usual:
         _usual(model)
     assert str(fast.value) == str(usual.value) and "K=4" in str(fast.value)
@@ -100,7 +100,7 @@ def test_a_file_under_another_models_name_is_not_loaded(folder, capsys):
     # The CLI's path: one warning line on stderr, and d = 2's numbers.
     path.write_bytes(other.read_bytes())
     capsys.readouterr()
-    out, _, _ = cli._solve_exact(two, None)
+    out = cli._solve(two, None).out
     err = capsys.readouterr().err
     assert out["mean_queue_length"] == pytest.approx(expected, rel=1e-12)
     assert err.count("\n") == 1 and err.startswith("jsmkt: warning: the cache entry ") and "computing it again" in err
@@ -122,7 +122,7 @@ def test_a_folder_in_place_of_a_file_leaves_no_temporary_file(folder, capsys):
     assert list(folder.iterdir()) == [path] and not any(path.iterdir())
     caught = [str(w.message) for w in caught if type(w.message).__name__ == "CacheWarning"]
     assert len(caught) == 1 and "cannot write the cache entry" in caught[0]
-    out, _, _ = cli._solve_exact(model.with_K(12), None)  # the CLI: one warning line
+    out = cli._solve(model.with_K(12), None).out  # the CLI: one warning line
     err = capsys.readouterr().err
     assert out["mean_queue_length"] == pytest.approx(expected, rel=1e-12)
     assert err.count("\n") == 1 and err.startswith("jsmkt: warning: cannot write the cache entry "), err

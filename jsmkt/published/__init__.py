@@ -41,6 +41,10 @@ Classic exponential JSQ(d) (Vvedenskaya et al. 1996; Mitzenmacher 2001):
 
 - `exponential_tails`: $s_k = \rho^{(d^k-1)/(d-1)}$ ($\rho^k$ for $d = 1$);
 - `exponential_sojourn_time`: $E[T] = \frac1\mu\sum_{k\ge0}\rho^{(d^{k+1}-d)/(d-1)}$ (Mitzenmacher, Cor. 3.8).
+
+`as_published(model)` gives the papers' fixed point of a model of any family with an as-published form (`JSQd`,
+`JSQdPH`, `JSQdBMAP`, `JSQdBatchService`; `register_as_published` adds one), as `jsmkt solve --as-published`
+prints it.
 """
 
 import equinox as eqx
@@ -52,27 +56,42 @@ from .._choice import FixedChoice
 from .._distributions.ph import PH, not_a_ph
 from .._errors import as_float_array, check_count, concrete_array, error_if
 from .._models.base import AbstractSupermarketModel, fmt
+from .._models.jsqd import JSQd
 from .._models.jsqd_ph import JSQdPH
+from ._registry import AsPublished, as_published, has_as_published, register_as_published
 
 
 __all__ = [
+    "AsPublished",
     "FrameworkAsPublished",
     "JSQdBMAPAsPublished",
     "JSQdPHAsPublished",
+    "as_published",
     "bmap_fixed_point",
     "bmap_fixed_point_residuals",
     "exponential_sojourn_time",
     "exponential_tails",
     "framework_batch_service",
     "framework_bmap",
+    "has_as_published",
     "ph_fixed_point",
     "ph_fixed_point_residuals",
     "ph_sojourn_time",
+    "register_as_published",
 ]
 
 
 # A truncated series is accepted when the bound on its remainder is below this fraction of its sum.
 _SERIES_RTOL = 1e-16
+
+
+def _fixed_d(model) -> int:
+    """The integer choice number of `model`'s `FixedChoice` (the published formulas have no randomised d)."""
+    choice = model.choice
+    if not isinstance(choice, FixedChoice):
+        raise ValueError(f"{type(model).__name__}: the published formulas need an integer choice number d (a "
+                         "FixedChoice); this model's d is randomised")
+    return _integer_d(choice.d)
 
 
 def _integer_d(d) -> int:
@@ -337,6 +356,37 @@ def ph_fixed_point_residuals(lam: ArrayLike, service: PH, d: int, K: int) -> dic
     r_pub = jnp.max(jnp.abs(pub.vector_field(0.0, pi)[:-1]))
     r_exact = jnp.max(jnp.abs(exact.vector_field(0.0, pi)[:-1]))
     return {"published": r_pub, "exact": r_exact}
+
+
+def _exponential_as_published(model: JSQd) -> AsPublished:
+    """`JSQd`: the classic closed form $s_k = \rho^{(d^k-1)/(d-1)}$ and Mitzenmacher's $E[T]$."""
+    d = _fixed_d(model)
+    return AsPublished(
+        source="rho^((d^k-1)/(d-1)) and Mitzenmacher's E[T]",
+        tail=np.asarray(exponential_tails(model.lam, d, model.mu, model.K)),
+        mean_sojourn_time=float(exponential_sojourn_time(model.lam, d, model.mu)),
+    )
+
+
+def _ph_as_published(model: JSQdPH) -> AsPublished:
+    """`JSQdPH`: Li & Lui's closed form (Theorem 1), its residuals and their sojourn time (Section 3)."""
+    d = _fixed_d(model)
+    pi = np.asarray(ph_fixed_point(model.lam, model.service, d, model.K))
+    tail = np.concatenate([[1.0], pi.sum(1)])
+    ET = float(ph_sojourn_time(model.lam, model.service, d))
+    res = ph_fixed_point_residuals(model.lam, model.service, d, model.K)
+    EQ = float(np.sum(tail[1:]))
+    return AsPublished(
+        source="Li & Lui closed form (Theorem 1) and sojourn time (Section 3)",
+        tail=tail, mean_sojourn_time=ET, phase_tails=pi,
+        residuals={"published": float(res["published"]), "exact": float(res["exact"])},
+        note=(f"E[T] is the paper's Section 3 formula and E[Q] the sum of its tails; they need not obey Little's law "
+              f"(here lam E[T] = {float(model.lam) * ET:.6g}, E[Q] = {EQ:.6g})"),
+    )
+
+
+register_as_published(JSQd, _exponential_as_published)
+register_as_published(JSQdPH, _ph_as_published)
 
 
 from .bmap import JSQdBMAPAsPublished as JSQdBMAPAsPublished  # noqa: E402

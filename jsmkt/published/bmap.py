@@ -27,6 +27,7 @@ from .._distributions.bmap import BMAP, stationary_vector
 from .._errors import check_count
 from .._models.base import AbstractSupermarketModel
 from .._models.bmap import JSQdBMAP
+from ._registry import AsPublished, register_as_published
 
 
 def _integer_d(d) -> int:
@@ -200,3 +201,30 @@ def bmap_fixed_point_residuals(bmap: BMAP, d: int, mu: ArrayLike = 1.0, K: int =
     r_pub = jnp.max(jnp.abs(pub.published_rhs(pi)[:-1]))
     r_exact = jnp.max(jnp.abs(exact.vector_field(0.0, jnp.sum(pi[1:], axis=1))[:-1]))
     return {"published": r_pub, "exact": r_exact}
+
+
+def _bmap_as_published(model: JSQdBMAP) -> AsPublished:
+    """`JSQdBMAP`: the super-exponential closed form (35)-(36), its residuals, and the fixed point of the published
+    equations (14)-(16) themselves, which the closed form does not solve; E[T] by Little's law."""
+    from .._fixed_point import solve_fixed_point
+    from .._metrics import mean_queue_length, tails
+    from . import _fixed_d
+
+    d, K = _fixed_d(model), model.K
+    pi = np.asarray(bmap_fixed_point(model.bmap, d, model.mu, K))  # phase vectors from level 0 on
+    tail = pi.sum(1)
+    res = bmap_fixed_point_residuals(model.bmap, d, model.mu, K)
+    eqs = JSQdBMAPAsPublished(model.bmap, d, model.mu, K)
+    fp = solve_fixed_point(eqs, tail_tol=1.0)  # the truncation is judged on the closed form's tail
+    return AsPublished(
+        source="Li, Section 3: the super-exponential closed form (35)-(36); E[T] by Little's law",
+        tail=tail, mean_sojourn_time=float(np.sum(tail[1:])) / float(model.arrival_rate), phase_tails=pi[1:],
+        residuals={"published": float(res["published"]), "exact": float(res["exact"])},
+        published_equations={"mean_queue_length": float(mean_queue_length(eqs, fp)),
+                             "tail": np.asarray(tails(eqs, fp))},
+        note=("the closed form solves neither the published equations (14)-(16) nor the exact ones; "
+              "published_equations is the fixed point of (14)-(16) themselves"),
+    )
+
+
+register_as_published(JSQdBMAP, _bmap_as_published)

@@ -37,6 +37,8 @@ from .._distributions.bmap import BMAP
 from .._distributions.ph import PH
 from .._errors import as_float_array, check_count, concrete_array, is_concrete
 from .._models.base import AbstractSupermarketModel, check_K, fmt
+from .._models.batch_service import JSQdBatchService
+from ._registry import AsPublished, register_as_published
 
 
 def _pairs(name: str, blocks, n: int) -> tuple[tuple[int, ...], Array]:
@@ -265,3 +267,25 @@ def framework_batch_service(lam: ArrayLike, service: PH, service_batch_sizes: Ar
                            xp.concatenate([xp.kron(at_least, T0)[:, None], down], axis=1)])
     mean_b = jnp.arange(1, B + 1, dtype=p.dtype) @ p
     return FrameworkAsPublished((1,) + (m,) * K, [(d, right)], [(1, left)], lam, mean_b / service.mean)
+
+
+def _batch_service_as_published(model: JSQdBatchService) -> AsPublished:
+    """`JSQdBatchService`: the framework's fixed point (7)-(8) with Section 4's blocks (`framework_batch_service`);
+    E[T] by Little's law."""
+    from .._fixed_point import solve_fixed_point
+    from .._metrics import tails
+    from . import _fixed_d
+
+    K = model.K
+    fw = framework_batch_service(model.lam, model.service, model.service_batch_sizes, _fixed_d(model), K)
+    fp = solve_fixed_point(fw, tail_tol=1.0)  # the truncation is judged on the tail this gives
+    tail = np.asarray(tails(fw, fp))
+    return AsPublished(
+        source=("Li, Section 4 in the framework's fixed-point system (7)-(8) (our copy breaks off: the blocks are "
+                "built as Section 2 sets them up); E[T] by Little's law"),
+        tail=tail, mean_sojourn_time=float(np.sum(tail[1:])) / float(model.lam),
+        phase_tails=np.asarray(fw.full(fp.value))[1:].reshape(K, -1),
+    )
+
+
+register_as_published(JSQdBatchService, _batch_service_as_published)

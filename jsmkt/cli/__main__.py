@@ -1,0 +1,6 @@
+"""`python -m jsmkt.cli`: the console script."""
+
+from . import run
+
+
+run()

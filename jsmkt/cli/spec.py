@@ -1,0 +1,104 @@
+"""Model specs for the commands: the spec file read (`_read_spec`, the one place that calls `_spec`'s reader), its
+`--set KEY=VALUE` overrides applied, checked without JAX (`_parse`), and the model built (`_build`, which sets up the
+compilation cache first: JAX is imported there).
+
+The names of `jsmkt._spec` that the commands use are re-exported here, so that the commands import the spec layer
+from one module."""
+
+import tomllib
+from typing import Any
+
+from .._spec import (
+    SpecError,
+    _load_and_service_dict,
+    build_model,
+    describe_model,
+    family_of,
+    load_family_file,
+    load_spec,
+    parse_simulation,
+    parse_spec,
+    simulation_from_spec,
+)
+
+
+__all__ = [
+    "SpecError", "_load_and_service_dict", "build_model", "describe_model", "family_of", "load_family_file",
+    "parse_simulation", "parse_spec", "simulation_from_spec",
+]
+
+
+def _override_value(text: str) -> Any:
+    """The value of `--set KEY=VALUE` as TOML reads it (`0.8`, `2`, `true`, `[0.5, 0.5]`, `"own"`); a bare word that
+    is not a TOML value (`own`, `h2`) is that string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _apply_overrides(spec: dict[str, Any], overrides: dict[str, str] | None) -> dict[str, Any]:
+    """`spec` with each `KEY=VALUE` of `overrides` set: `KEY` is the TOML path of a value, dotted for tables and
+    numbered from 0 for arrays of tables (`lam`, `service.mean`, `classes.0.lam`); a table on the path that the spec
+    lacks is created. `SpecError` naming the override for a path through a value that is not a table or array, or
+    past an array's end."""
+    for key, text in (overrides or {}).items():
+        parts = key.split(".")
+        node: Any = spec
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            where = ".".join(parts[:i]) or "the spec"
+            if isinstance(node, list):
+                if not (part.isdigit() and int(part) < len(node)):
+                    raise SpecError(f"--set {key}={text}: {where} is an array of {len(node)}; give an index from 0 "
+                                    f"to {len(node) - 1} after it (e.g. {'.'.join(parts[:i] + ['0'])})")
+                part = int(part)
+            elif not isinstance(node, dict):
+                raise SpecError(f"--set {key}={text}: {where} is a value, not a table; give the key of a value or "
+                                "of a table")
+            if last:
+                node[part] = _override_value(text)
+            else:
+                if isinstance(node, dict) and part not in node:
+                    node[part] = {}
+                node = node[part]
+    return spec
+
+
+def _read_spec(path: str, overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    """The TOML table of the spec file `path`, with `overrides` (`--set`) applied."""
+    return _apply_overrides(load_spec(path), overrides)
+
+
+def _overrides(args) -> dict[str, str]:
+    """The `--set KEY=VALUE` options as a dict (a key given twice: the last value)."""
+    return dict(getattr(args, "set", None) or [])
+
+
+def _parse(args):
+    """The spec file `args.spec` with its `--set` overrides, read and checked (family, keys, types) without
+    importing JAX."""
+    return parse_spec(_read_spec(args.spec, _overrides(args)), where=args.spec)
+
+
+def _build(parsed, args):
+    """The model of a checked spec. JAX is imported here: its compilation cache is set up first."""
+    from .cache import _use_compilation_cache
+
+    _use_compilation_cache(args)
+    return build_model(parsed)
+
+
+def _check_servers(model, n: int, sampling: str) -> None:
+    """`--servers N` must be >= 1, and at least the largest choice number when sampling without replacement."""
+    import numpy as np
+
+    from .._choice import choice_support
+
+    if n < 1:
+        raise SpecError(f"--servers={n} must be >= 1")
+    max_d = max((choice_support(np.asarray(disp.choice.weights())) or (1, 1))[1]
+                for disp in model.description().dispatches)
+    if sampling == "without_replacement" and max_d > n:
+        raise SpecError(f"d={max_d} exceeds --servers={n}: cannot sample {max_d} distinct servers without "
+                        'replacement ([simulation] sampling = "without_replacement")')
