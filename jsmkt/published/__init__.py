@@ -59,6 +59,8 @@ from .._models.base import AbstractSupermarketModel, fmt
 from .._models.jsqd import JSQd
 from .._models.jsqd_ph import JSQdPH
 from ._registry import AsPublished, as_published, has_as_published, register_as_published
+from ._registry import fixed_d as _fixed_d
+from ._registry import integer_d as _integer_d
 
 
 __all__ = [
@@ -83,21 +85,6 @@ __all__ = [
 
 # A truncated series is accepted when the bound on its remainder is below this fraction of its sum.
 _SERIES_RTOL = 1e-16
-
-
-def _fixed_d(model) -> int:
-    """The integer choice number of `model`'s `FixedChoice` (the published formulas have no randomised d)."""
-    choice = model.choice
-    if not isinstance(choice, FixedChoice):
-        raise ValueError(f"{type(model).__name__}: the published formulas need an integer choice number d (a "
-                         "FixedChoice); this model's d is randomised")
-    return _integer_d(choice.d)
-
-
-def _integer_d(d) -> int:
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-        raise ValueError(f"d={d!r}: the published formulas need an integer choice number d >= 1")
-    return int(d)
 
 
 def _service(service) -> PH:

@@ -9,6 +9,10 @@ in the framework's fixed-point system). A family written outside jsmkt may regis
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
+
+from .._choice import FixedChoice
+
 
 class AsPublished(NamedTuple):
     """A model's fixed point and metrics as a paper publishes them, at the model's truncation level `K`.
@@ -67,3 +71,18 @@ def as_published(model) -> AsPublished:
         raise ValueError(f"{type(model).__name__} has no as-published form in jsmkt (the families with one: {known}); "
                          "use the exact mean field (jsmkt.solve_fixed_point)")
     return variant(model)
+
+
+def fixed_d(model) -> int:
+    """The integer choice number of `model`'s `FixedChoice` (the published formulas have no randomised d)."""
+    choice = model.choice
+    if not isinstance(choice, FixedChoice):
+        raise ValueError(f"{type(model).__name__}: the published formulas need an integer choice number d (a "
+                         "FixedChoice); this model's d is randomised")
+    return integer_d(choice.d)
+
+
+def integer_d(d) -> int:
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+        raise ValueError(f"d={d!r}: the published formulas need an integer choice number d >= 1")
+    return int(d)

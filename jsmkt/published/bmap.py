@@ -208,7 +208,7 @@ def _bmap_as_published(model: JSQdBMAP) -> AsPublished:
     equations (14)-(16) themselves, which the closed form does not solve; E[T] by Little's law."""
     from .._fixed_point import solve_fixed_point
     from .._metrics import mean_queue_length, tails
-    from . import _fixed_d
+    from ._registry import fixed_d as _fixed_d
 
     d, K = _fixed_d(model), model.K
     pi = np.asarray(bmap_fixed_point(model.bmap, d, model.mu, K))  # phase vectors from level 0 on

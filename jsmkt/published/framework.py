@@ -274,7 +274,7 @@ def _batch_service_as_published(model: JSQdBatchService) -> AsPublished:
     E[T] by Little's law."""
     from .._fixed_point import solve_fixed_point
     from .._metrics import tails
-    from . import _fixed_d
+    from ._registry import fixed_d as _fixed_d
 
     K = model.K
     fw = framework_batch_service(model.lam, model.service, model.service_batch_sizes, _fixed_d(model), K)
