@@ -215,10 +215,10 @@ def optimise_repair(model, cost: float = 0.0, *, metric: Any = "mean_sojourn_tim
 
     **Returns:** a `jsmkt.Optimum` (`model` at the best `j` and `d2`, `objective`, `value`, `probes`, `run`).
     """
-    from ._models.repairable import RepairableJSQ
+    from ._models.base import AbstractSupermarketModel
     from ._sensitivity import metric_function
 
-    if not isinstance(model, RepairableJSQ) or model.repair != "R3":
+    if not isinstance(model, AbstractSupermarketModel) or not model.supports_repair_design():
         raise ValueError(f"model={type(model).__name__}: optimise_repair needs a RepairableJSQ with repair='R3' (small "
                          "repairmen and a large one)")
     if not (isinstance(d2_max, int) and not isinstance(d2_max, bool) and d2_max >= 2):
@@ -238,8 +238,7 @@ def optimise_repair(model, cost: float = 0.0, *, metric: Any = "mean_sojourn_tim
             raise ValueError(f"init=({j0!r}, {d0!r}) must have 0 < j < j* = alpha/(alpha + beta) = {j_star:.6g} "
                              f"and 1 < d2 < d2_max = {d2_max}")
     j0, d0 = starts[0]
-    base = RepairableJSQ(model.lam, model.alpha, model.beta, d1=model.choice1, d2=InterpolatedChoice(d0, d_max=d2_max),
-                         mu=model.mu, arrival=model.arrival, repair="R3", j=j0, K=model.K, saturated=True)
+    base = model.repair_design(j0, InterpolatedChoice(d0, d_max=d2_max))
     if K is None:
         corners = [_repair_model(base, jnp.asarray(j), jnp.asarray(d), d2_max)
                    for j in (0.0, j_star * (1 - 1e-9)) for d in (1.0, float(d2_max))]

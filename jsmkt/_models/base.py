@@ -27,7 +27,7 @@ import abc
 import copy
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -39,12 +39,49 @@ from .._distributions.ph import reachable_phases
 from .._errors import check_count, concrete_array, is_concrete, number_texts
 from .description import Description
 from .description import TransitionClass as TransitionClass
+from .parameters import FamilyTable
 
 
 class AbstractSupermarketModel(eqx.Module):
     """Base class of every mean-field supermarket model (see the module docstring for the contract)."""
 
     K: eqx.AbstractVar[int]
+    table: ClassVar[FamilyTable | None] = None  # the family's TOML name, parameters and example specs
+
+    # --- optional hooks (defaults for families that state less) ----------------------------------------------
+    @classmethod
+    def examples(cls) -> dict[str, "AbstractSupermarketModel"]:
+        """Small instances by name, over which the contract tests run (`tests/test_families.py`). None by
+        default."""
+        return {}
+
+    def spec_values(self) -> dict[str, Any]:
+        """The model's parameters as JSON values (the CLI's output): by default the fields of its table's
+        parameters, as plain numbers (a choice law as its mean), strings or lists."""
+        out: dict[str, Any] = {}
+        for p in self.table.parameters if self.table is not None else ():
+            if p.field is not None and (v := plain_value(getattr(self, p.field, None))) is not None:
+                out[p.name] = v
+        return out
+
+    def describe_parameters(self) -> str:
+        """One line of the model's parameters (the CLI's header)."""
+        return "   ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}"
+                          for k, v in self.spec_values().items())
+
+    def has_phase_tails(self) -> bool:
+        """Whether the reduced state holds tails per service phase (`jsmkt.phase_tails`)."""
+        return False
+
+    def supports_repair_design(self) -> bool:
+        """Whether `repair_design` applies (`jsmkt.optimise_repair`): False by default."""
+        return False
+
+    def repair_design(self, j, d2) -> "AbstractSupermarketModel":
+        """The model with a share `j` of servers holding a small repairman and the large repairman probing by the
+        choice law `d2`, in the saturated regime (`jsmkt.optimise_repair`); families with repairmen override
+        it."""
+        raise ValueError(f"{type(self).__name__} has no repairmen to allocate")
 
     # --- structure -------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -194,6 +231,30 @@ class AbstractSupermarketModel(eqx.Module):
         new = copy.copy(self)
         object.__setattr__(new, "K", K)
         return new
+
+
+def choice_text(choice) -> str:
+    """A choice law for the CLI's header: its integer `d`, or its mean for a randomised one."""
+    d = choice.number
+    return str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
+
+
+def plain_value(value: Any) -> Any:
+    """A model's attribute as a JSON value: a scalar array as a float, an integer, a boolean or a string as it is,
+    a choice law as its mean, a vector as a list; `None` for anything else."""
+    from .._choice import AbstractChoice
+
+    if isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, AbstractChoice):
+        value = value.mean
+    try:
+        a = np.asarray(value)
+    except Exception:  # noqa: BLE001  (a traced value, or an object that is no array)
+        return None
+    if a.dtype.kind not in "fiu":
+        return None
+    return float(a) if a.shape == () else a.astype(float).tolist()
 
 
 def fmt(template: str, *, default: str, **values: Any) -> str:
