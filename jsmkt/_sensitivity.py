@@ -327,11 +327,14 @@ def sensitivity(model, metric="mean_sojourn_time", wrt: str | Sequence[str] | No
     - `metric`: a metric name (`"mean_sojourn_time"`, `"mean_queue_length"`, `"prob_wait"`, `"availability"`,
       `"mean_orbit_size"`, `"prob_blocked"`, ...: the scalar metrics of `jsmkt`) or a function
       `(model, fixed_point) -> scalar`.
-    - `wrt`: a parameter name or a list of them (default: all of the model's). Each family names its own:
-      `lam`, `mu`, `theta`, `alpha`, `beta`, `j` (R.3), `batch_rate`, `batch_sizes`, `service_batch_sizes`,
-      `helper_rates`, the choice numbers `d`, `d1`, `d2`, `f` (a fixed integer is read as the real `d` of the
+    - `wrt`: a parameter name or a list of them (default: all of the model's). Each family names its own in its
+      table, by TOML path: `lam`, `mu`, `theta`, `alpha`, `beta`, `j` (R.3), `batch_rate`, `batch_sizes`,
+      `service_batch_sizes`, `arrivals.rates`, `classes.lam`, `classes.batch_sizes`, `helpers.rate`, the choice
+      numbers `d`, `d1`, `d2`, `classes.d`, `helpers.f` (a fixed integer is read as the real `d` of the
       randomised rule, whose derivative there is the right one; probabilities over 1, 2, ... servers as a
-      probability vector), and for PH service `mean` (time scaled, shape kept) and, with `service`, `scv`. An
+      probability vector), and for PH service `service.mean` (time scaled, shape kept) and, with `service`,
+      `service.scv`. The short names of the tables' aliases (`mean`, `scv`, `rates`, `helper_rates`, `f`, and
+      `lam`, `d`, `batch_sizes` for the classes) are accepted too; results are keyed by the names given. An
       unknown name is refused with the family's valid names.
     - `grid`: optional `{name: values}` of parameters to vary (scalar parameters: arrays broadcast to one grid
       shape; vector ones: that shape plus the vector's): one `jax.vmap`-ed solve over the grid, every result then

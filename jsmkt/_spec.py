@@ -93,7 +93,7 @@ def show(value: Any) -> str:
 _MAX_SPEC_BYTES = 2**20  # a model spec is a few lines; refuse to read /dev/zero or a huge file whole
 
 
-def load_spec(path: str) -> dict[str, Any]:
+def read_spec_file(path: str) -> dict[str, Any]:
     """The TOML table of the spec file `path` (UTF-8, a leading byte-order mark allowed); `SpecError` naming the
     file otherwise."""
     try:
@@ -112,6 +112,20 @@ def load_spec(path: str) -> dict[str, Any]:
         raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); a TOML spec must be UTF-8") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: not valid TOML ({e})") from None
+
+
+_load_spec_dict = read_spec_file  # private aliases of the spec reader, which returns the TOML table (the CLI's)
+load_spec = read_spec_file  # (`jsmkt.load_spec`, public, returns a model: `load_model_spec`)
+
+
+def read_spec_text(text: str, where: str = "spec") -> dict[str, Any]:
+    """The TOML table of the spec text `text`; `SpecError` naming `where` when it is not valid TOML."""
+    if not isinstance(text, str):
+        raise SpecError(f"{where}: text={text!r} must be a string of TOML")
+    try:
+        return tomllib.loads(text.removeprefix("\ufeff"))
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{where}: not valid TOML ({e})") from None
 
 
 def _require(table: dict, key: str, where: str):
@@ -991,3 +1005,181 @@ def load_family_file(path: str) -> None:
     after = {k: v.model if v.cls is not None else None for k, v in FAMILIES.items()}
     if after == before:
         raise SpecError(f"--family={path} registered no family; call jsmkt.register_family(name, cls) in it")
+
+
+# --- specs from Python: overrides, models from specs and specs from models ------------------------------------------
+
+_OVERRIDE_ALIASES = {"mean": "service.mean", "scv": "service.scv"}  # short names of the service's keys
+
+
+def _override_value(key: str, value: Any) -> Any:
+    """An override's value as a TOML value: a string is read as TOML value text (`0.8`, `[0.5, 0.5]`, `"own"`), a
+    bare word that is no TOML value (`own`) as that string; a Python value as it is (tuples as lists, NumPy scalars
+    and arrays as numbers and lists)."""
+    if isinstance(value, str):
+        try:
+            return tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            if value and all(c.isalnum() or c in "-_" for c in value):
+                return value
+            raise SpecError(f"--set {key}={value}: the value is not a TOML value (a number, a string in quotes, a "
+                            "list, a boolean)") from None
+    if isinstance(value, (bool, int, float, dict)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_override_value(key, v) for v in value]
+    tolist = getattr(value, "tolist", None)  # a NumPy or JAX value
+    if callable(tolist):
+        return tolist()
+    raise SpecError(f"--set {key}={value!r}: give a number, a string, a boolean, a list or a table")
+
+
+def apply_overrides(spec: dict[str, Any], overrides: Any, where: str = "spec") -> dict[str, Any]:
+    """A copy of the TOML table `spec` with `overrides` set: a mapping of TOML paths (`lam`, `service.scv`,
+    `classes.0.lam`, `arrivals.C`; `mean` and `scv` short for the service's) to values (`_override_value`), as
+    `--set key=value`. The first part of a path must be a key of the spec's family, a table's index an index of
+    its array of tables; `SpecError` naming the key otherwise. The values are checked when the spec is parsed."""
+    import copy
+
+    if overrides is None:
+        return spec
+    if not hasattr(overrides, "items"):
+        raise SpecError(f"overrides={overrides!r} must be a mapping of keys (TOML paths, e.g. 'lam', "
+                        "'service.scv') to values")
+    out = copy.deepcopy(spec)
+    fam = FAMILIES.get(out.get("model"))
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key:
+            raise SpecError(f"--set {key!r}: a key is a TOML path such as lam, service.scv or classes.0.lam")
+        parts = _OVERRIDE_ALIASES.get(key, key).split(".") if fam is None or key not in fam.keys else [key]
+        if fam is not None and parts[0] not in fam.keys:
+            raise SpecError(f"--set {key}: {parts[0]!r} is not a key of model = {show(fam.name)} (its keys: "
+                            f"{', '.join(sorted(fam.keys, key=str.lower))})")
+        node: Any = out
+        for i, part in enumerate(parts[:-1]):
+            if isinstance(node, list):
+                if not (part.isdigit() and int(part) < len(node)):
+                    raise SpecError(f"--set {key}: {'.'.join(parts[:i])} has {len(node)} tables; {part!r} is not "
+                                    f"an index of them (0 to {len(node) - 1})")
+                node = node[int(part)]
+            elif isinstance(node, dict):
+                if part not in node:
+                    node[part] = {}
+                elif not isinstance(node[part], (dict, list)):
+                    raise SpecError(f"--set {key}: {'.'.join(parts[:i + 1])} = {show(node[part])} is a value, not a "
+                                    "table")
+                node = node[part]
+        last = parts[-1]
+        if isinstance(node, list):
+            raise SpecError(f"--set {key}: {'.'.join(parts)} sets a whole table of an array of tables; set one of "
+                            "its keys (e.g. classes.0.lam)")
+        node[last] = _override_value(key, value)
+    return out
+
+
+def _model_from_table(spec: dict[str, Any], where: str):
+    """The model of a TOML table, checked as the CLI checks a spec (its `[simulation]` table too)."""
+    parsed = parse_spec(spec, where)
+    parse_simulation(spec, where)
+    return build_model(parsed)
+
+
+def loads_model_spec(text: str, overrides: Any = None):
+    """The model of the TOML spec text `text` (`jsmkt.loads_spec`), with `overrides` set (a mapping of TOML paths
+    to values, as `jsmkt solve --set key=value`): the CLI's checks and messages, `SpecError` naming the key."""
+    return _model_from_table(apply_overrides(read_spec_text(text), overrides), "spec")
+
+
+def load_model_spec(path, overrides: Any = None):
+    r"""The model of the TOML spec file `path` (`jsmkt.load_spec`), with `overrides` set.
+
+    **Arguments:**
+
+    - `path`: a spec file (`examples/*.toml`; the TOML reference lists its keys).
+    - `overrides`: optional, a mapping of keys to values, as the CLI's `--set key=value`: a key is the TOML path of
+      a value (`lam`, `d`, `service.mean`, `service.scv`, `arrivals.C`, `classes.0.lam`; `mean` and `scv` short
+      for the service's), a value TOML value text (`"0.8"`, `"[0.5, 0.5]"`) or a Python value.
+
+    **Returns:** the model (e.g. a `jsmkt.JSQdPH`), built as `jsmkt solve` builds it.
+
+    **Raises:** `jsmkt._spec.SpecError` (a `ValueError`) naming the file and the key: no such file, not TOML, an
+    unknown key, a value out of range, a model the constructor refuses.
+
+    !!! example
+
+        ```python
+        model = jsmkt.load_spec("examples/jsq2_h2.toml", overrides={"lam": 0.8, "service.scv": 3})
+        ```
+    """
+    path = str(path)
+    return _model_from_table(apply_overrides(read_spec_file(path), overrides), path)
+
+
+def _choice_value(c) -> Any:
+    """A choice law as the TOML value that builds it: an integer, a real number, or probabilities."""
+    from ._choice import FixedChoice, InterpolatedChoice, MixedChoice
+
+    if isinstance(c, FixedChoice):
+        return int(c.d)
+    if isinstance(c, InterpolatedChoice):
+        return float(c.d)
+    if isinstance(c, MixedChoice):
+        return [float(p) for p in c.probs]
+    raise ValueError(f"a choice law of type {type(c).__name__} has no TOML form; use an integer, a real number or "
+                     "probabilities")
+
+
+def _dump_value(p: TableParameter, value: Any) -> Any:
+    """The TOML value of a parameter's field."""
+    import numpy as np
+
+    if p.kind == "choice":
+        return _choice_value(value)
+    if p.kind == "ph":
+        return {"alpha": np.asarray(value.alpha, float).tolist(), "T": np.asarray(value.T, float).tolist()}
+    if p.kind == "bmap":
+        return {"C": np.asarray(value.C, float).tolist(), "D": np.asarray(value.D, float).tolist()}
+    if p.kind in ("policy", "string", "boolean"):
+        return value
+    if p.kind == "integer":
+        return int(value)
+    return np.asarray(value, float).tolist()
+
+
+def model_spec(model) -> dict[str, Any]:
+    """The TOML table of a spec that builds `model` (its registered family's table read from the model's fields);
+    `ValueError` for a model outside the registry or a parameter without a TOML form (e.g. a traced value)."""
+    fam = family_of(model)
+    table = fam.table
+    out: dict[str, Any] = {"model": fam.name}
+    for p in table.parameters:
+        if p.kind == "tables":
+            rows: list[dict[str, Any]] = []
+            for e in p.entries:
+                values = getattr(model, e.field)
+                for j in range(len(values)):
+                    if len(rows) <= j:
+                        rows.append({})
+                    if values[j] is not None:
+                        rows[j][e.name] = _dump_value(e, values[j])
+            if rows:
+                out[p.name] = rows
+            continue
+        if p.name == "K":
+            out["K"] = int(model.K)
+            continue
+        if p.field is None:
+            continue
+        value = getattr(model, p.field)
+        if value is not None:
+            out[p.name] = _dump_value(p, value)
+    return out
+
+
+def dump_model_spec(model) -> str:
+    """The TOML text of a spec that builds `model` (`jsmkt.dump_spec`): `jsmkt.loads_spec` of it gives a model
+    equal to `model` (same class, every leaf equal). A service is written as its `alpha` and `T`, a BMAP as its
+    `C` and `D`, a choice law as the integer, the real number or the probabilities it was built from."""
+    import tomli_w
+
+    return tomli_w.dumps(model_spec(model))
