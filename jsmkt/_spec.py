@@ -1022,7 +1022,7 @@ def _override_value(key: str, value: Any) -> Any:
         except tomllib.TOMLDecodeError:
             if value and all(c.isalnum() or c in "-_" for c in value):
                 return value
-            raise SpecError(f"--set {key}={value}: the value is not a TOML value (a number, a string in quotes, a "
+            raise SpecError(f"override {key}={value}: the value is not a TOML value (a number, a string in quotes, a "
                             "list, a boolean)") from None
     if isinstance(value, (bool, int, float, dict)):
         return value
@@ -1031,13 +1031,13 @@ def _override_value(key: str, value: Any) -> Any:
     tolist = getattr(value, "tolist", None)  # a NumPy or JAX value
     if callable(tolist):
         return tolist()
-    raise SpecError(f"--set {key}={value!r}: give a number, a string, a boolean, a list or a table")
+    raise SpecError(f"override {key}={value!r}: give a number, a string, a boolean, a list or a table")
 
 
 def apply_overrides(spec: dict[str, Any], overrides: Any, where: str = "spec") -> dict[str, Any]:
     """A copy of the TOML table `spec` with `overrides` set: a mapping of TOML paths (`lam`, `service.scv`,
     `classes.0.lam`, `arrivals.C`; `mean` and `scv` short for the service's) to values (`_override_value`), as
-    `--set key=value`. The first part of a path must be a key of the spec's family, a table's index an index of
+    the CLI's overrides (key=value). The first part of a path must be a key of the spec's family, a table's index an index of
     its array of tables; `SpecError` naming the key otherwise. The values are checked when the spec is parsed."""
     import copy
 
@@ -1050,28 +1050,28 @@ def apply_overrides(spec: dict[str, Any], overrides: Any, where: str = "spec") -
     fam = FAMILIES.get(out.get("model"))
     for key, value in overrides.items():
         if not isinstance(key, str) or not key:
-            raise SpecError(f"--set {key!r}: a key is a TOML path such as lam, service.scv or classes.0.lam")
+            raise SpecError(f"override {key!r}: a key is a TOML path such as lam, service.scv or classes.0.lam")
         parts = _OVERRIDE_ALIASES.get(key, key).split(".") if fam is None or key not in fam.keys else [key]
         if fam is not None and parts[0] not in fam.keys:
-            raise SpecError(f"--set {key}: {parts[0]!r} is not a key of model = {show(fam.name)} (its keys: "
+            raise SpecError(f"override {key}: {parts[0]!r} is not a key of model = {show(fam.name)} (its keys: "
                             f"{', '.join(sorted(fam.keys, key=str.lower))})")
         node: Any = out
         for i, part in enumerate(parts[:-1]):
             if isinstance(node, list):
                 if not (part.isdigit() and int(part) < len(node)):
-                    raise SpecError(f"--set {key}: {'.'.join(parts[:i])} has {len(node)} tables; {part!r} is not "
+                    raise SpecError(f"override {key}: {'.'.join(parts[:i])} has {len(node)} tables; {part!r} is not "
                                     f"an index of them (0 to {len(node) - 1})")
                 node = node[int(part)]
             elif isinstance(node, dict):
                 if part not in node:
                     node[part] = {}
                 elif not isinstance(node[part], (dict, list)):
-                    raise SpecError(f"--set {key}: {'.'.join(parts[:i + 1])} = {show(node[part])} is a value, not a "
+                    raise SpecError(f"override {key}: {'.'.join(parts[:i + 1])} = {show(node[part])} is a value, not a "
                                     "table")
                 node = node[part]
         last = parts[-1]
         if isinstance(node, list):
-            raise SpecError(f"--set {key}: {'.'.join(parts)} sets a whole table of an array of tables; set one of "
+            raise SpecError(f"override {key}: {'.'.join(parts)} sets a whole table of an array of tables; set one of "
                             "its keys (e.g. classes.0.lam)")
         node[last] = _override_value(key, value)
     return out
@@ -1086,7 +1086,7 @@ def _model_from_table(spec: dict[str, Any], where: str):
 
 def loads_model_spec(text: str, overrides: Any = None):
     """The model of the TOML spec text `text` (`jsmkt.loads_spec`), with `overrides` set (a mapping of TOML paths
-    to values, as `jsmkt solve --set key=value`): the CLI's checks and messages, `SpecError` naming the key."""
+    to values, as the CLI's overrides (key=value)): the CLI's checks and messages, `SpecError` naming the key."""
     return _model_from_table(apply_overrides(read_spec_text(text), overrides), "spec")
 
 
@@ -1096,7 +1096,7 @@ def load_model_spec(path, overrides: Any = None):
     **Arguments:**
 
     - `path`: a spec file (`examples/*.toml`; the TOML reference lists its keys).
-    - `overrides`: optional, a mapping of keys to values, as the CLI's `--set key=value`: a key is the TOML path of
+    - `overrides`: optional, a mapping of keys to values, as the CLI's overrides (key=value): a key is the TOML path of
       a value (`lam`, `d`, `service.mean`, `service.scv`, `arrivals.C`, `classes.0.lam`; `mean` and `scv` short
       for the service's), a value TOML value text (`"0.8"`, `"[0.5, 0.5]"`) or a Python value.
 

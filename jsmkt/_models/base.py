@@ -57,9 +57,13 @@ class AbstractSupermarketModel(eqx.Module):
 
     def spec_values(self) -> dict[str, Any]:
         """The model's parameters as JSON values (the CLI's output): by default the fields of its table's
-        parameters, as plain numbers (a choice law as its mean), strings or lists."""
+        parameters (its own, or the one read from its signature when it was registered), as plain numbers (a
+        choice law as its mean), strings or lists."""
+        from .parameters import table_of
+
+        table = table_of(type(self))
         out: dict[str, Any] = {}
-        for p in self.table.parameters if self.table is not None else ():
+        for p in table.parameters if table is not None else ():
             if p.field is not None and (v := plain_value(getattr(self, p.field, None))) is not None:
                 out[p.name] = v
         return out

@@ -13,7 +13,7 @@ table = FamilyTable("jsq", (
 The table is data only: every value is a literal or a `Parameter`/`FamilyTable` of this module, so that
 `jsmkt._spec` reads it from the family's file (`read_table`) without importing the family's module, which imports
 JAX: a spec is checked before JAX is imported. From the table are generated the TOML parser and its value checks
-(`jsmkt._spec`), the `--set key=value` overrides, the parameters named by `jsmkt.sensitivity`, the CLI's keys and
+(`jsmkt._spec`), the overrides (`key=value`, by TOML path), the parameters named by `jsmkt.sensitivity`, the CLI's keys and
 the TOML reference of the documentation.
 
 One naming rule for every consumer: a parameter is named by its TOML path, dotted for tables (`lam`, `d`,
