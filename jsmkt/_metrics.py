@@ -282,10 +282,13 @@ def _family_metric(model, what: str) -> None:
     the family's own check, which says which settings."""
     from ._models.parameters import families_with_observable
 
-    if isinstance(model, AbstractDescribedModel):
-        if what in model.observables() or any(what in m.observables() for m in type(model).examples().values()):
+    if isinstance(model, AbstractDescribedModel) and what in model.observables():
+        return
+    with jax.ensure_compile_time_eval():  # the examples' parameters are constants, also under a trace
+        if isinstance(model, AbstractDescribedModel) and any(what in m.observables()
+                                                             for m in type(model).examples().values()):
             return
-    names = families_with_observable(what)
+        names = families_with_observable(what)
     kinds = " or ".join(f"{n} models (model = {n!r})" for n in names)
     raise ValueError(f"{what} is defined for {kinds}, not {type(model).__name__}")
 

@@ -374,7 +374,8 @@ def sensitivity(model, metric="mean_sojourn_time", wrt: str | Sequence[str] | No
             if name in ("scv", "service.scv") and "service.mean" in params:
                 hint = ("; scv needs a parametrisation of the service: pass service=jsmkt.hyperexponential2 (SCV >= 1) "
                         "or jsmkt.coxian2 (SCV >= 1/2), the constructor the service was built with")
-            names = [n for n in params if n not in aliases]
+            others = {n: [a for a, m in aliases.items() if m == n and a in params] for n in params}
+            names = [n + (f" (or {', '.join(others[n])})" if others[n] else "") for n in params if n not in aliases]
             raise ValueError(f"wrt={name!r} is not a parameter of {table.name!r} models ({type(model).__name__}); its "
                              f"parameters are {', '.join(names)}{hint}")
     if not wrt:
