@@ -96,3 +96,23 @@ def test_every_family_file_declares_its_table(cls):
     assert getattr(module, cls).table == table
     for spec in table.specs:
         assert (PACKAGE.parent / spec).is_file(), spec
+
+
+@pytest.mark.parametrize("fam", ["jsq", "jsq-batch", "jsq-bmap", "retrial", "repairable"])
+def test_rate_checks_are_generated_from_the_table(fam):
+    """Every rate of a family's table (kind `rate`, with a field) is checked finite and positive by `value_errors`,
+    the message naming it with its value."""
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    from jsmkt._spec import FAMILIES
+
+    family = FAMILIES[fam]
+    model = next(iter(family.examples().values()))
+    rates = [p for p in family.table.parameters if p.kind == "rate" and p.field]
+    assert rates
+    for p in rates:
+        bad = eqx.tree_at(lambda m, f=p.field: getattr(m, f), model, jnp.asarray(-0.25))
+        with pytest.raises(ValueError, match=rf"invalid parameters: .*\b{p.name}=-0.25\b.* must be finite and "
+                                             "positive"):
+            bad.check_values()

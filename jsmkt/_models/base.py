@@ -73,6 +73,25 @@ class AbstractSupermarketModel(eqx.Module):
         return "   ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}"
                           for k, v in self.spec_values().items())
 
+    def rate_value_errors(self) -> list[tuple[Array, str]]:
+        """The value check generated from the table's rates (parameters of kind `rate` with a field, outside arrays
+        of tables): one check that each is finite and positive, whose message names them all with their values
+        (`value_errors` of the families lists it first)."""
+        from .parameters import table_of
+
+        table = table_of(type(self))
+        rates = [p for p in (table.parameters if table is not None else ()) if p.kind == "rate" and p.field]
+        if not rates:
+            return []
+        values = {p.name: getattr(self, p.field) for p in rates}
+        bad = jnp.zeros((), bool)
+        for v in values.values():
+            bad = bad | ~jnp.isfinite(v) | ~(v > 0)
+        names = list(values)
+        join = lambda xs: xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]  # noqa: E731
+        text = fmt(join([f"{n}={{{n}}}" for n in names]), default=join(names), **values)
+        return [(bad, f"invalid parameters: {text} must be finite and positive")]
+
     def has_phase_tails(self) -> bool:
         """Whether the reduced state holds tails per service phase (`jsmkt.phase_tails`)."""
         return False

@@ -176,9 +176,7 @@ class JSQdBatch(AbstractDescribedModel):
         rho = self.load()
         p = self.batch_sizes
         return [
-            (~jnp.isfinite(self.batch_rate) | ~jnp.isfinite(self.mu) | ~(self.batch_rate > 0) | ~(self.mu > 0),
-             "invalid parameters: " + fmt("batch_rate={a} and mu={b}", a=self.batch_rate, b=self.mu,
-                                          default="batch_rate and mu") + " must be finite and positive"),
+            *self.rate_value_errors(),
             (~jnp.all(jnp.isfinite(p)) | jnp.any(p < 0) | (jnp.abs(jnp.sum(p) - 1.0) > 1e-8),
              "invalid parameters: batch_sizes must be probabilities (finite, >= 0, summing to 1)"),
             *self.choice.value_errors(),

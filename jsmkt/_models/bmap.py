@@ -155,8 +155,7 @@ class JSQdBMAP(AbstractDescribedModel):
         return [
             (not_a_bmap(self.bmap), "invalid parameters: the BMAP is not a descriptor (C's off-diagonal and D's "
                                     "entries >= 0, rows of C + sum_b D[b] summing to 0, some arrivals)"),
-            (~jnp.isfinite(self.mu) | ~(self.mu > 0), "invalid parameters: " + fmt(
-                "mu={a} must be finite and positive", a=self.mu, default="mu must be finite and positive")),
+            *self.rate_value_errors(),
             *self.choice.value_errors(),
             (~(rho < 1.0), "unstable: " + fmt(
                 "job arrival rate {a} >= capacity mu={b} per server (load rho={rho})", a=self.arrival_rate,

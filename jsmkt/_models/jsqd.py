@@ -141,9 +141,7 @@ class JSQd(AbstractDescribedModel):
     def value_errors(self):
         rho = self.load()
         return [
-            (~jnp.isfinite(self.lam) | ~jnp.isfinite(self.mu) | ~(self.lam > 0) | ~(self.mu > 0),
-             "invalid parameters: " + fmt("lam={lam} and mu={mu}", lam=self.lam, mu=self.mu, default="lam and mu")
-             + " must be finite and positive"),
+            *self.rate_value_errors(),
             *self.choice.value_errors(),
             (~(rho < 1.0), "unstable: " + fmt("lam={lam} >= capacity mu={mu} per server (load rho={rho})",
                                               lam=self.lam, mu=self.mu, rho=rho,

@@ -316,12 +316,8 @@ class RepairableJSQ(AbstractDescribedModel):
         ) + "; lower lam or alpha, or raise mu or beta"
 
     def value_errors(self):
-        finite = jnp.isfinite(self.lam) & jnp.isfinite(self.alpha) & jnp.isfinite(self.beta) & jnp.isfinite(self.mu)
-        positive = (self.lam > 0) & (self.alpha > 0) & (self.beta > 0) & (self.mu > 0)
         out = [
-            (~finite | ~positive, "invalid parameters: " + fmt(
-                "lam={a}, alpha={b}, beta={c} and mu={d}", a=self.lam, b=self.alpha, c=self.beta, d=self.mu,
-                default="lam, alpha, beta and mu") + " must be finite and positive"),
+            *self.rate_value_errors(),
             *named_value_errors("d1", self.choice1),
             *named_value_errors("d2", self.choice2),
         ]

@@ -229,10 +229,7 @@ class RetrialJSQ(AbstractDescribedModel):
     def value_errors(self):
         rho = self.load()
         out = [
-            (~jnp.isfinite(self.lam) | ~jnp.isfinite(self.theta) | ~jnp.isfinite(self.mu) | ~(self.lam > 0)
-             | ~(self.theta > 0) | ~(self.mu > 0),
-             "invalid parameters: " + fmt("lam={a}, theta={b} and mu={c}", a=self.lam, b=self.theta, c=self.mu,
-                                          default="lam, theta and mu") + " must be finite and positive"),
+            *self.rate_value_errors(),
             *named_value_errors("d1", self.choice1),
             *named_value_errors("d2", self.choice2),
             (~(rho < 1.0), self._unstable_message()),
