@@ -40,7 +40,17 @@ probabilities in [0, 1] summing to 1, d >= 1, K >= 2, a service's parameters) an
 arguments, without importing JAX (the CLI answers a bad spec at once), then `build_model` builds the model (the
 constructor checks the values again, and what needs JAX: stability, a PH's or a BMAP's matrices).
 `model_from_spec` does both. A family written outside jsmkt joins `FAMILIES` at run time (`register_family`,
-at the end of this module).
+below).
+
+The registry `FAMILIES` is generated from the families' tables (`table` of each family's class,
+`jsmkt._models.parameters`), read from their files without importing them: the keys, the checks by kind, the
+named parameters for sensitivities, the example specs. What runs on a built model comes from the class: its
+examples, its description line and JSON parameters (`describe_parameters`, `spec_values`) and its own metrics
+(its observables). This module names no family's class.
+
+From Python, `load_model_spec` and `loads_model_spec` (`jsmkt.load_spec`, `jsmkt.loads_spec`) build the model of a
+spec with overrides by TOML path (`apply_overrides`, as the CLI's `key=value` overrides), and `dump_model_spec`
+(`jsmkt.dump_spec`) writes the spec of a model; `read_spec_file` reads a spec file's TOML table.
 """
 
 import functools
@@ -684,8 +694,10 @@ def register_family(name: str, cls: type, *, examples: Callable[[], dict[str, An
 
     `cls` is a subclass of `jsmkt.AbstractDescribedModel` that states its physics in `description()` (the recipe:
     `jsmkt.Description`, `jsmkt.make_cells`, `jsmkt.LocalEvent`, `jsmkt.Dispatch`, `jsmkt.Moves`;
-    `examples/custom_family.py` is a complete family). Its spec keys are the arguments of its constructor, read from
-    its signature: an argument annotated `int` (or whose default is an integer) is a TOML integer, `bool` a boolean,
+    `examples/custom_family.py` is a complete family). Its spec keys, their checks and its named parameters are
+    those of its table when it states one (the class attribute `table`, a `FamilyTable` of
+    `jsmkt._models.parameters`, as jsmkt's families do); without one, they are the arguments of its constructor,
+    read from its signature: an argument annotated `int` (or whose default is an integer) is a TOML integer, `bool` a boolean,
     `str` a string, `service` a `[service]` table (built as a `jsmkt.PH`), anything else (a rate) a finite number;
     an argument without a default is a required key, one with a default may be left out (the constructor's default
     applies). The arguments that are array fields of the model of the same name are its parameters for

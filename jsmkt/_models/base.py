@@ -21,6 +21,13 @@ Two levels of contract:
   tested equal to the derived ones, and its reduced state must flatten to the derived one. A family names its
   own metrics as `observables()`: functions of the occupancy of its cells, which the metric functions evaluate on
   a mean-field state and the simulator on a simulated time-averaged occupancy (`Occupancy`).
+
+Everything else a family knows sits in its class too: its TOML name, parameters and example specs as one
+declarative `table` (`jsmkt._models.parameters.FamilyTable`), from which the spec parser, the overrides, the value
+checks of its rates (`rate_value_errors`) and its parameters for sensitivities are generated; its small instances
+(`examples`), its description line and JSON parameters (`describe_parameters`, `spec_values`); and the optional
+hooks declared here with their defaults (`has_phase_tails`, `supports_repair_design`, `repair_design`), which the
+generic modules call instead of naming a family.
 """
 
 import abc
