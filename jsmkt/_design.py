@@ -56,9 +56,10 @@ def _auto_K(models: Sequence) -> int:
 
 
 def _choice_params(model, wrt):
-    from ._sensitivity import parameters_of
+    from ._sensitivity import parameter_aliases, parameters_of
 
     params = parameters_of(model)
+    aliases = {a: n for a, n in parameter_aliases(model).items() if n in params}  # `d` for the classes' `classes.d`
     choices = [n for n, p in params.items() if p.kind == "choice"]
     if wrt is None:
         wrt = choices
@@ -66,12 +67,14 @@ def _choice_params(model, wrt):
         wrt = [wrt]
     wrt = list(wrt)
     for name in wrt:
-        if name not in choices:
+        if aliases.get(name, name) not in choices:
             raise ValueError(f"wrt={name!r} is not a choice number of {type(model).__name__}; its choice numbers "
                              f"are {', '.join(choices)}")
     if not wrt:
         raise ValueError("wrt=[] names no choice number")
-    return {n: params[n] for n in wrt}
+    if len({aliases.get(n, n) for n in wrt}) != len(wrt):
+        raise ValueError(f"wrt={wrt!r} names a choice number twice")
+    return {n: params[aliases.get(n, n)] for n in wrt}
 
 
 def _with_laws(model, params: dict, laws: dict):
@@ -113,7 +116,8 @@ def optimise_choice(model, cost: float, *, wrt: str | Sequence[str] | None = Non
     - `model`: a model of a registered family; its other parameters stay as they are.
     - `cost`: $c \ge 0$, the cost of one probe in units of the metric.
     - `wrt`: the choice numbers to optimise (default: all of the model's: `d`; `d1` and `d2` of the retrial and
-      repairable models; `d` (per class) and `f` (per helper pool) of `JSQdClasses`).
+      repairable models; `classes.d` (per class) and `helpers.f` (per helper pool) of `JSQdClasses`, also named `d` and
+      `f`).
     - `d_max`: the largest choice number allowed.
     - `metric`: a metric name or function `(model, fixed_point) -> scalar` (as for `jsmkt.sensitivity`).
     - `K`: the truncation level of the search; by default the smallest that `auto_K` finds for the heaviest tail
