@@ -478,16 +478,8 @@ def _load_and_service_dict(model) -> dict:
 
 
 def _service_text(model, mean: float, scv: float) -> str:
-    fam = family_of(model)
-    family = fam.name  # by name: the other families' modules stay unimported
-    what = "service epochs" if family == "jsq-batch-service" else "service"
-    if family in ("jsq-batch-service", "jsq-classes") and model.m == 1:
-        return f"{what}: exponential, rate mu = {1.0 / mean:.6g}"
-    if family in ("jsq-batch-service", "jsq-classes", "jsq-ph"):
-        return f"{what}: PH of order {model.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
-    if "mu" not in fam.keys:  # a family registered at run time, without a service rate
-        return "service: as the family's description states"
-    return f"service: exponential, rate mu = {float(model.mu):.6g}"
+    """The CLI's line on the model's service (the family's `describe_service`)."""
+    return model.describe_service(mean, scv)
 
 
 Parameter = NamedParameter  # a named parameter for `jsmkt.sensitivity` (`jsmkt._models.parameters`)

@@ -99,6 +99,16 @@ class AbstractSupermarketModel(eqx.Module):
         text = fmt(join([f"{n}={{{n}}}" for n in names]), default=join(names), **values)
         return [(bad, f"invalid parameters: {text} must be finite and positive")]
 
+    def describe_service(self, mean: float, scv: float) -> str:
+        """The CLI's line on the service, given its mean and SCV (NaN without a PH service): by default an
+        exponential service of rate `mu` where the table has one."""
+        from .parameters import table_of
+
+        table = table_of(type(self))
+        if table is not None and any(p.name == "mu" and p.field for p in table.parameters):
+            return f"service: exponential, rate mu = {float(self.mu):.6g}"
+        return "service: as the family's description states"
+
     def has_phase_tails(self) -> bool:
         """Whether the reduced state holds tails per service phase (`jsmkt.phase_tails`)."""
         return False

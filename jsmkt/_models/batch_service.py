@@ -67,6 +67,11 @@ class JSQdBatchService(AbstractDescribedModel):
         return {"batch-service-h2": cls(1.2, hyperexponential2(1.0, 2.0), [0.5, 0.5], d=2, K=32),
                 "batch-service-exp-d3": cls(1.4, exponential(1.0), [1 / 3] * 3, d=3, K=24)}
 
+    def describe_service(self, mean: float, scv: float) -> str:
+        if self.m == 1:
+            return f"service epochs: exponential, rate mu = {1.0 / mean:.6g}"
+        return f"service epochs: PH of order {self.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
+
     def spec_values(self) -> dict:
         return {"lam": float(self.lam), "d": float(self.choice.mean),
                 "service_batch_sizes": [float(p) for p in self.service_batch_sizes]}

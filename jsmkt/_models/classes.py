@@ -110,6 +110,11 @@ class JSQdClasses(AbstractDescribedModel):
                                                 service=hyperexponential2(1.0, 2.0), helper_rates=[0.2], f=[2], K=32),
                 "classes-d1-d3": cls([0.3, 0.4], d=[1, 3], K=24)}
 
+    def describe_service(self, mean: float, scv: float) -> str:
+        if self.m == 1:
+            return f"service: exponential, rate mu = {1.0 / mean:.6g}"
+        return f"service: PH of order {self.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
+
     def spec_values(self) -> dict:
         return {"classes": [{"lam": float(self.lam[j]), "d": float(self.choices[j].mean),
                              "batch_sizes": [float(p) for p in self.batch_sizes[j]]} for j in range(self.n_classes)],

@@ -68,6 +68,9 @@ class JSQdPH(AbstractDescribedModel):
         return {"jsq2-h2": cls(0.8, hyperexponential2(1.0, 4.0), d=2, K=24),
                 "jsq-erlang-real-d": cls(0.7, erlang(3), d=2.5, K=12)}
 
+    def describe_service(self, mean: float, scv: float) -> str:
+        return f"service: PH of order {self.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
+
     def spec_values(self) -> dict:
         return {"lam": float(self.lam), "d": float(self.choice.mean)}
 
