@@ -110,8 +110,9 @@ class AbstractSupermarketModel(eqx.Module):
         return "service: as the family's description states"
 
     def has_phase_tails(self) -> bool:
-        """Whether the reduced state holds tails per service phase (`jsmkt.phase_tails`)."""
-        return False
+        """Whether the model gives tails per service phase (`jsmkt.phase_tails`): by default, whether its class
+        defines `phase_tails(y)` (the papers' PH models as published do)."""
+        return callable(getattr(type(self), "phase_tails", None))
 
     def supports_repair_design(self) -> bool:
         """Whether `repair_design` applies (`jsmkt.optimise_repair`): False by default."""
