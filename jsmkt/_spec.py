@@ -980,6 +980,9 @@ def dump_model_spec(model) -> str:
     """The TOML text of a spec that builds `model` (`jsmkt.dump_spec`): `jsmkt.loads_spec` of it gives a model
     equal to `model` (same class, every leaf equal). A service is written as its `alpha` and `T`, a BMAP as its
     `C` and `D`, a choice law as the integer, the real number or the probabilities it was built from."""
-    import tomli_w
-
+    try:
+        import tomli_w
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("jsmkt.dump_spec writes TOML with the package tomli-w, a dependency of jsmkt: "
+                                  "pip install tomli-w") from None
     return tomli_w.dumps(model_spec(model))
