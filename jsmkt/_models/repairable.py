@@ -13,8 +13,6 @@ from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, P
 from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
-ARRIVALS = ("A1", "A2")
-REPAIRS = ("R1", "R2", "R3")
 WORKING, FAILED = 0, 1  # statuses under R.1 and R.2
 SMALL, WAITING = 1, 2  # R.3: failed under small repair, failed waiting for a repairman
 
@@ -417,3 +415,8 @@ def _default_K(model: RepairableJSQ, rho: float) -> int:
         inside = [r.real for r in roots if abs(r.imag) < 1e-12 and 0.0 < r.real < 1.0 - 1e-12]
         decay = max(inside) if inside else None
     return default_K(rho, weights, scv=1.0 + 2.0 * a / b, decay=decay)
+
+
+# The words of the family's policies, from its table (the constructor checks them).
+ARRIVALS = RepairableJSQ.table.parameter("arrival").choices
+REPAIRS = RepairableJSQ.table.parameter("repair").choices

@@ -16,8 +16,6 @@ from .description import Description, Dispatch, LocalEvent, Moves, job_flows, ma
 from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
-RETRIALS = ("reprobe", "own")
-POLICIES = ("linear", "constant")
 IDLE, BUSY = 0, 1
 _MAX_DEFAULT_K = 4096  # the default truncation never exceeds the solvers' largest `max_K`
 
@@ -416,3 +414,8 @@ def _default_K(lam, theta, mu, choice1, choice2, retrial: str, policy: str, tol:
             f"be about {k:.3g}, above {_MAX_DEFAULT_K}, the largest K chosen by default (and solve_fixed_point's "
             f"default max_K); {advice} or lower lam, or give K (2K + 1 unknowns)")
     return int(min(max(8, int(np.ceil(1.5 * k)) + 8), _MAX_DEFAULT_K))
+
+
+# The words of the family's policies, from its table (the constructor checks them).
+RETRIALS = RetrialJSQ.table.parameter("retrial").choices
+POLICIES = RetrialJSQ.table.parameter("policy").choices
