@@ -3,8 +3,8 @@
 A page asks for a generated part with an HTML comment on a line of its own:
 
 - `<!-- jsmkt:cli -->`: every command's `--help`, from the CLI's argparse parser (`jsmkt.cli.build_parser`);
-- `<!-- jsmkt:toml -->`: the TOML reference, from the family registry (`jsmkt._spec.FAMILIES`) and the spec
-  parser's kinds;
+- `<!-- jsmkt:toml -->`: the TOML reference, from the family registry (`jsmkt._spec.FAMILIES`, made from each
+  family's parameter table) and the spec parser's kinds;
 - `<!-- jsmkt:families -->`: the table of families with their TOML names, classes and pages;
 - `<!-- jsmkt:family NAME -->`: one family's TOML keys, named parameters, `--as-published` and example specs (every
   `examples/*.toml` whose `model` is NAME, included by `pymdownx.snippets`).
@@ -77,8 +77,42 @@ def _families(page) -> str:
 
 
 def _parameters(fam) -> str:
+    """The family's named parameters for sensitivities, by TOML path, with their aliases."""
     rows = ["| name | kind | meaning |", "|---|---|---|"]
-    rows += [f"| `{name}` | {p.kind} | {p.doc} |" for name, p in fam.params.items()]
+    for name, p in fam.params.items():
+        aliases = [a for a, n in fam.aliases.items() if n == name]
+        also = f" (also `{'`, `'.join(aliases)}`)" if aliases else ""
+        rows.append(f"| `{name}`{also} | {p.kind} | {p.doc} |")
+    return "\n".join(rows)
+
+
+def _default(p) -> str:
+    spec = _registry()
+    if p.default is spec.REQUIRED:
+        return "required"
+    if p.default is None or p.default is spec.OMIT:
+        return "optional"
+    if isinstance(p.default, str):
+        return f'`"{p.default}"`'
+    if isinstance(p.default, (tuple, list)) and not p.default:
+        return "none"
+    return f"`{p.default}`"
+
+
+def _keys(fam) -> str:
+    """The family's TOML keys, from its parameter table: kind (and the constraint checked), default, meaning."""
+    spec = _registry()
+    if fam.table is None:
+        return ""
+    rows = ["| key | kind | default | meaning |", "|---|---|---|---|"]
+    for p in fam.table.parameters:
+        for q, key in [(p, p.name)] + [(e, f"{p.name}.N.{e.name}") for e in p.entries]:
+            kind = spec.KINDS.get(q.kind, q.kind)
+            if q.choices:
+                kind = "one of " + ", ".join(f'`"{c}"`' for c in q.choices)
+            elif q.kind == "integer":
+                kind = f"an integer >= {q.minimum}" if q.minimum > -(2**62) else "an integer"
+            rows.append(f"| `{key}` | {kind} | {_default(q)} | {q.doc} |")
     return "\n".join(rows)
 
 
@@ -95,6 +129,8 @@ def _family(page, name: str) -> str:
         + ("`jsmkt solve --as-published` solves the papers' published equations instead "
            f"({_link(page, 'exact-vs-published.md', 'exact versus published')})."
            if fam.published else "It has no as-published variant."), "",
+        "TOML keys (from the family's parameter table; `N` indexes an array of tables, from 0 in overrides):", "",
+        _keys(fam), "",
         "Named parameters, for `jsmkt.sensitivity`, `jsmkt sensitivity --wrt` and `jsmkt.optimise` "
         f"({_link(page, 'analysis.md', 'sensitivities')}):", "",
         _parameters(fam), "",
@@ -115,7 +151,7 @@ def _toml(page) -> str:
         examples = ", ".join(f"`{p}`" for p in _examples(fam.name)) or "none"
         parts += [f"### `model = \"{fam.name}\"`", "",
                   f"`jsmkt.{fam.class_name}` ({_link(page, _family_page(fam.name), 'page')}). Keys: {keys}. "
-                  f"Examples: {examples}.", "", _parameters(fam), ""]
+                  f"Examples: {examples}.", "", _keys(fam), "", _parameters(fam), ""]
     kinds = ", ".join(f"`{k}`" for k in spec.SERVICE_KINDS)
     sim_kinds = ", ".join(f"`{k}`" for k in spec.SIMULATION_KINDS)
     sampling = ", ".join(f"`\"{k}\"`" for k in spec.SAMPLING)

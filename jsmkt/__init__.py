@@ -94,6 +94,10 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._solution import RESULTS as RESULTS
     from ._solution import FixedPoint as FixedPoint
     from ._solution import Trajectory as Trajectory
+    from ._spec import SpecError as SpecError
+    from ._spec import dump_model_spec as dump_spec  # noqa: F401  (public under another name)
+    from ._spec import load_model_spec as load_spec  # noqa: F401
+    from ._spec import loads_model_spec as loads_spec  # noqa: F401
     from ._spec import register_family as register_family
 
 

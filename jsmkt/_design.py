@@ -56,9 +56,10 @@ def _auto_K(models: Sequence) -> int:
 
 
 def _choice_params(model, wrt):
-    from ._sensitivity import parameters_of
+    from ._sensitivity import parameter_aliases, parameters_of
 
     params = parameters_of(model)
+    aliases = {a: n for a, n in parameter_aliases(model).items() if n in params}  # `d` for the classes' `classes.d`
     choices = [n for n, p in params.items() if p.kind == "choice"]
     if wrt is None:
         wrt = choices
@@ -66,12 +67,14 @@ def _choice_params(model, wrt):
         wrt = [wrt]
     wrt = list(wrt)
     for name in wrt:
-        if name not in choices:
+        if aliases.get(name, name) not in choices:
             raise ValueError(f"wrt={name!r} is not a choice number of {type(model).__name__}; its choice numbers "
                              f"are {', '.join(choices)}")
     if not wrt:
         raise ValueError("wrt=[] names no choice number")
-    return {n: params[n] for n in wrt}
+    if len({aliases.get(n, n) for n in wrt}) != len(wrt):
+        raise ValueError(f"wrt={wrt!r} names a choice number twice")
+    return {n: params[aliases.get(n, n)] for n in wrt}
 
 
 def _with_laws(model, params: dict, laws: dict):
@@ -113,7 +116,8 @@ def optimise_choice(model, cost: float, *, wrt: str | Sequence[str] | None = Non
     - `model`: a model of a registered family; its other parameters stay as they are.
     - `cost`: $c \ge 0$, the cost of one probe in units of the metric.
     - `wrt`: the choice numbers to optimise (default: all of the model's: `d`; `d1` and `d2` of the retrial and
-      repairable models; `d` (per class) and `f` (per helper pool) of `JSQdClasses`).
+      repairable models; `classes.d` (per class) and `helpers.f` (per helper pool) of `JSQdClasses`, also named `d` and
+      `f`).
     - `d_max`: the largest choice number allowed.
     - `metric`: a metric name or function `(model, fixed_point) -> scalar` (as for `jsmkt.sensitivity`).
     - `K`: the truncation level of the search; by default the smallest that `auto_K` finds for the heaviest tail
@@ -215,10 +219,10 @@ def optimise_repair(model, cost: float = 0.0, *, metric: Any = "mean_sojourn_tim
 
     **Returns:** a `jsmkt.Optimum` (`model` at the best `j` and `d2`, `objective`, `value`, `probes`, `run`).
     """
-    from ._models.repairable import RepairableJSQ
+    from ._models.base import AbstractSupermarketModel
     from ._sensitivity import metric_function
 
-    if not isinstance(model, RepairableJSQ) or model.repair != "R3":
+    if not isinstance(model, AbstractSupermarketModel) or not model.supports_repair_design():
         raise ValueError(f"model={type(model).__name__}: optimise_repair needs a RepairableJSQ with repair='R3' (small "
                          "repairmen and a large one)")
     if not (isinstance(d2_max, int) and not isinstance(d2_max, bool) and d2_max >= 2):
@@ -238,8 +242,7 @@ def optimise_repair(model, cost: float = 0.0, *, metric: Any = "mean_sojourn_tim
             raise ValueError(f"init=({j0!r}, {d0!r}) must have 0 < j < j* = alpha/(alpha + beta) = {j_star:.6g} "
                              f"and 1 < d2 < d2_max = {d2_max}")
     j0, d0 = starts[0]
-    base = RepairableJSQ(model.lam, model.alpha, model.beta, d1=model.choice1, d2=InterpolatedChoice(d0, d_max=d2_max),
-                         mu=model.mu, arrival=model.arrival, repair="R3", j=j0, K=model.K, saturated=True)
+    base = model.repair_design(j0, InterpolatedChoice(d0, d_max=d2_max))
     if K is None:
         corners = [_repair_model(base, jnp.asarray(j), jnp.asarray(d), d2_max)
                    for j in (0.0, j_star * (1 - 1e-9)) for d in (1.0, float(d2_max))]

@@ -87,6 +87,17 @@ def _observable(model: AbstractSupermarketModel, state, name: str) -> Float[Arra
     return _observables_at(model, x, (name,), False)[name]
 
 
+def family_metrics(model: AbstractSupermarketModel, state) -> dict[str, Array]:
+    """Every named observable of `model`'s family (`AbstractDescribedModel.observables`) at a state or
+    `FixedPoint` (NaN where the fixed point failed); `{}` for a family without. The CLI shows them with the
+    generic metrics."""
+    names = tuple(model.observables()) if isinstance(model, AbstractDescribedModel) else ()
+    if not names:
+        return {}
+    y = _state(model, state)
+    return {n: nan_if_failed(v, state) for n, v in _observables_at(model, y, names, True).items()}
+
+
 def observable_values(model: AbstractSupermarketModel, occupancy: Occupancy) -> dict[str, Array]:
     """Every named observable of `model`'s family (`{}` for a family without) on each occupancy of `occupancy`
     (fractions of shape `(..., C)`; the result has the leading shape), read in the cells of `model` (at its
@@ -142,7 +153,7 @@ def phase_tails(model: AbstractSupermarketModel, state) -> Float[Array, "K m"]:
     r"""$S_k^{(i)}$, the fraction of servers with at least $k$ jobs whose job in service is in phase $i$,
     $k = 1..K$ (models without phases: shape `(K, 1)`)."""
     y = _state(model, state)
-    if hasattr(model, "phase_tails"):
+    if model.has_phase_tails():
         return model.phase_tails(y)
     return model.tails(y)[1:, None]
 
@@ -261,21 +272,31 @@ def mean_number_waiting(model: AbstractSupermarketModel, state) -> Float[Array, 
 
 
 # --- retrial models ---------------------------------------------------------------------------------------------
-# These and the repairable servers' metrics are the families' named observables (`RetrialJSQ.observables`,
-# `RepairableJSQ.observables`); `state` may also be a simulated occupancy (`SimulationResult.occupancy`).
+# These and the repairable servers' metrics are the families' named observables (`observables()` of the family's
+# class); `state` may also be a simulated occupancy (`SimulationResult.occupancy`).
 
 
-def _retrial(model, what: str):
-    from ._models.retrial import RetrialJSQ
+def _family_metric(model, what: str) -> None:
+    """Refuse a family metric `what` of a model whose family has no observable of that name (no instance of it
+    names it: `AbstractDescribedModel.observables`); a model whose family has it for other settings goes on to
+    the family's own check, which says which settings."""
+    from ._models.parameters import families_with_observable
 
-    if not isinstance(model, RetrialJSQ):
-        raise ValueError(f"{what} is defined for retrial models (jsmkt.RetrialJSQ), not {type(model).__name__}")
+    if isinstance(model, AbstractDescribedModel) and what in model.observables():
+        return
+    with jax.ensure_compile_time_eval():  # the examples' parameters are constants, also under a trace
+        if isinstance(model, AbstractDescribedModel) and any(what in m.observables()
+                                                             for m in type(model).examples().values()):
+            return
+        names = families_with_observable(what)
+    kinds = " or ".join(f"{n} models (model = {n!r})" for n in names)
+    raise ValueError(f"{what} is defined for {kinds}, not {type(model).__name__}")
 
 
 @_nan_if_failed
 def mean_orbit_size(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """Mean number of customers per orbit (retrial models): at a state, `mean_number_waiting`."""
-    _retrial(model, "mean_orbit_size")
+    _family_metric(model, "mean_orbit_size")
     return _observable(model, state, "mean_orbit_size")
 
 
@@ -283,14 +304,14 @@ def mean_orbit_size(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
 def prob_blocked(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Probability that a primary customer finds every sampled server busy and joins an orbit (retrial models):
     `prob_wait` of the primary stream, $g_1(\rho)$ at the fixed point."""
-    _retrial(model, "prob_blocked")
+    _family_metric(model, "prob_blocked")
     return _observable(model, state, "prob_blocked")
 
 
 @_nan_if_failed
 def prob_retrial_success(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """Probability that a retrial is served (retrial models, `RetrialJSQ.observables`)."""
-    _retrial(model, "prob_retrial_success")
+    _family_metric(model, "prob_retrial_success")
     return _observable(model, state, "prob_retrial_success")
 
 
@@ -298,7 +319,7 @@ def prob_retrial_success(model: AbstractSupermarketModel, state) -> Float[Array,
 def mean_sojourn_time_tagged(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """$E[T]$ from a tagged customer's path (linear re-probing retrial models, `RetrialJSQ.sojourn_time_tagged`);
     at the fixed point it equals `mean_sojourn_time` (Little's law)."""
-    _retrial(model, "mean_sojourn_time_tagged")
+    _family_metric(model, "mean_sojourn_time_tagged")
     model.check_tagged()
     return _observable(model, state, "mean_sojourn_time_tagged")
 
@@ -306,45 +327,37 @@ def mean_sojourn_time_tagged(model: AbstractSupermarketModel, state) -> Float[Ar
 @_nan_if_failed
 def orbit_size_distribution(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
     """Fraction of servers whose orbit holds exactly `j` customers, `j = 0..K` (retrial models)."""
-    _retrial(model, "orbit_size_distribution")
+    _family_metric(model, "mean_orbit_size")  # the retrial families' orbits
     return queue_length_distribution(model, state)
 
 
 # --- repairable servers -----------------------------------------------------------------------------------------
 
 
-def _repairable(model, what: str):
-    from ._models.repairable import RepairableJSQ
-
-    if not isinstance(model, RepairableJSQ):
-        raise ValueError(f"{what} is defined for repairable-server models (jsmkt.RepairableJSQ), not "
-                         f"{type(model).__name__}")
-
-
 @_nan_if_failed
 def availability(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of working servers (repairable-server models)."""
-    _repairable(model, "availability")
+    _family_metric(model, "availability")
     return _observable(model, state, "availability")
 
 
 @_nan_if_failed
 def customers_at_failed_servers(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of the customers in the system held at failed servers (repairable-server models)."""
-    _repairable(model, "customers_at_failed_servers")
+    _family_metric(model, "customers_at_failed_servers")
     return _observable(model, state, "customers_at_failed_servers")
 
 
 @_nan_if_failed
 def repairmen_utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of the repair capacity in use (repairable-server models, `RepairableJSQ.observables`)."""
-    _repairable(model, "repairmen_utilisation")
+    _family_metric(model, "repairmen_utilisation")
     return _observable(model, state, "repairmen_utilisation")
 
 
 @_nan_if_failed
 def fraction_failed_waiting(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     """The fraction of failed servers that wait for a repairman (repairable-server models with repair='R3')."""
-    _repairable(model, "fraction_failed_waiting")
+    _family_metric(model, "fraction_failed_waiting")
     model.check_r3("fraction_failed_waiting")
     return _observable(model, state, "fraction_failed_waiting")

@@ -1,8 +1,9 @@
 r"""Sensitivity analysis: derivatives and elasticities of a metric at the fixed point with respect to a family's
 named parameters.
 
-A family's parameters are named in its registry entry (`jsmkt._spec.FAMILIES`, `Family.params`): each names the
-model field it sets and how a value reads (`jsmkt._spec.Parameter`). This module reads and writes them
+A family's parameters are named in its table (`table` of the family's class, `jsmkt._models.parameters`), by their
+TOML paths (`lam`, `service.mean`, `classes.lam`; older short names such as `mean` are aliases): each names the
+model field it sets and how a value reads (`jsmkt._models.parameters.NamedParameter`). This module reads and writes them
 (`parameter_value`, `with_parameter`), which is all that `jsmkt.sensitivity` and the optimisation helpers need:
 a model is rebuilt with `eqx.tree_at`, so its truncation `K`, its static structure (e.g. R.3's regime) and its other
 parameters stay as they are, and the derivatives go through the fixed point by the implicit function theorem.
@@ -84,21 +85,38 @@ class _ServiceParameter:
         return model.service
 
 
+def _table(model):
+    """The table of `model`'s family; `ValueError` for a model that is no registered family."""
+    from ._models.parameters import family_names, table_of
+
+    table = table_of(type(model))
+    if table is None:
+        raise ValueError(f"{type(model).__name__} is not a registered model family ({', '.join(family_names())})")
+    return table
+
+
+def parameter_aliases(model) -> dict[str, str]:
+    """Other names of `model`'s named parameters (`mean` for `service.mean`), to their TOML paths."""
+    from ._models.parameters import sensitivity_parameters
+
+    return sensitivity_parameters(_table(model))[1]
+
+
 def parameters_of(model, service: Callable | None = None) -> dict[str, Any]:
-    """The named parameters of `model` (its family's `params`, less those it lacks, such as `j` outside R.3), with
-    the service's `mean` and `scv` through `service(mean, scv) -> PH` when given (checked to give the model's
-    service at its mean and SCV)."""
-    from ._spec import family_of
+    """The named parameters of `model` (its family's table's, by TOML path, less those it lacks, such as `j` outside
+    R.3), with the service's `service.mean` and `service.scv` through `service(mean, scv) -> PH` when given
+    (checked to give the model's service at its mean and SCV)."""
+    from ._models.parameters import sensitivity_parameters
 
     out = {}
-    for name, p in family_of(model).params.items():
+    for name, p in sensitivity_parameters(_table(model))[0].items():
         x = p.where(model)
         leaves = x if isinstance(x, tuple) else (x,)
         if x is None or not leaves or any(getattr(v, "size", 1) == 0 for v in leaves):
             continue
         out[name] = p
     if service is not None:
-        if "mean" not in out:
+        if "service.mean" not in out:
             raise ValueError(f"service={getattr(service, '__name__', service)!r}: {type(model).__name__} has no PH "
                              "service to parametrise (its service rate is a parameter of its own, e.g. mu)")
         if not callable(service):
@@ -115,8 +133,8 @@ def parameters_of(model, service: Callable | None = None) -> dict[str, Any]:
             raise ValueError(f"service={getattr(service, '__name__', service)}(mean={mean:.10g}, scv={scv:.10g}) is "
                              "not the model's service distribution; give the parametrisation the service was built "
                              "with (e.g. jsmkt.hyperexponential2 for an h2 service)")
-        out["mean"] = _ServiceParameter("mean", service, mean, scv)
-        out["scv"] = _ServiceParameter("scv", service, mean, scv)
+        out["service.mean"] = _ServiceParameter("mean", service, mean, scv)
+        out["service.scv"] = _ServiceParameter("scv", service, mean, scv)
     return out
 
 
@@ -309,11 +327,14 @@ def sensitivity(model, metric="mean_sojourn_time", wrt: str | Sequence[str] | No
     - `metric`: a metric name (`"mean_sojourn_time"`, `"mean_queue_length"`, `"prob_wait"`, `"availability"`,
       `"mean_orbit_size"`, `"prob_blocked"`, ...: the scalar metrics of `jsmkt`) or a function
       `(model, fixed_point) -> scalar`.
-    - `wrt`: a parameter name or a list of them (default: all of the model's). Each family names its own:
-      `lam`, `mu`, `theta`, `alpha`, `beta`, `j` (R.3), `batch_rate`, `batch_sizes`, `service_batch_sizes`,
-      `helper_rates`, the choice numbers `d`, `d1`, `d2`, `f` (a fixed integer is read as the real `d` of the
+    - `wrt`: a parameter name or a list of them (default: all of the model's). Each family names its own in its
+      table, by TOML path: `lam`, `mu`, `theta`, `alpha`, `beta`, `j` (R.3), `batch_rate`, `batch_sizes`,
+      `service_batch_sizes`, `arrivals.rates`, `classes.lam`, `classes.batch_sizes`, `helpers.rate`, the choice
+      numbers `d`, `d1`, `d2`, `classes.d`, `helpers.f` (a fixed integer is read as the real `d` of the
       randomised rule, whose derivative there is the right one; probabilities over 1, 2, ... servers as a
-      probability vector), and for PH service `mean` (time scaled, shape kept) and, with `service`, `scv`. An
+      probability vector), and for PH service `service.mean` (time scaled, shape kept) and, with `service`,
+      `service.scv`. The short names of the tables' aliases (`mean`, `scv`, `rates`, `helper_rates`, `f`, and
+      `lam`, `d`, `batch_sizes` for the classes) are accepted too; results are keyed by the names given. An
       unknown name is refused with the family's valid names.
     - `grid`: optional `{name: values}` of parameters to vary (scalar parameters: arrays broadcast to one grid
       shape; vector ones: that shape plus the vector's): one `jax.vmap`-ed solve over the grid, every result then
@@ -335,13 +356,13 @@ def sensitivity(model, metric="mean_sojourn_time", wrt: str | Sequence[str] | No
         s.derivatives["lam"], s.elasticities["scv"]
         ```
     """
-    from ._spec import family_of
-
-    fam = family_of(model)
+    table = _table(model)
     metric_fn, metric_name = metric_function(metric)
     params = parameters_of(model, service)
+    aliases = {**parameter_aliases(model), "scv": "service.scv"}
+    params.update({a: params[n] for a, n in aliases.items() if n in params and a not in params})
     if wrt is None:
-        wrt = list(params)
+        wrt = [n for n in params if n not in aliases]
     elif isinstance(wrt, str):
         wrt = [wrt]
     else:
@@ -350,14 +371,17 @@ def sensitivity(model, metric="mean_sojourn_time", wrt: str | Sequence[str] | No
     for name in list(wrt) + list(grid):
         if not isinstance(name, str) or name not in params:
             hint = ""
-            if name == "scv" and "mean" in params:
+            if name in ("scv", "service.scv") and "service.mean" in params:
                 hint = ("; scv needs a parametrisation of the service: pass service=jsmkt.hyperexponential2 (SCV >= 1) "
                         "or jsmkt.coxian2 (SCV >= 1/2), the constructor the service was built with")
-            raise ValueError(f"wrt={name!r} is not a parameter of {fam.name!r} models ({type(model).__name__}); its "
-                             f"parameters are {', '.join(params)}{hint}")
+            others = {n: [a for a, m in aliases.items() if m == n and a in params] for n in params}
+            names = [n + (f" (or {', '.join(others[n])})" if others[n] else "") for n in params if n not in aliases]
+            raise ValueError(f"wrt={name!r} is not a parameter of {table.name!r} models ({type(model).__name__}); its "
+                             f"parameters are {', '.join(names)}{hint}")
     if not wrt:
-        raise ValueError("wrt=[] names no parameter; give one or more of " + ", ".join(params))
-    if len(set(wrt)) != len(wrt):
+        raise ValueError("wrt=[] names no parameter; give one or more of "
+                         + ", ".join(n for n in params if n not in aliases))
+    if len({aliases.get(n, n) for n in wrt}) != len(wrt):
         raise ValueError(f"wrt={wrt!r} names a parameter twice")
     used = {name: params[name] for name in dict.fromkeys(wrt + list(grid))}
     base = {name: parameter_value(p, model) for name, p in used.items()}

@@ -40,7 +40,17 @@ probabilities in [0, 1] summing to 1, d >= 1, K >= 2, a service's parameters) an
 arguments, without importing JAX (the CLI answers a bad spec at once), then `build_model` builds the model (the
 constructor checks the values again, and what needs JAX: stability, a PH's or a BMAP's matrices).
 `model_from_spec` does both. A family written outside jsmkt joins `FAMILIES` at run time (`register_family`,
-at the end of this module).
+below).
+
+The registry `FAMILIES` is generated from the families' tables (`table` of each family's class,
+`jsmkt._models.parameters`), read from their files without importing them: the keys, the checks by kind, the
+named parameters for sensitivities, the example specs. What runs on a built model comes from the class: its
+examples, its description line and JSON parameters (`describe_parameters`, `spec_values`) and its own metrics
+(its observables). This module names no family's class.
+
+From Python, `load_model_spec` and `loads_model_spec` (`jsmkt.load_spec`, `jsmkt.loads_spec`) build the model of a
+spec with overrides by TOML path (`apply_overrides`, as the CLI's `key=value` overrides), and `dump_model_spec`
+(`jsmkt.dump_spec`) writes the spec of a model; `read_spec_file` reads a spec file's TOML table.
 """
 
 import functools
@@ -50,6 +60,19 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jsmkt
+
+from ._models.parameters import (
+    KINDS,
+    OMIT,
+    REQUIRED,
+    FamilyTable,
+    NamedParameter,
+    builtin_families,
+    register_table,
+    sensitivity_parameters,
+    signature_table,
+)
+from ._models.parameters import Parameter as TableParameter
 
 
 class SpecError(ValueError):
@@ -80,7 +103,7 @@ def show(value: Any) -> str:
 _MAX_SPEC_BYTES = 2**20  # a model spec is a few lines; refuse to read /dev/zero or a huge file whole
 
 
-def load_spec(path: str) -> dict[str, Any]:
+def read_spec_file(path: str) -> dict[str, Any]:
     """The TOML table of the spec file `path` (UTF-8, a leading byte-order mark allowed); `SpecError` naming the
     file otherwise."""
     try:
@@ -99,6 +122,20 @@ def load_spec(path: str) -> dict[str, Any]:
         raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); a TOML spec must be UTF-8") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: not valid TOML ({e})") from None
+
+
+_load_spec_dict = read_spec_file  # private aliases of the spec reader, which returns the TOML table (the CLI's)
+load_spec = read_spec_file  # (`jsmkt.load_spec`, public, returns a model: `load_model_spec`)
+
+
+def read_spec_text(text: str, where: str = "spec") -> dict[str, Any]:
+    """The TOML table of the spec text `text`; `SpecError` naming `where` when it is not valid TOML."""
+    if not isinstance(text, str):
+        raise SpecError(f"{where}: text={text!r} must be a string of TOML")
+    try:
+        return tomllib.loads(text.removeprefix("\ufeff"))
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{where}: not valid TOML ({e})") from None
 
 
 def _require(table: dict, key: str, where: str):
@@ -304,37 +341,10 @@ def _word(spec: dict[str, Any], key: str, where: str, choices: tuple[str, ...], 
     return v
 
 
-# The words of the retrial and repairable families (the same tuples as in their modules, which import JAX; a test
-# checks that they agree).
-RETRIALS, POLICIES = ("reprobe", "own"), ("linear", "constant")
-ARRIVALS, REPAIRS = ("A1", "A2"), ("R1", "R2", "R3")
-
-
-# --- each family's keys: the constructor's arguments, checked without JAX -----------------------------------------
-# The scalar constraints (rates > 0, probabilities, d >= 1, K >= 2, a service's parameters) are checked here too, so
-# that a bad value is answered before JAX is imported; the constructors check them again, and what needs JAX
-# (stability, a PH's matrices, a BMAP).
-
-
-def _K(spec: dict[str, Any], where: str) -> int | None:
-    return _count(spec, "K", where, 2, "the largest queue length kept", None)
-
-
-def _jsq(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where, positive=True), d=_choice_number(spec, where),
-                mu=_number(spec, "mu", where, 1.0, positive=True), K=_K(spec, where))
-
-
-def _jsq_ph(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where, positive=True),
-                service=parse_service(_require(spec, "service", where)), d=_choice_number(spec, where),
-                K=_K(spec, where))
-
-
-def _jsq_batch(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(batch_rate=_number(spec, "batch_rate", where, positive=True),
-                batch_sizes=_probabilities(spec, "batch_sizes", where, "batch-size probabilities"),
-                d=_choice_number(spec, where), mu=_number(spec, "mu", where, 1.0, positive=True), K=_K(spec, where))
+# --- each family's keys, generated from its table (`jsmkt._models.parameters`), checked without JAX --------------
+# The scalar constraints (rates > 0, probabilities, d >= 1, K >= 2, a service's parameters) are checked here, by the
+# kind of each parameter of the family's table, so that a bad value is answered before JAX is imported; the
+# constructors check them again, and what needs JAX (stability, a PH's matrices, a BMAP).
 
 
 def _table_list(spec: dict[str, Any], key: str, where: str, required: bool) -> list[dict]:
@@ -345,55 +355,6 @@ def _table_list(spec: dict[str, Any], key: str, where: str, required: bool) -> l
     if not (isinstance(v, list) and v and all(isinstance(t, dict) for t in v)):
         raise SpecError(f"{where}: {key}={show(v)} must be an array of tables ([[{key}]] sections)")
     return v
-
-
-def _jsq_classes(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    lam, d, batches = [], [], []
-    for j, table in enumerate(_table_list(spec, "classes", where, True)):
-        at = f"[[classes]] {j + 1}"
-        _allowed(table, {"lam", "d", "batch_sizes"}, at)
-        lam.append(_number(table, "lam", at, positive=True))
-        d.append(_choice_number(table, at))
-        batches.append(_probabilities(table, "batch_sizes", at, "batch-size probabilities")
-                       if "batch_sizes" in table else None)
-    rates, f = [], []
-    for l, table in enumerate(_table_list(spec, "helpers", where, False)):
-        at = f"[[helpers]] {l + 1}"
-        _allowed(table, {"rate", "f"}, at)
-        rates.append(_number(table, "rate", at, positive=True))
-        f.append(_choice_number(table, at, "f"))
-    if "service" in spec and "mu" in spec:
-        raise SpecError(f"{where}: mu={show(spec['mu'])} and [service] are both given; give one of them")
-    service = parse_service(spec["service"]) if "service" in spec else None
-    mu = None if service is not None else _number(spec, "mu", where, 1.0, positive=True)
-    return dict(lam=lam, d=d, batch_sizes=batches, mu=mu, service=service, helper_rates=rates, f=f,
-                K=_K(spec, where))
-
-
-def _jsq_batch_service(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where, positive=True),
-                service=parse_service(_require(spec, "service", where)),
-                service_batch_sizes=_probabilities(spec, "service_batch_sizes", where,
-                                                   "service batch-size probabilities"),
-                d=_choice_number(spec, where), K=_K(spec, where))
-
-
-def _retrial(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where, positive=True), theta=_number(spec, "theta", where, positive=True),
-                d1=_choice_number(spec, where, "d1"), d2=_choice_number(spec, where, "d2"),
-                mu=_number(spec, "mu", where, 1.0, positive=True),
-                retrial=_word(spec, "retrial", where, RETRIALS, "reprobe"),
-                policy=_word(spec, "policy", where, POLICIES, "linear"), K=_K(spec, where))
-
-
-def _repairable(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(lam=_number(spec, "lam", where, positive=True), alpha=_number(spec, "alpha", where, positive=True),
-                beta=_number(spec, "beta", where, positive=True), d1=_choice_number(spec, where, "d1"),
-                d2=_choice_number(spec, where, "d2"), mu=_number(spec, "mu", where, 1.0, positive=True),
-                arrival=_word(spec, "arrival", where, ARRIVALS, "A1"), repair=_word(spec, "repair", where, REPAIRS, "R1"),
-                j=_in_range(spec, "j", where, 0.0, 1.0, "the fraction of servers with a small repairman", None,
-                            high_open=True),
-                K=_K(spec, where))
 
 
 def _bmap_from_spec(table: Any, where: str = "[arrivals]") -> ServiceSpec:
@@ -411,62 +372,89 @@ def _bmap_from_spec(table: Any, where: str = "[arrivals]") -> ServiceSpec:
     return ServiceSpec("bmap", (C, D), where)
 
 
-def _jsq_bmap(spec: dict[str, Any], where: str) -> dict[str, Any]:
-    return dict(bmap=_bmap_from_spec(_require(spec, "arrivals", where)), d=_choice_number(spec, where),
-                mu=_number(spec, "mu", where, 1.0, positive=True), K=_K(spec, where))
+def _shown(p: TableParameter, table: dict) -> str:
+    """A key and its value as a message names them: `[service]` for a table, `mu=1.0` for a value."""
+    return f"[{p.name}]" if p.kind in ("ph", "bmap", "tables") else f"{p.name}={show(table[p.name])}"
+
+
+def parse_value(p: TableParameter, table: dict[str, Any], where: str, params: tuple = ()) -> Any:
+    """The value of parameter `p` in the TOML table `table` (the spec, or one of an array of tables), checked by its
+    kind (`jsmkt._models.parameters.KINDS`); its default where the key is left out, `None` where a key it
+    excludes is given. `params`: the other parameters of the table (for `excludes`)."""
+    key = p.name
+    if key not in table:
+        if any(e in table for e in p.excludes):
+            return None
+        if p.default is REQUIRED:
+            raise SpecError(f"{where}: missing key {key!r}")
+        if p.kind == "tables":
+            return {e.argument: [] for e in p.entries}
+        return p.default
+    for e in p.excludes:
+        if e in table:
+            other = next((q for q in params if q.name == e), None)
+            them = _shown(other, table) if other is not None else e
+            raise SpecError(f"{where}: {_shown(p, table)} and {them} are both given; give one of them")
+    if p.kind == "rate":
+        return _number(table, key, where, positive=True)
+    if p.kind == "number":
+        return _number(table, key, where)
+    if p.kind == "fraction":
+        return _in_range(table, key, where, 0.0, 1.0, p.what, high_open=True)
+    if p.kind == "probabilities":
+        return _probabilities(table, key, where, p.what or "a probability vector")
+    if p.kind == "choice":
+        return _choice_number(table, where, key)
+    if p.kind == "ph":
+        return parse_service(table[key], f"[{key}]")
+    if p.kind == "bmap":
+        return _bmap_from_spec(table[key], f"[{key}]")
+    if p.kind == "integer":
+        return _count(table, key, where, p.minimum, p.what)
+    if p.kind == "policy":
+        return _word(table, key, where, p.choices, p.default)
+    if p.kind == "boolean":
+        if not isinstance(table[key], bool):
+            raise SpecError(f"{where}: {key}={show(table[key])} must be true or false")
+        return table[key]
+    if p.kind == "string":
+        if not isinstance(table[key], str):
+            raise SpecError(f"{where}: {key}={show(table[key])} must be a string")
+        return table[key]
+    if p.kind == "tables":
+        out: dict[str, list] = {e.argument: [] for e in p.entries}
+        for j, t in enumerate(_table_list(table, key, where, p.default is REQUIRED)):
+            at = f"[[{key}]] {j + 1}"
+            _allowed(t, {e.name for e in p.entries}, at)
+            for e in p.entries:
+                out[e.argument].append(parse_value(e, t, at, p.entries))
+        return out
+    raise SpecError(f"{where}: {key}: a parameter of unknown kind {p.kind!r} (one of {', '.join(KINDS)})")
+
+
+def parse_table(table: FamilyTable, spec: dict[str, Any], where: str) -> dict[str, Any]:
+    """The constructor's keyword arguments of a spec of the family of `table` (services unbuilt): each parameter
+    checked by `parse_value`; a `tables` parameter gives one list per entry."""
+    out: dict[str, Any] = {}
+    for p in table.parameters:
+        v = parse_value(p, spec, where, table.parameters)
+        if v is OMIT:  # left to the constructor's default
+            continue
+        if p.kind == "tables":
+            out.update(v)
+        else:
+            out[p.argument] = v
+    return out
 
 
 # --- what the CLI shows of a model (these run on built models, JAX imported) ----------------------------------------
 
 
-def _classes_metrics(model, fp) -> dict[str, Any]:
-    if model.n_classes == 1:
-        return {}
-    return {f"prob_wait_class_{j + 1}": jsmkt.prob_wait(model, fp, stream=f"class {j + 1} arrival")
-            for j in range(model.n_classes)}
+def _family_metrics(model, fp) -> dict[str, Any]:
+    """The family's own metrics at a fixed point: its observables (`jsmkt._metrics.family_metrics`)."""
+    from ._metrics import family_metrics
 
-
-def _classes_text(m) -> str:
-    parts = []
-    for j in range(m.n_classes):
-        B = m.batch_sizes[j].shape[0]
-        batch = "" if B == 1 else f" batches 1..{B} (mean {float(m.mean_batch_sizes[j]):.6g})"
-        parts.append(f"class {j + 1}: lam = {float(m.lam[j]):.6g} d = {_choice_text(m, m.choices[j])}{batch}")
-    parts += [f"helpers {l + 1}: rate = {float(m.helper_rates[l]):.6g} f = {_choice_text(m, c)}"
-              for l, c in enumerate(m.helper_choices)]
-    return "   ".join(parts)
-
-
-def _bmap_text(m) -> str:
-    B, order = m.bmap.max_batch, m.bmap.order
-    return (f"BMAP of order {order}, batches 1..{B} (rates {', '.join(f'{float(x):.6g}' for x in m.batch_rates)})   "
-            f"d = {_choice_text(m)}")
-
-
-_EXAMPLE_BMAP = ([[-0.52, 0.02], [0.0, -0.41]], [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [0.0, 0.35]]])
-
-
-def _repairable_metrics(model, fp) -> dict[str, Any]:
-    out = {"availability": jsmkt.availability(model, fp),
-           "customers_at_failed_servers": jsmkt.customers_at_failed_servers(model, fp),
-           "repairmen_utilisation": jsmkt.repairmen_utilisation(model, fp)}
-    if model.repair == "R3":
-        out["fraction_failed_waiting"] = jsmkt.fraction_failed_waiting(model, fp)
-    return out
-
-
-def _choice_text(model, choice=None) -> str:
-    d = (model.choice if choice is None else choice).number
-    return str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
-
-
-def _retrial_metrics(model, fp) -> dict[str, Any]:
-    out = {"mean_orbit_size": jsmkt.mean_orbit_size(model, fp),
-           "prob_blocked": jsmkt.prob_blocked(model, fp),
-           "prob_retrial_success": jsmkt.prob_retrial_success(model, fp)}
-    if model.retrial == "reprobe" and model.policy == "linear":
-        out["mean_sojourn_time_tagged"] = jsmkt.mean_sojourn_time_tagged(model, fp)
-    return out
+    return family_metrics(model, fp)
 
 
 @functools.cache
@@ -477,7 +465,7 @@ def _load_and_service():
     import jax.numpy as jnp
 
     def numbers(model):
-        if not hasattr(model, "service"):
+        if "service" not in family_of(model).keys:
             return model.load(), jnp.nan, jnp.nan
         return model.load(), model.service.mean, model.service.scv
 
@@ -490,44 +478,20 @@ def _load_and_service_dict(model) -> dict:
 
 
 def _service_text(model, mean: float, scv: float) -> str:
-    family = family_of(model).name  # by name: the other families' modules stay unimported
-    what = "service epochs" if family == "jsq-batch-service" else "service"
-    if family in ("jsq-batch-service", "jsq-classes") and model.m == 1:
-        return f"{what}: exponential, rate mu = {1.0 / mean:.6g}"
-    if family in ("jsq-batch-service", "jsq-classes", "jsq-ph"):
-        return f"{what}: PH of order {model.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
-    if not hasattr(model, "mu"):  # a family registered at run time, without a service rate
-        return "service: as the family's description states"
-    return f"service: exponential, rate mu = {float(model.mu):.6g}"
+    """The CLI's line on the model's service (the family's `describe_service`)."""
+    return model.describe_service(mean, scv)
 
 
-class Parameter(NamedTuple):
-    """A named parameter of a family, for sensitivities and optimisation (`jsmkt.sensitivity`): `where` picks the
-    model's field it sets (an array leaf, a choice rule, the service `PH`, or a tuple of them), `kind` how its value
-    reads and how a new value is written (`jsmkt._sensitivity`):
-
-    - `"real"`: the array itself (a rate, or a vector of rates);
-    - `"probabilities"`: a probability vector (or a tuple of them); its derivatives are taken along directions that
-      keep the sum 1;
-    - `"choice"`: a choice rule (or a tuple of them): a fixed integer `d` reads as the real `d` of
-      `InterpolatedChoice` (a right derivative), a real `d` as itself, probabilities over 1, 2, ... servers as a
-      probability vector;
-    - `"service mean"`: the mean of the service `PH`, moved by scaling time (`T / c`: every moment scales, the SCV
-      and the shape stay);
-    - `"bmap rates"`: the rates of a `BMAP`, one array `[C off its diagonal, D_1, ..., D_B]`; C's diagonal follows
-      (the rows of C + sum D sum to 0), so that every value is a BMAP of the same order and largest batch."""
-
-    where: Callable[[Any], Any]
-    kind: str = "real"
-    doc: str = ""
+Parameter = NamedParameter  # a named parameter for `jsmkt.sensitivity` (`jsmkt._models.parameters`)
 
 
 class Family(NamedTuple):
-    """A registered model family: its TOML name, the name of its class in `jsmkt` (`model` is the class itself,
-    imported on first use), spec keys and their parser (the constructor's arguments, checked without JAX), how the
-    CLI describes it, small instances (`examples`) that the contract tests run on every family, and its named
-    parameters (`params`: name -> `Parameter`, for sensitivities and optimisation; a parameter the model lacks,
-    e.g. `j` outside R.3, is left out by `parameters_of`)."""
+    """A registered model family: its TOML name, the name of its class (`model` is the class itself, imported on
+    first use), spec keys and their parser (the constructor's arguments, checked without JAX), how the CLI describes
+    it, small instances (`examples`) that the contract tests run on every family, and its named parameters
+    (`params`: name -> `Parameter`, for sensitivities and optimisation, by TOML path; `aliases`: other names of
+    them; a parameter the model lacks, e.g. `j` outside R.3, is left out by `parameters_of`). jsmkt's families are
+    made from their tables (`family_from_table`)."""
 
     name: str
     class_name: str
@@ -545,144 +509,60 @@ class Family(NamedTuple):
     simulation_service: bool = False  # `[simulation.service]` applies: `jsmkt.simulate(..., service=...)` can run
     # the family with another service law
     cls: type | None = None  # the class of a family registered at run time (`register_family`)
+    module: str | None = None  # the module of a built-in family's class
+    table: FamilyTable | None = None  # the family's table, where it has one
+    aliases: dict[str, str] = {}  # other names of `params` (`mean` for `service.mean`)
 
     @property
     def model(self) -> type:
-        """The family's class (`jsmkt.<class_name>`, or the class given to `register_family`)."""
-        return self.cls if self.cls is not None else getattr(jsmkt, self.class_name)
+        """The family's class (imported from its module, or the class given to `register_family`)."""
+        if self.cls is not None:
+            return self.cls
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.class_name)
+
+    @property
+    def specs(self) -> tuple[str, ...]:
+        """The family's example specs (paths under the repository, from its table)."""
+        return self.table.specs if self.table is not None else ()
+
+    def metric_names(self, model) -> list[str]:
+        """The names of the family's own metrics of `model` (its observables), which the CLI shows with the generic
+        ones."""
+        from ._models.base import AbstractDescribedModel
+
+        return list(model.observables()) if isinstance(model, AbstractDescribedModel) else []
 
 
-_LAM = Parameter(lambda m: m.lam, doc="arrival rate per server")
-_MU = Parameter(lambda m: m.mu, doc="service rate")
-_D = Parameter(lambda m: m.choice, "choice", "choice number of arrivals")
-_MEAN = Parameter(lambda m: m.service, "service mean", "mean service time (time scaled, shape kept)")
+def family_from_table(table: FamilyTable, class_name: str, *, module: str | None = None, cls: type | None = None,
+                      name: str | None = None, examples: Callable[[], dict[str, Any]] | None = None,
+                      metrics: Callable[[Any, Any], dict[str, Any]] | None = None) -> Family:
+    """The registry's `Family` of a family's table: keys, parser, named parameters, flags; the class (`cls`, or
+    `class_name` in `module`) gives the examples, the CLI's description and the metrics (its observables)."""
+    params, aliases = sensitivity_parameters(table)
+    fam = Family(
+        name or table.name, class_name, frozenset(p.name for p in table.parameters),
+        functools.partial(parse_table, table), parameters=lambda m: m.spec_values(),
+        describe=lambda m: m.describe_parameters(), examples=lambda: {}, params=params,
+        published=table.published, metrics=metrics or _family_metrics, level=table.level,
+        utilisation=table.utilisation, simulation_service=table.simulation_service, cls=cls, module=module,
+        table=table, aliases=aliases,
+    )
+    return fam._replace(examples=examples or (lambda: fam.model.examples()))
 
 
 FAMILIES: dict[str, Family] = {
-    "jsq": Family(
-        "jsq", "JSQd", frozenset({"lam", "d", "K", "mu"}), _jsq,
-        parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean), "mu": float(m.mu)},
-        describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
-        examples=lambda: {"jsq2": jsmkt.JSQd(0.7, d=2, K=14), "jsq-mixed": jsmkt.JSQd(0.8, d=[0.2, 0.3, 0.5], K=24),
-                          "jsq-real-d": jsmkt.JSQd(0.8, d=2.5, K=14)},
-        params={"lam": _LAM, "mu": _MU, "d": _D},
-        published=True, simulation_service=True,
-    ),
-    "jsq-ph": Family(
-        "jsq-ph", "JSQdPH", frozenset({"lam", "d", "K", "service"}), _jsq_ph,
-        parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean)},
-        describe=lambda m: f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}",
-        examples=lambda: {"jsq2-h2": jsmkt.JSQdPH(0.8, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=24),
-                          "jsq-erlang-real-d": jsmkt.JSQdPH(0.7, jsmkt.erlang(3), d=2.5, K=12)},
-        params={"lam": _LAM, "mean": _MEAN, "d": _D},
-        published=True, simulation_service=True,
-    ),
-    "jsq-batch": Family(
-        "jsq-batch", "JSQdBatch", frozenset({"batch_rate", "batch_sizes", "d", "K", "mu"}), _jsq_batch,
-        parameters=lambda m: {"batch_rate": float(m.batch_rate),
-                              "batch_sizes": [float(p) for p in m.batch_sizes], "d": float(m.choice.mean),
-                              "mu": float(m.mu), "lam": float(m.arrival_rate)},
-        describe=lambda m: (f"batch_rate = {float(m.batch_rate):.6g}   batch sizes 1..{m.batch_sizes.shape[0]} "
-                            f"(mean {float(m.mean_batch_size):.6g})   d = {_choice_text(m)}"),
-        examples=lambda: {"batch-halves": jsmkt.JSQdBatch(0.6, [0.5, 0.5], d=2, K=40),
-                          "batch-uniform4-d3": jsmkt.JSQdBatch(0.3, [0.25] * 4, d=3, K=40)},
-        params={"batch_rate": Parameter(lambda m: m.batch_rate, doc="batch arrival rate per server"),
-                "batch_sizes": Parameter(lambda m: m.batch_sizes, "probabilities", "batch-size probabilities"),
-                "mu": _MU, "d": _D},
-    ),
-    "jsq-classes": Family(
-        "jsq-classes", "JSQdClasses", frozenset({"classes", "helpers", "mu", "service", "K"}), _jsq_classes,
-        parameters=lambda m: {"classes": [{"lam": float(m.lam[j]), "d": float(m.choices[j].mean),
-                                           "batch_sizes": [float(p) for p in m.batch_sizes[j]]}
-                                          for j in range(m.n_classes)],
-                              "helpers": [{"rate": float(r), "f": float(c.mean)}
-                                          for r, c in zip(m.helper_rates, m.helper_choices, strict=True)],
-                              "lam": float(m.arrival_rate)},
-        describe=_classes_text,
-        examples=lambda: {"classes-h2-batch-helpers": jsmkt.JSQdClasses(
-                              [0.3, 0.2], d=[2, 1.5], batch_sizes=[None, [0.5, 0.5]],
-                              service=jsmkt.hyperexponential2(1.0, 2.0), helper_rates=[0.2], f=[2], K=32),
-                          "classes-d1-d3": jsmkt.JSQdClasses([0.3, 0.4], d=[1, 3], K=24)},
-        params={"lam": Parameter(lambda m: m.lam, doc="batch arrival rate per server of each class"),
-                "mean": _MEAN,
-                "batch_sizes": Parameter(lambda m: m.batch_sizes, "probabilities",
-                                         "batch-size probabilities of each class"),
-                "d": Parameter(lambda m: m.choices, "choice", "choice number of each class"),
-                "helper_rates": Parameter(lambda m: m.helper_rates, doc="rate per server of each helper pool"),
-                "f": Parameter(lambda m: m.helper_choices, "choice", "choice number of each helper pool")},
-        metrics=_classes_metrics,
-    ),
-    "jsq-batch-service": Family(
-        "jsq-batch-service", "JSQdBatchService", frozenset({"lam", "d", "K", "service", "service_batch_sizes"}),
-        _jsq_batch_service,
-        parameters=lambda m: {"lam": float(m.lam), "d": float(m.choice.mean),
-                              "service_batch_sizes": [float(p) for p in m.service_batch_sizes]},
-        describe=lambda m: (f"lam = {float(m.lam):.6g}   d = {_choice_text(m)}   service batches "
-                            f"1..{m.service_batch_sizes.shape[0]} (mean {float(m.mean_service_batch_size):.6g})"),
-        examples=lambda: {"batch-service-h2": jsmkt.JSQdBatchService(1.2, jsmkt.hyperexponential2(1.0, 2.0),
-                                                                     [0.5, 0.5], d=2, K=32),
-                          "batch-service-exp-d3": jsmkt.JSQdBatchService(1.4, jsmkt.exponential(1.0), [1 / 3] * 3,
-                                                                         d=3, K=24)},
-        params={"lam": _LAM, "mean": _MEAN,
-                "service_batch_sizes": Parameter(lambda m: m.service_batch_sizes, "probabilities",
-                                                 "service batch-size probabilities"),
-                "d": _D},
-        published=True,
-    ),
-    "jsq-bmap": Family(
-        "jsq-bmap", "JSQdBMAP", frozenset({"arrivals", "d", "mu", "K"}), _jsq_bmap,
-        parameters=lambda m: {"arrivals": {"C": m.bmap.C.tolist(), "D": m.bmap.D.tolist()},
-                              "d": float(m.choice.mean), "mu": float(m.mu), "lam": float(m.arrival_rate),
-                              "batch_rates": [float(x) for x in m.batch_rates]},
-        describe=_bmap_text,
-        examples=lambda: {"bmap-mmpp-pairs": jsmkt.JSQdBMAP(jsmkt.BMAP(*_EXAMPLE_BMAP), d=2, K=40),
-                          "bmap-real-d": jsmkt.JSQdBMAP(jsmkt.BMAP(*_EXAMPLE_BMAP), d=1.5, mu=0.8, K=40)},
-        params={"rates": Parameter(lambda m: m.bmap, "bmap rates",
-                                   "the BMAP's rates: [0] C off its diagonal (silent phase changes), [b] D[b - 1] "
-                                   "(batches of b); C's diagonal follows (rows of C + sum D sum to 0)"),
-                "mu": _MU, "d": _D},
-        published=True,
-    ),
-    "retrial": Family(
-        "retrial", "RetrialJSQ", frozenset({"lam", "theta", "d1", "d2", "mu", "retrial", "policy", "K"}), _retrial,
-        parameters=lambda m: {"lam": float(m.lam), "theta": float(m.theta), "d1": float(m.choice1.mean),
-                              "d2": float(m.choice2.mean), "mu": float(m.mu), "retrial": m.retrial,
-                              "policy": m.policy},
-        describe=lambda m: (f"lam = {float(m.lam):.6g}   theta = {float(m.theta):.6g}   d1 = {_choice_text(m)}   "
-                            + (f"d2 = {_choice_text(m, m.choice2)}   " if m.retrial == "reprobe" else "")
-                            + f"retrial = {m.retrial}   policy = {m.policy}"),
-        examples=lambda: {"retrial-reprobe-real-d": jsmkt.RetrialJSQ(0.7, 1.0, d1=1.5, d2=2.5, K=16),
-                          "retrial-own-constant-real-d": jsmkt.RetrialJSQ(0.6, 2.0, d1=2.5, retrial="own",
-                                                                          policy="constant", K=16)},
-        params={"lam": _LAM, "theta": Parameter(lambda m: m.theta, doc="retrial rate"), "mu": _MU,
-                "d1": Parameter(lambda m: m.choice1, "choice", "choice number of primary arrivals"),
-                "d2": Parameter(lambda m: m.choice2, "choice", "choice number of retrials")},
-        metrics=_retrial_metrics, level="orbit", utilisation="utilisation (busy)",
-    ),
-    "repairable": Family(
-        "repairable", "RepairableJSQ",
-        frozenset({"lam", "mu", "alpha", "beta", "d1", "d2", "arrival", "repair", "j", "K"}), _repairable,
-        parameters=lambda m: {"lam": float(m.lam), "alpha": float(m.alpha), "beta": float(m.beta),
-                              "d1": float(m.choice1.mean), "d2": float(m.choice2.mean), "mu": float(m.mu),
-                              "arrival": m.arrival, "repair": m.repair,
-                              **({"j": float(m.j)} if m.j is not None else {})},
-        describe=lambda m: (f"lam = {float(m.lam):.6g}   alpha = {float(m.alpha):.6g}   beta = {float(m.beta):.6g}   "
-                            f"d1 = {_choice_text(m)}   "
-                            + (f"d2 = {_choice_text(m, m.choice2)}   " if m.repair != "R1" else "")
-                            + f"arrival = {m.arrival}   repair = {m.repair}"
-                            + (f"   j = {float(m.j):.6g}" if m.j is not None else "")),
-        examples=lambda: {"model-II-real-d": jsmkt.RepairableJSQ(0.5, 0.2, 0.5, d1=1.5, d2=2.5, repair="R2", K=48),
-                          "R3-saturated-A2": jsmkt.RepairableJSQ(0.5, 0.2, 0.5, arrival="A2", repair="R3", j=0.1,
-                                                                 K=24)},
-        params={"lam": _LAM, "alpha": Parameter(lambda m: m.alpha, doc="failure rate"),
-                "beta": Parameter(lambda m: m.beta, doc="repair rate"), "mu": _MU,
-                "d1": Parameter(lambda m: m.choice1, "choice", "choice number of arrivals"),
-                "d2": Parameter(lambda m: m.choice2, "choice", "choice number of the (large) repairman"),
-                "j": Parameter(lambda m: m.j, doc="R.3: fraction of servers with a small repairman")},
-        metrics=_repairable_metrics, utilisation="utilisation (serving)",
-    ),
+    entry.table.name: family_from_table(entry.table, entry.class_name, module=entry.module)
+    for entry in builtin_families()
 }
 MODELS = tuple(FAMILIES)
+
+# The words of the retrial and repairable families, from their tables.
+RETRIALS = FAMILIES["retrial"].table.parameter("retrial").choices
+POLICIES = FAMILIES["retrial"].table.parameter("policy").choices
+ARRIVALS = FAMILIES["repairable"].table.parameter("arrival").choices
+REPAIRS = FAMILIES["repairable"].table.parameter("repair").choices
 
 
 def family_of(model) -> Family:
@@ -806,8 +686,10 @@ def register_family(name: str, cls: type, *, examples: Callable[[], dict[str, An
 
     `cls` is a subclass of `jsmkt.AbstractDescribedModel` that states its physics in `description()` (the recipe:
     `jsmkt.Description`, `jsmkt.make_cells`, `jsmkt.LocalEvent`, `jsmkt.Dispatch`, `jsmkt.Moves`;
-    `examples/custom_family.py` is a complete family). Its spec keys are the arguments of its constructor, read from
-    its signature: an argument annotated `int` (or whose default is an integer) is a TOML integer, `bool` a boolean,
+    `examples/custom_family.py` is a complete family). Its spec keys, their checks and its named parameters are
+    those of its table when it states one (the class attribute `table`, a `FamilyTable` of
+    `jsmkt._models.parameters`, as jsmkt's families do); without one, they are the arguments of its constructor,
+    read from its signature: an argument annotated `int` (or whose default is an integer) is a TOML integer, `bool` a boolean,
     `str` a string, `service` a `[service]` table (built as a `jsmkt.PH`), anything else (a rate) a finite number;
     an argument without a default is a required key, one with a default may be left out (the constructor's default
     applies). The arguments that are array fields of the model of the same name are its parameters for
@@ -831,7 +713,6 @@ def register_family(name: str, cls: type, *, examples: Callable[[], dict[str, An
     **Raises:** `ValueError` naming the argument: `cls` is not a concrete subclass of `jsmkt.AbstractDescribedModel`,
     `name` is not a TOML name or is taken, or the constructor's signature has `*args`/`**kwargs` or no `K`.
     """
-    import dataclasses
     import inspect
 
     from ._models.base import AbstractDescribedModel
@@ -854,27 +735,10 @@ def register_family(name: str, cls: type, *, examples: Callable[[], dict[str, An
         raise ValueError(f"examples={examples!r} must be a function returning a dict of models")
     if metrics is not None and not callable(metrics):
         raise ValueError(f"metrics={metrics!r} must be a function (model, fixed_point) -> dict of arrays")
-    keys = _signature_keys(cls)
-    leaves = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("static", False)}
-    shown = [k for k in keys if k != "K"]
-
-    def parameters(model) -> dict[str, Any]:
-        return {k: v for k in shown if (v := _plain(getattr(model, k, None))) is not None}
-
-    FAMILIES[name] = Family(
-        name, cls.__name__, frozenset(keys), functools.partial(_parse_signature, keys), parameters=parameters,
-        describe=lambda m: "   ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}"
-                                      for k, v in parameters(m).items()),
-        examples=examples or dict,
-        params={k: Parameter(functools.partial(_attribute, k), doc=f"{cls.__name__}'s argument {k}")
-                for k, (kind, _) in keys.items() if kind == "number" and k in leaves},
-        metrics=metrics, cls=cls,
-    )
-
-
-def _attribute(name: str, model):
-    """`model.<name>` (a picklable `Parameter.where`)."""
-    return getattr(model, name)
+    table = cls.table if cls.table is not None else signature_table(cls, name)  # its own, or its signature's
+    register_table(cls, table._replace(name=name))
+    FAMILIES[name] = family_from_table(table, cls.__name__, cls=cls, name=name, examples=examples or dict,
+                                       metrics=metrics)
 
 
 def _origin(cls: type) -> tuple[str, str]:
@@ -885,90 +749,6 @@ def _origin(cls: type) -> tuple[str, str]:
 
     file = getattr(sys.modules.get(cls.__module__), "__file__", None)
     return (os.path.realpath(file) if file else cls.__module__), cls.__qualname__
-
-
-def _signature_keys(cls: type) -> dict[str, tuple[str, bool]]:
-    """`argument -> (kind, required)` of the constructor of `cls`: kinds `integer`, `boolean`, `string`, `number`
-    (the annotation, or the default's type, decides), `service` (an argument of that name)."""
-    import inspect
-
-    try:
-        signature = inspect.signature(cls)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"cls={cls.__qualname__}: its constructor's signature cannot be read ({e})") from None
-    keys = {}
-    for p in signature.parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise ValueError(f"cls={cls.__qualname__}: its constructor takes {p}; name every argument (they are "
-                             "the TOML keys)")
-        if p.name in ("model", "simulation"):
-            raise ValueError(f"cls={cls.__qualname__}: its constructor's argument {p.name!r} clashes with the "
-                             f"spec's key {p.name!r}; rename it")
-        hint = _hint(p.annotation) if p.annotation is not p.empty else \
-            type(p.default).__name__ if p.default is not p.empty else ""
-        kind = {"bool": "boolean", "int": "integer", "str": "string"}.get(hint, "number")
-        if p.name in ("K", "service"):  # the truncation; a `[service]` table, as jsmkt's families read it
-            kind = "integer" if p.name == "K" else "service"
-        default = p.default
-        keys[p.name] = (kind, default is p.empty)
-    if "K" not in keys:
-        raise ValueError(f"cls={cls.__qualname__}: its constructor takes no K (the truncation level), which every "
-                         "family has; add it (an integer, with a default)")
-    return keys
-
-
-def _hint(annotation: Any) -> str:
-    """The name of an annotation's type, `None` left out of a union (`int | None` is `int`); a string annotation
-    (`from __future__ import annotations`) is read as written. `""` for a union of several types."""
-    import typing
-
-    if isinstance(annotation, str):
-        names = [t.strip() for t in annotation.replace("Optional[", "").rstrip("]").split("|")]
-    else:
-        names = [getattr(t, "__name__", "") for t in (typing.get_args(annotation) or (annotation,))]
-    names = [n for n in names if n not in ("None", "NoneType")]
-    return names[0] if len(names) == 1 else ""
-
-
-def _parse_signature(keys: dict[str, tuple[str, bool]], spec: dict[str, Any], where: str) -> dict[str, Any]:
-    """The constructor's arguments from a spec, by the kinds of `_signature_keys` (keys left out are left to the
-    constructor's defaults)."""
-    out: dict[str, Any] = {}
-    for key, (kind, required) in keys.items():
-        if key not in spec:
-            if required:
-                raise SpecError(f"{where}: missing key {key!r}")
-            continue
-        v = spec[key]
-        if kind == "integer":
-            out[key] = _integer(spec, key, where)
-        elif kind == "number":
-            out[key] = _number(spec, key, where)
-        elif kind == "service":
-            out[key] = parse_service(v)
-        elif kind == "boolean" and not isinstance(v, bool):
-            raise SpecError(f"{where}: {key}={show(v)} must be true or false")
-        elif kind == "string" and not isinstance(v, str):
-            raise SpecError(f"{where}: {key}={show(v)} must be a string")
-        else:
-            out[key] = v
-    return out
-
-
-def _plain(value: Any) -> Any:
-    """A model's attribute as a JSON value: a scalar array as a float, an integer, a boolean or a string as it is,
-    a choice rule as its mean; `None` for anything else."""
-    import numpy as np
-
-    if isinstance(value, (bool, int, str)):
-        return value
-    if hasattr(value, "weights") and hasattr(value, "mean"):  # a choice rule
-        value = value.mean
-    try:
-        a = np.asarray(value)
-    except Exception:  # noqa: BLE001  (a traced value, or an object that is no array)
-        return None
-    return float(a) if a.shape == () and a.dtype.kind in "fiu" else None
 
 
 def _entry_point_family(name: str) -> None:
@@ -1025,3 +805,184 @@ def load_family_file(path: str) -> None:
     after = {k: v.model if v.cls is not None else None for k, v in FAMILIES.items()}
     if after == before:
         raise SpecError(f"--family={path} registered no family; call jsmkt.register_family(name, cls) in it")
+
+
+# --- specs from Python: overrides, models from specs and specs from models ------------------------------------------
+
+_OVERRIDE_ALIASES = {"mean": "service.mean", "scv": "service.scv"}  # short names of the service's keys
+
+
+def _override_value(key: str, value: Any) -> Any:
+    """An override's value as a TOML value: a string is read as TOML value text (`0.8`, `[0.5, 0.5]`, `"own"`), a
+    bare word that is no TOML value (`own`) as that string; a Python value as it is (tuples as lists, NumPy scalars
+    and arrays as numbers and lists)."""
+    if isinstance(value, str):
+        try:
+            return tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            if value and all(c.isalnum() or c in "-_" for c in value):
+                return value
+            raise SpecError(f"override {key}={value}: the value is not a TOML value (a number, a string in quotes, a "
+                            "list, a boolean)") from None
+    if isinstance(value, (bool, int, float, dict)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_override_value(key, v) for v in value]
+    tolist = getattr(value, "tolist", None)  # a NumPy or JAX value
+    if callable(tolist):
+        return tolist()
+    raise SpecError(f"override {key}={value!r}: give a number, a string, a boolean, a list or a table")
+
+
+def apply_overrides(spec: dict[str, Any], overrides: Any, where: str = "spec") -> dict[str, Any]:
+    """A copy of the TOML table `spec` with `overrides` set: a mapping of TOML paths (`lam`, `service.scv`,
+    `classes.0.lam`, `arrivals.C`; `mean` and `scv` short for the service's) to values (`_override_value`), as
+    the CLI's overrides (key=value). The first part of a path must be a key of the spec's family, a table's index an index of
+    its array of tables; `SpecError` naming the key otherwise. The values are checked when the spec is parsed."""
+    import copy
+
+    if overrides is None:
+        return spec
+    if not hasattr(overrides, "items"):
+        raise SpecError(f"overrides={overrides!r} must be a mapping of keys (TOML paths, e.g. 'lam', "
+                        "'service.scv') to values")
+    out = copy.deepcopy(spec)
+    fam = FAMILIES.get(out.get("model"))
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key:
+            raise SpecError(f"override {key!r}: a key is a TOML path such as lam, service.scv or classes.0.lam")
+        parts = _OVERRIDE_ALIASES.get(key, key).split(".") if fam is None or key not in fam.keys else [key]
+        if fam is not None and parts[0] not in fam.keys:
+            raise SpecError(f"override {key}: {parts[0]!r} is not a key of model = {show(fam.name)} (its keys: "
+                            f"{', '.join(sorted(fam.keys, key=str.lower))})")
+        node: Any = out
+        for i, part in enumerate(parts[:-1]):
+            if isinstance(node, list):
+                if not (part.isdigit() and int(part) < len(node)):
+                    raise SpecError(f"override {key}: {'.'.join(parts[:i])} has {len(node)} tables; {part!r} is not "
+                                    f"an index of them (0 to {len(node) - 1})")
+                node = node[int(part)]
+            elif isinstance(node, dict):
+                if part not in node:
+                    node[part] = {}
+                elif not isinstance(node[part], (dict, list)):
+                    raise SpecError(f"override {key}: {'.'.join(parts[:i + 1])} = {show(node[part])} is a value, not a "
+                                    "table")
+                node = node[part]
+        last = parts[-1]
+        if isinstance(node, list):
+            raise SpecError(f"override {key}: {'.'.join(parts)} sets a whole table of an array of tables; set one of "
+                            "its keys (e.g. classes.0.lam)")
+        node[last] = _override_value(key, value)
+    return out
+
+
+def _model_from_table(spec: dict[str, Any], where: str):
+    """The model of a TOML table, checked as the CLI checks a spec (its `[simulation]` table too)."""
+    parsed = parse_spec(spec, where)
+    parse_simulation(spec, where)
+    return build_model(parsed)
+
+
+def loads_model_spec(text: str, overrides: Any = None):
+    """The model of the TOML spec text `text` (`jsmkt.loads_spec`), with `overrides` set (a mapping of TOML paths
+    to values, as the CLI's overrides (key=value)): the CLI's checks and messages, `SpecError` naming the key."""
+    return _model_from_table(apply_overrides(read_spec_text(text), overrides), "spec")
+
+
+def load_model_spec(path, overrides: Any = None):
+    r"""The model of the TOML spec file `path` (`jsmkt.load_spec`), with `overrides` set.
+
+    **Arguments:**
+
+    - `path`: a spec file (`examples/*.toml`; the TOML reference lists its keys).
+    - `overrides`: optional, a mapping of keys to values, as the CLI's overrides (key=value): a key is the TOML path of
+      a value (`lam`, `d`, `service.mean`, `service.scv`, `arrivals.C`, `classes.0.lam`; `mean` and `scv` short
+      for the service's), a value TOML value text (`"0.8"`, `"[0.5, 0.5]"`) or a Python value.
+
+    **Returns:** the model (e.g. a `jsmkt.JSQdPH`), built as `jsmkt solve` builds it.
+
+    **Raises:** `jsmkt._spec.SpecError` (a `ValueError`) naming the file and the key: no such file, not TOML, an
+    unknown key, a value out of range, a model the constructor refuses.
+
+    !!! example
+
+        ```python
+        model = jsmkt.load_spec("examples/jsq2_h2.toml", overrides={"lam": 0.8, "service.scv": 3})
+        ```
+    """
+    path = str(path)
+    return _model_from_table(apply_overrides(read_spec_file(path), overrides), path)
+
+
+def _choice_value(c) -> Any:
+    """A choice law as the TOML value that builds it: an integer, a real number, or probabilities."""
+    from ._choice import FixedChoice, InterpolatedChoice, MixedChoice
+
+    if isinstance(c, FixedChoice):
+        return int(c.d)
+    if isinstance(c, InterpolatedChoice):
+        return float(c.d)
+    if isinstance(c, MixedChoice):
+        return [float(p) for p in c.probs]
+    raise ValueError(f"a choice law of type {type(c).__name__} has no TOML form; use an integer, a real number or "
+                     "probabilities")
+
+
+def _dump_value(p: TableParameter, value: Any) -> Any:
+    """The TOML value of a parameter's field."""
+    import numpy as np
+
+    if p.kind == "choice":
+        return _choice_value(value)
+    if p.kind == "ph":
+        return {"alpha": np.asarray(value.alpha, float).tolist(), "T": np.asarray(value.T, float).tolist()}
+    if p.kind == "bmap":
+        return {"C": np.asarray(value.C, float).tolist(), "D": np.asarray(value.D, float).tolist()}
+    if p.kind in ("policy", "string", "boolean"):
+        return value
+    if p.kind == "integer":
+        return int(value)
+    return np.asarray(value, float).tolist()
+
+
+def model_spec(model) -> dict[str, Any]:
+    """The TOML table of a spec that builds `model` (its registered family's table read from the model's fields);
+    `ValueError` for a model outside the registry or a parameter without a TOML form (e.g. a traced value)."""
+    fam = family_of(model)
+    table = fam.table
+    out: dict[str, Any] = {"model": fam.name}
+    for p in table.parameters:
+        if p.kind == "tables":
+            rows: list[dict[str, Any]] = []
+            for e in p.entries:
+                values = getattr(model, e.field)
+                for j in range(len(values)):
+                    if len(rows) <= j:
+                        rows.append({})
+                    if values[j] is not None:
+                        rows[j][e.name] = _dump_value(e, values[j])
+            if rows:
+                out[p.name] = rows
+            continue
+        if p.name == "K":
+            out["K"] = int(model.K)
+            continue
+        if p.field is None:
+            continue
+        value = getattr(model, p.field)
+        if value is not None:
+            out[p.name] = _dump_value(p, value)
+    return out
+
+
+def dump_model_spec(model) -> str:
+    """The TOML text of a spec that builds `model` (`jsmkt.dump_spec`): `jsmkt.loads_spec` of it gives a model
+    equal to `model` (same class, every leaf equal). A service is written as its `alpha` and `T`, a BMAP as its
+    `C` and `D`, a choice law as the integer, the real number or the probabilities it was built from."""
+    try:
+        import tomli_w
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("jsmkt.dump_spec writes TOML with the package tomli-w, a dependency of jsmkt: "
+                                  "pip install tomli-w") from None
+    return tomli_w.dumps(model_spec(model))

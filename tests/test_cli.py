@@ -835,7 +835,7 @@ def test_sensitivity_prints_dET_dlam_of_the_jsq2_h2_example(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, needle", [
     (["--wrt", "lam,theta"], "wrt='theta' is not a parameter of 'jsq-ph' models (JSQdPH); its parameters are lam, "
-                             "mean, d, scv"),
+                             "service.mean (or mean), d, service.scv (or scv)"),
     (["--wrt", "lam,"], "--wrt='lam,': give parameter names separated by commas"),
     (["--metric", "orbit"], "metric='orbit' is not a metric jsmkt knows"),
     (["--metric", "mean_orbit_size", "--wrt", "lam"], "mean_orbit_size is defined for retrial models"),

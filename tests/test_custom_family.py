@@ -125,6 +125,30 @@ def test_register_family_refuses_bad_classes_and_taken_names(registry):
     assert set(registry) == set(_spec.MODELS) | {"jsq-abandon"}
 
 
+def test_a_class_with_a_table_is_registered_by_its_table(registry):
+    """`register_family` reads a class's table when it states one (keys, checks by kind, named parameters, aliases)
+    and its signature otherwise (the example's `JSQdAbandon`: each argument a key, the rates for sensitivities)."""
+    from jsmkt._models import parameters
+
+    class JSQdTwin(jsmkt.JSQd):  # jsq's table under another name: `mu` a rate, `d` a choice law
+        table = jsmkt.JSQd.table._replace(name="jsq-twin")
+
+    try:
+        jsmkt.register_family("jsq-twin", JSQdTwin)
+        fam = registry["jsq-twin"]
+        assert fam.keys == {"lam", "d", "mu", "K"} and list(fam.params) == ["lam", "d", "mu"]
+        model = jsmkt.loads_spec('model = "jsq-twin"\nlam = 0.5\nd = 3\nK = 12\n', overrides={"mu": 2.0})
+        assert type(model) is JSQdTwin and (float(model.lam), model.d, float(model.mu)) == (0.5, 3, 2.0)
+        with pytest.raises(_spec.SpecError, match=r"d=0 must be >= 1"):  # the table's choice law, before JAX
+            _spec.parse_spec({"model": "jsq-twin", "lam": 0.5, "d": 0})
+        module = _import_example()
+        abandon = registry["jsq-abandon"]
+        assert {"lam", "gamma", "K"} <= abandon.keys and {"lam", "gamma"} <= set(abandon.params)
+        assert parameters.table_of(module.JSQdAbandon).name == "jsq-abandon"
+    finally:
+        parameters._REGISTERED.pop(JSQdTwin, None)
+
+
 def test_family_option_errors_are_one_line(registry, tmp_path, capsys):
     """`--family FILE` that does not exist, raises while imported, or registers nothing: exit 2, one line naming
     the file (and the line that raised)."""

@@ -188,6 +188,39 @@ def test_sensitivities_agree_with_central_differences(fam, name):
             np.testing.assert_allclose(e, np.asarray(g) * np.asarray(v) / float(s.value), rtol=1e-12)
 
 
+SPECS = [(fam, path) for fam in FAMILIES for path in FAMILIES[fam].specs]
+
+
+@pytest.mark.parametrize("fam, path", SPECS)
+def test_example_specs_build_the_family_and_name_its_keys(fam, path):
+    """A family's example specs (its table's `specs`) build a model of its class, use only its table's keys, and
+    its observables are the metrics the CLI shows for it."""
+    import pathlib
+    import tomllib
+
+    model = jsmkt.load_spec(path)
+    family = FAMILIES[fam]
+    assert type(model) is family.model
+    spec = tomllib.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    assert spec["model"] == fam and set(spec) - {"model", "simulation"} <= family.keys
+    assert family.metric_names(model) == list(model.observables())
+
+
+def test_every_example_spec_is_listed_by_its_family():
+    """Every `examples/*.toml` of a jsmkt family is one of its table's `specs` (a spec of a family written outside
+    jsmkt sits next to the Python file that registers it)."""
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    listed = {path for fam in FAMILIES.values() for path in fam.specs}
+    for path in sorted((root / "examples").glob("*.toml")):
+        if path.with_suffix(".py").exists():
+            continue
+        rel = path.relative_to(root).as_posix()
+        assert rel in listed, (rel, tomllib.loads(path.read_text())["model"])
+
+
 @pytest.mark.parametrize("fam, name", CASES)
 def test_declared_structure_covers_jacfwd_and_equals_the_detected_one(fam, name):
     model = _example(fam, name)

@@ -96,7 +96,7 @@ def test_scv_through_the_service_parametrisation():
 def test_bad_names_are_refused_naming_the_valid_ones():
     model = jsmkt.JSQd(0.9, d=2, K=K)
     with pytest.raises(ValueError, match=r"wrt='theta' is not a parameter of 'jsq' models \(JSQd\); its parameters "
-                                         r"are lam, mu, d"):
+                                         r"are lam, d, mu"):
         jsmkt.sensitivity(model, wrt=["lam", "theta"])
     with pytest.raises(ValueError, match="metric='mean_sojourn' is not a metric.*mean_sojourn_time"):
         jsmkt.sensitivity(model, "mean_sojourn", wrt="lam")

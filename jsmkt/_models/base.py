@@ -21,13 +21,20 @@ Two levels of contract:
   tested equal to the derived ones, and its reduced state must flatten to the derived one. A family names its
   own metrics as `observables()`: functions of the occupancy of its cells, which the metric functions evaluate on
   a mean-field state and the simulator on a simulated time-averaged occupancy (`Occupancy`).
+
+Everything else a family knows sits in its class too: its TOML name, parameters and example specs as one
+declarative `table` (`jsmkt._models.parameters.FamilyTable`), from which the spec parser, the overrides, the value
+checks of its rates (`rate_value_errors`) and its parameters for sensitivities are generated; its small instances
+(`examples`), its description line and JSON parameters (`describe_parameters`, `spec_values`); and the optional
+hooks declared here with their defaults (`has_phase_tails`, `supports_repair_design`, `repair_design`), which the
+generic modules call instead of naming a family.
 """
 
 import abc
 import copy
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -42,12 +49,83 @@ from .description import Description
 from .description import TransitionClass as TransitionClass
 from .meanfield import drift, transitions
 from .reduced import derived_occupancy, derived_reduce, derived_tails, derived_vector_field, reduced_index
+from .parameters import FamilyTable
 
 
 class AbstractSupermarketModel(eqx.Module):
     """Base class of every mean-field supermarket model (see the module docstring for the contract)."""
 
     K: eqx.AbstractVar[int]
+    table: ClassVar[FamilyTable | None] = None  # the family's TOML name, parameters and example specs
+
+    # --- optional hooks (defaults for families that state less) ----------------------------------------------
+    @classmethod
+    def examples(cls) -> dict[str, "AbstractSupermarketModel"]:
+        """Small instances by name, over which the contract tests run (`tests/test_families.py`). None by
+        default."""
+        return {}
+
+    def spec_values(self) -> dict[str, Any]:
+        """The model's parameters as JSON values (the CLI's output): by default the fields of its table's
+        parameters (its own, or the one read from its signature when it was registered), as plain numbers (a
+        choice law as its mean), strings or lists."""
+        from .parameters import table_of
+
+        table = table_of(type(self))
+        out: dict[str, Any] = {}
+        for p in table.parameters if table is not None else ():
+            if p.field is not None and (v := plain_value(getattr(self, p.field, None))) is not None:
+                out[p.name] = v
+        return out
+
+    def describe_parameters(self) -> str:
+        """One line of the model's parameters (the CLI's header)."""
+        return "   ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}"
+                          for k, v in self.spec_values().items())
+
+    def rate_value_errors(self) -> list[tuple[Array, str]]:
+        """The value check generated from the table's rates (parameters of kind `rate` with a field, outside arrays
+        of tables): one check that each is finite and positive, whose message names them all with their values
+        (`value_errors` of the families lists it first)."""
+        from .parameters import table_of
+
+        table = table_of(type(self))
+        rates = [p for p in (table.parameters if table is not None else ()) if p.kind == "rate" and p.field]
+        if not rates:
+            return []
+        values = {p.name: getattr(self, p.field) for p in rates}
+        bad = jnp.zeros((), bool)
+        for v in values.values():
+            bad = bad | ~jnp.isfinite(v) | ~(v > 0)
+        names = list(values)
+        join = lambda xs: xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]  # noqa: E731
+        text = fmt(join([f"{n}={{{n}}}" for n in names]), default=join(names), **values)
+        return [(bad, f"invalid parameters: {text} must be finite and positive")]
+
+    def describe_service(self, mean: float, scv: float) -> str:
+        """The CLI's line on the service, given its mean and SCV (NaN without a PH service): by default an
+        exponential service of rate `mu` where the table has one."""
+        from .parameters import table_of
+
+        table = table_of(type(self))
+        if table is not None and any(p.name == "mu" and p.field for p in table.parameters):
+            return f"service: exponential, rate mu = {float(self.mu):.6g}"
+        return "service: as the family's description states"
+
+    def has_phase_tails(self) -> bool:
+        """Whether the model gives tails per service phase (`jsmkt.phase_tails`): by default, whether its class
+        defines `phase_tails(y)` (the papers' PH models as published do)."""
+        return callable(getattr(type(self), "phase_tails", None))
+
+    def supports_repair_design(self) -> bool:
+        """Whether `repair_design` applies (`jsmkt.optimise_repair`): False by default."""
+        return False
+
+    def repair_design(self, j, d2) -> "AbstractSupermarketModel":
+        """The model with a share `j` of servers holding a small repairman and the large repairman probing by the
+        choice law `d2`, in the saturated regime (`jsmkt.optimise_repair`); families with repairmen override
+        it."""
+        raise ValueError(f"{type(self).__name__} has no repairmen to allocate")
 
     # --- structure -------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -219,6 +297,30 @@ class JSQFastPath(NamedTuple):
     lam: Array
     choice: AbstractChoice
     service: PH | Array
+
+
+def choice_text(choice) -> str:
+    """A choice law for the CLI's header: its integer `d`, or its mean for a randomised one."""
+    d = choice.number
+    return str(d) if isinstance(d, int) else f"{float(d):.6g} (randomised, E[D])"
+
+
+def plain_value(value: Any) -> Any:
+    """A model's attribute as a JSON value: a scalar array as a float, an integer, a boolean or a string as it is,
+    a choice law as its mean, a vector as a list; `None` for anything else."""
+    from .._choice import AbstractChoice
+
+    if isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, AbstractChoice):
+        value = value.mean
+    try:
+        a = np.asarray(value)
+    except Exception:  # noqa: BLE001  (a traced value, or an object that is no array)
+        return None
+    if a.dtype.kind not in "fiu":
+        return None
+    return float(a) if a.shape == () else a.astype(float).tolist()
 
 
 def fmt(template: str, *, default: str, **values: Any) -> str:

@@ -8,8 +8,9 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
 from .._errors import as_float_array, concrete_array
-from .base import AbstractDescribedModel, check_K, fmt
+from .base import AbstractDescribedModel, check_K, choice_text, fmt
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
+from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
 _MAX_BATCH = 4096  # the largest batch size a batch law may give positive probability
@@ -47,6 +48,27 @@ class JSQdBatch(AbstractDescribedModel):
     mu: Float[Array, ""]
     choice: AbstractChoice
     K: int = eqx.field(static=True)
+
+    table = FamilyTable("jsq-batch", (
+        Parameter("batch_rate", "rate", "batch arrival rate per server", field="batch_rate", sensitivity="real"),
+        Parameter("batch_sizes", "probabilities", "batch-size probabilities", what="batch-size probabilities",
+                  field="batch_sizes", sensitivity="probabilities"),
+        Parameter("d", "choice", "choice number of arrivals", default=2, field="choice", sensitivity="choice"),
+        Parameter("mu", "rate", "service rate", default=1.0, field="mu", sensitivity="real"),
+        TRUNCATION,
+    ), specs=("examples/jsq2_batch.toml",))
+
+    @classmethod
+    def examples(cls) -> dict:
+        return {"batch-halves": cls(0.6, [0.5, 0.5], d=2, K=40), "batch-uniform4-d3": cls(0.3, [0.25] * 4, d=3, K=40)}
+
+    def spec_values(self) -> dict:
+        return {"batch_rate": float(self.batch_rate), "batch_sizes": [float(p) for p in self.batch_sizes],
+                "d": float(self.choice.mean), "mu": float(self.mu), "lam": float(self.arrival_rate)}
+
+    def describe_parameters(self) -> str:
+        return (f"batch_rate = {float(self.batch_rate):.6g}   batch sizes 1..{self.batch_sizes.shape[0]} "
+                f"(mean {float(self.mean_batch_size):.6g})   d = {choice_text(self.choice)}")
 
     def __init__(self, batch_rate: ArrayLike, batch_sizes: ArrayLike, d=2, mu: ArrayLike = 1.0,
                  K: int | None = None, *, d_max: int | None = None):
@@ -154,9 +176,7 @@ class JSQdBatch(AbstractDescribedModel):
         rho = self.load()
         p = self.batch_sizes
         return [
-            (~jnp.isfinite(self.batch_rate) | ~jnp.isfinite(self.mu) | ~(self.batch_rate > 0) | ~(self.mu > 0),
-             "invalid parameters: " + fmt("batch_rate={a} and mu={b}", a=self.batch_rate, b=self.mu,
-                                          default="batch_rate and mu") + " must be finite and positive"),
+            *self.rate_value_errors(),
             (~jnp.all(jnp.isfinite(p)) | jnp.any(p < 0) | (jnp.abs(jnp.sum(p) - 1.0) > 1e-8),
              "invalid parameters: batch_sizes must be probabilities (finite, >= 0, summing to 1)"),
             *self.choice.value_errors(),

@@ -10,8 +10,9 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, as_choice
 from .._distributions.ph import PH, concrete_mean_scv, not_a_ph
 from .._errors import as_float_array, concrete_array
-from .base import AbstractDescribedModel, check_K, default_K, fmt
+from .base import AbstractDescribedModel, check_K, choice_text, default_K, fmt
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
+from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
 _MAX_BATCH = 4096
@@ -48,6 +49,36 @@ class JSQdBatchService(AbstractDescribedModel):
     service_batch_sizes: Float[Array, " B"]
     choice: AbstractChoice
     K: int = eqx.field(static=True)
+
+    table = FamilyTable("jsq-batch-service", (
+        Parameter("lam", "rate", "arrival rate per server", field="lam", sensitivity="real"),
+        Parameter("service", "ph", "service epoch distribution", field="service", sensitivity="service mean",
+                  wrt="service.mean", aliases=("mean",)),
+        Parameter("service_batch_sizes", "probabilities", "service batch-size probabilities",
+                  what="service batch-size probabilities", field="service_batch_sizes", sensitivity="probabilities"),
+        Parameter("d", "choice", "choice number of arrivals", default=2, field="choice", sensitivity="choice"),
+        TRUNCATION,
+    ), specs=("examples/jsq_batch_service.toml",), published=True)
+
+    @classmethod
+    def examples(cls) -> dict:
+        from .._distributions.ph import exponential, hyperexponential2
+
+        return {"batch-service-h2": cls(1.2, hyperexponential2(1.0, 2.0), [0.5, 0.5], d=2, K=32),
+                "batch-service-exp-d3": cls(1.4, exponential(1.0), [1 / 3] * 3, d=3, K=24)}
+
+    def describe_service(self, mean: float, scv: float) -> str:
+        if self.m == 1:
+            return f"service epochs: exponential, rate mu = {1.0 / mean:.6g}"
+        return f"service epochs: PH of order {self.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
+
+    def spec_values(self) -> dict:
+        return {"lam": float(self.lam), "d": float(self.choice.mean),
+                "service_batch_sizes": [float(p) for p in self.service_batch_sizes]}
+
+    def describe_parameters(self) -> str:
+        return (f"lam = {float(self.lam):.6g}   d = {choice_text(self.choice)}   service batches "
+                f"1..{self.service_batch_sizes.shape[0]} (mean {float(self.mean_service_batch_size):.6g})")
 
     def __init__(self, lam: ArrayLike, service: PH, service_batch_sizes: ArrayLike, d=2, K: int | None = None, *,
                  d_max: int | None = None):

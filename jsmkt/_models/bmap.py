@@ -8,9 +8,10 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, as_choice
 from .._distributions.bmap import BMAP, not_a_bmap
 from .._errors import as_float_array, check_positive, concrete_array
-from .base import AbstractDescribedModel, check_K, fmt
+from .base import AbstractDescribedModel, check_K, choice_text, fmt
 from .batch import JSQdBatch, _default_K
 from .description import Description, Dispatch, LocalEvent, Modulation, Moves, make_cells
+from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
 class JSQdBMAP(AbstractDescribedModel):
@@ -51,6 +52,29 @@ class JSQdBMAP(AbstractDescribedModel):
     mu: Float[Array, ""]
     choice: AbstractChoice
     K: int = eqx.field(static=True)
+
+    table = FamilyTable("jsq-bmap", (
+        Parameter("arrivals", "bmap", "the BMAP of arrivals per server", arg="bmap", field="bmap",
+                  sensitivity="bmap rates", wrt="arrivals.rates", aliases=("rates",)),
+        Parameter("d", "choice", "choice number of arrivals", default=2, field="choice", sensitivity="choice"),
+        Parameter("mu", "rate", "service rate", default=1.0, field="mu", sensitivity="real"),
+        TRUNCATION,
+    ), specs=("examples/jsq_bmap.toml",), published=True)
+
+    @classmethod
+    def examples(cls) -> dict:
+        bmap = BMAP([[-0.52, 0.02], [0.0, -0.41]], [[[0.5, 0.0], [0.06, 0.0]], [[0.0, 0.0], [0.0, 0.35]]])
+        return {"bmap-mmpp-pairs": cls(bmap, d=2, K=40), "bmap-real-d": cls(bmap, d=1.5, mu=0.8, K=40)}
+
+    def spec_values(self) -> dict:
+        return {"arrivals": {"C": self.bmap.C.tolist(), "D": self.bmap.D.tolist()}, "d": float(self.choice.mean),
+                "mu": float(self.mu), "lam": float(self.arrival_rate),
+                "batch_rates": [float(x) for x in self.batch_rates]}
+
+    def describe_parameters(self) -> str:
+        B, order = self.bmap.max_batch, self.bmap.order
+        return (f"BMAP of order {order}, batches 1..{B} (rates "
+                f"{', '.join(f'{float(x):.6g}' for x in self.batch_rates)})   d = {choice_text(self.choice)}")
 
     def __init__(self, bmap: BMAP, d=2, mu: ArrayLike = 1.0, K: int | None = None, *, d_max: int | None = None):
         if not isinstance(bmap, BMAP):
@@ -131,8 +155,7 @@ class JSQdBMAP(AbstractDescribedModel):
         return [
             (not_a_bmap(self.bmap), "invalid parameters: the BMAP is not a descriptor (C's off-diagonal and D's "
                                     "entries >= 0, rows of C + sum_b D[b] summing to 0, some arrivals)"),
-            (~jnp.isfinite(self.mu) | ~(self.mu > 0), "invalid parameters: " + fmt(
-                "mu={a} must be finite and positive", a=self.mu, default="mu must be finite and positive")),
+            *self.rate_value_errors(),
             *self.choice.value_errors(),
             (~(rho < 1.0), "unstable: " + fmt(
                 "job arrival rate {a} >= capacity mu={b} per server (load rho={rho})", a=self.arrival_rate,

@@ -10,9 +10,10 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, named_choice, named_value_errors
 from .._distributions.ph import PH, concrete_mean_scv, exponential, not_a_ph
 from .._errors import as_float_array, check_positive, concrete_array
-from .base import AbstractDescribedModel, check_K, default_K, fmt, mph1_tail_decay
+from .base import AbstractDescribedModel, check_K, choice_text, default_K, fmt, mph1_tail_decay
 from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, make_cells
 from .meanfield import job_flows
+from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
 _MAX_BATCH = 4096
@@ -78,6 +79,59 @@ class JSQdClasses(AbstractDescribedModel):
     helper_rates: Float[Array, " w"]
     helper_choices: tuple[AbstractChoice, ...]
     K: int = eqx.field(static=True)
+
+    table = FamilyTable("jsq-classes", (
+        Parameter("classes", "tables", "arrival classes", entries=(
+            Parameter("lam", "rate", "batch arrival rate per server of the class", field="lam", sensitivity="real",
+                      wrt="classes.lam", aliases=("lam",)),
+            Parameter("d", "choice", "choice number of the class", default=2, field="choices", sensitivity="choice",
+                      wrt="classes.d", aliases=("d",)),
+            Parameter("batch_sizes", "probabilities", "batch-size probabilities of the class", default=None,
+                      what="batch-size probabilities", field="batch_sizes", sensitivity="probabilities",
+                      wrt="classes.batch_sizes", aliases=("batch_sizes",)),
+        )),
+        Parameter("mu", "rate", "service rate (or a [service] table)", default=1.0, excludes=("service",)),
+        Parameter("service", "ph", "service time distribution (or mu)", default=None, excludes=("mu",),
+                  field="service", sensitivity="service mean", wrt="service.mean", aliases=("mean",)),
+        Parameter("helpers", "tables", "helper pools: each serves the longest of f sampled queues", default=(),
+                  entries=(
+            Parameter("rate", "rate", "rate per server of the helper pool", arg="helper_rates", field="helper_rates",
+                      sensitivity="real", wrt="helpers.rate", aliases=("helper_rates",)),
+            Parameter("f", "choice", "choice number of the helper pool", default=2, field="helper_choices",
+                      sensitivity="choice", wrt="helpers.f", aliases=("f",)),
+        )),
+        TRUNCATION,
+    ), specs=("examples/jsq_classes.toml",))
+
+    @classmethod
+    def examples(cls) -> dict:
+        from .._distributions.ph import hyperexponential2
+
+        return {"classes-h2-batch-helpers": cls([0.3, 0.2], d=[2, 1.5], batch_sizes=[None, [0.5, 0.5]],
+                                                service=hyperexponential2(1.0, 2.0), helper_rates=[0.2], f=[2], K=32),
+                "classes-d1-d3": cls([0.3, 0.4], d=[1, 3], K=24)}
+
+    def describe_service(self, mean: float, scv: float) -> str:
+        if self.m == 1:
+            return f"service: exponential, rate mu = {1.0 / mean:.6g}"
+        return f"service: PH of order {self.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
+
+    def spec_values(self) -> dict:
+        return {"classes": [{"lam": float(self.lam[j]), "d": float(self.choices[j].mean),
+                             "batch_sizes": [float(p) for p in self.batch_sizes[j]]} for j in range(self.n_classes)],
+                "helpers": [{"rate": float(r), "f": float(c.mean)}
+                            for r, c in zip(self.helper_rates, self.helper_choices, strict=True)],
+                "lam": float(self.arrival_rate)}
+
+    def describe_parameters(self) -> str:
+        parts = []
+        for j in range(self.n_classes):
+            B = self.batch_sizes[j].shape[0]
+            batch = "" if B == 1 else f" batches 1..{B} (mean {float(self.mean_batch_sizes[j]):.6g})"
+            parts.append(f"class {j + 1}: lam = {float(self.lam[j]):.6g} d = {choice_text(self.choices[j])}{batch}")
+        parts += [f"helpers {l + 1}: rate = {float(self.helper_rates[l]):.6g} f = {choice_text(c)}"
+                  for l, c in enumerate(self.helper_choices)]
+        return "   ".join(parts)
 
     def __init__(self, lam, d=2, batch_sizes=None, mu: ArrayLike | None = None, service: PH | None = None,
                  helper_rates=(), f=(), K: int | None = None, *, d_max: int | None = None):

@@ -8,8 +8,9 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
 from .._errors import as_float_array, check_positive, concrete_array
-from .base import AbstractDescribedModel, JSQFastPath, check_K, default_K, fmt
+from .base import AbstractDescribedModel, JSQFastPath, check_K, choice_text, default_K, fmt
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
+from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
 class JSQd(AbstractDescribedModel):
@@ -52,6 +53,24 @@ class JSQd(AbstractDescribedModel):
     mu: Float[Array, ""]
     choice: AbstractChoice
     K: int = eqx.field(static=True)
+
+    table = FamilyTable("jsq", (
+        Parameter("lam", "rate", "arrival rate per server", field="lam", sensitivity="real"),
+        Parameter("d", "choice", "choice number of arrivals", default=2, field="choice", sensitivity="choice"),
+        Parameter("mu", "rate", "service rate", default=1.0, field="mu", sensitivity="real"),
+        TRUNCATION,
+    ), specs=("examples/jsq3_exponential.toml",), published=True, simulation_service=True)
+
+    @classmethod
+    def examples(cls) -> dict:
+        return {"jsq2": cls(0.7, d=2, K=14), "jsq-mixed": cls(0.8, d=[0.2, 0.3, 0.5], K=24),
+                "jsq-real-d": cls(0.8, d=2.5, K=14)}
+
+    def spec_values(self) -> dict:
+        return {"lam": float(self.lam), "d": float(self.choice.mean), "mu": float(self.mu)}
+
+    def describe_parameters(self) -> str:
+        return f"lam = {float(self.lam):.6g}   d = {choice_text(self.choice)}"
 
     def __init__(self, lam: ArrayLike, d=2, mu: ArrayLike = 1.0, K: int | None = None, *, d_max: int | None = None):
         self.lam = as_float_array("lam", lam, ndim=0, scale=True)
@@ -126,9 +145,7 @@ class JSQd(AbstractDescribedModel):
     def value_errors(self):
         rho = self.load()
         return [
-            (~jnp.isfinite(self.lam) | ~jnp.isfinite(self.mu) | ~(self.lam > 0) | ~(self.mu > 0),
-             "invalid parameters: " + fmt("lam={lam} and mu={mu}", lam=self.lam, mu=self.mu, default="lam and mu")
-             + " must be finite and positive"),
+            *self.rate_value_errors(),
             *self.choice.value_errors(),
             (~(rho < 1.0), "unstable: " + fmt("lam={lam} >= capacity mu={mu} per server (load rho={rho})",
                                               lam=self.lam, mu=self.mu, rho=rho,

@@ -9,8 +9,9 @@ from jaxtyping import Array, ArrayLike, Float
 from .._choice import AbstractChoice, as_choice
 from .._distributions.ph import PH, concrete_mean_scv, not_a_ph
 from .._errors import as_float_array, concrete_array
-from .base import AbstractDescribedModel, JSQFastPath, check_K, default_K, fmt, mph1_tail_decay
+from .base import AbstractDescribedModel, JSQFastPath, check_K, choice_text, default_K, fmt, mph1_tail_decay
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
+from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
 _GUESS_STEPS = 16  # safeguarded Newton steps per level of the initial guess (bisection alone: 2^-16 of s_{k-1})
@@ -49,6 +50,32 @@ class JSQdPH(AbstractDescribedModel):
     service: PH
     choice: AbstractChoice
     K: int = eqx.field(static=True)
+
+    table = FamilyTable("jsq-ph", (
+        Parameter("lam", "rate", "arrival rate per server", field="lam", sensitivity="real"),
+        Parameter("service", "ph", "service time distribution", field="service", sensitivity="service mean",
+                  wrt="service.mean", aliases=("mean",)),
+        Parameter("d", "choice", "choice number of arrivals", default=2, field="choice", sensitivity="choice"),
+        TRUNCATION,
+    ), specs=("examples/jsq2_h2.toml", "examples/jsq2_erlang2.toml", "examples/jsq2_coxian_explicit.toml",
+              "examples/jsq2_moments.toml", "examples/jsq_randomised_d.toml"),
+        published=True, simulation_service=True)
+
+    @classmethod
+    def examples(cls) -> dict:
+        from .._distributions.ph import erlang, hyperexponential2
+
+        return {"jsq2-h2": cls(0.8, hyperexponential2(1.0, 4.0), d=2, K=24),
+                "jsq-erlang-real-d": cls(0.7, erlang(3), d=2.5, K=12)}
+
+    def describe_service(self, mean: float, scv: float) -> str:
+        return f"service: PH of order {self.service.order}, mean {mean:.6g}, SCV {scv:.6g}"
+
+    def spec_values(self) -> dict:
+        return {"lam": float(self.lam), "d": float(self.choice.mean)}
+
+    def describe_parameters(self) -> str:
+        return f"lam = {float(self.lam):.6g}   d = {choice_text(self.choice)}"
 
     def __init__(self, lam: ArrayLike, service: PH, d=2, K: int | None = None, *, d_max: int | None = None):
         if not isinstance(service, PH):
@@ -212,6 +239,9 @@ class JSQdPH(AbstractDescribedModel):
 
     def tails(self, y):
         return jnp.concatenate([jnp.ones(1), jnp.sum(y, axis=1)])
+
+    def has_phase_tails(self) -> bool:
+        return True
 
     def phase_tails(self, y):
         """`S_k` per phase, `k = 1..K`, shape `(K, m)`."""

@@ -8,12 +8,11 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, named_choice, named_value_errors
 from .._errors import as_float_array, check_positive, concrete_array
-from .base import AbstractDescribedModel, check_K, default_K, fmt
+from .base import AbstractDescribedModel, check_K, choice_text, default_K, fmt
 from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, Pool, make_cells
+from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
-ARRIVALS = ("A1", "A2")
-REPAIRS = ("R1", "R2", "R3")
 WORKING, FAILED = 0, 1  # statuses under R.1 and R.2
 SMALL, WAITING = 1, 2  # R.3: failed under small repair, failed waiting for a repairman
 
@@ -106,6 +105,53 @@ class RepairableJSQ(AbstractDescribedModel):
     repair: str = eqx.field(static=True)
     saturated: bool = eqx.field(static=True)
     K: int = eqx.field(static=True)
+
+    table = FamilyTable("repairable", (
+        Parameter("lam", "rate", "arrival rate per server", field="lam", sensitivity="real"),
+        Parameter("alpha", "rate", "failure rate", field="alpha", sensitivity="real"),
+        Parameter("beta", "rate", "repair rate", field="beta", sensitivity="real"),
+        Parameter("d1", "choice", "choice number of arrivals", default=2, field="choice1", sensitivity="choice"),
+        Parameter("d2", "choice", "choice number of the (large) repairman", default=2, field="choice2",
+                  sensitivity="choice"),
+        Parameter("mu", "rate", "service rate", default=1.0, field="mu", sensitivity="real"),
+        Parameter("arrival", "policy", "where arrivals may go: A1 any sampled server, A2 working servers only",
+                  default="A1", choices=("A1", "A2"), field="arrival"),
+        Parameter("repair", "policy", "the repair model: R1, R2 or R3", default="R1", choices=("R1", "R2", "R3"),
+                  field="repair"),
+        Parameter("j", "fraction", "R.3: fraction of servers with a small repairman", default=None,
+                  what="the fraction of servers with a small repairman", field="j", sensitivity="real"),
+        TRUNCATION,
+    ), specs=("examples/repairable_model_I.toml", "examples/repairable_model_II.toml",
+              "examples/repairable_model_III.toml", "examples/repairable_model_IV.toml",
+              "examples/repairable_R3.toml"), utilisation="utilisation (serving)")
+
+    @classmethod
+    def examples(cls) -> dict:
+        return {"model-II-real-d": cls(0.5, 0.2, 0.5, d1=1.5, d2=2.5, repair="R2", K=48),
+                "R3-saturated-A2": cls(0.5, 0.2, 0.5, arrival="A2", repair="R3", j=0.1, K=24)}
+
+    def spec_values(self) -> dict:
+        return {"lam": float(self.lam), "alpha": float(self.alpha), "beta": float(self.beta),
+                "d1": float(self.choice1.mean), "d2": float(self.choice2.mean), "mu": float(self.mu),
+                "arrival": self.arrival, "repair": self.repair,
+                **({"j": float(self.j)} if self.j is not None else {})}
+
+    def describe_parameters(self) -> str:
+        return (f"lam = {float(self.lam):.6g}   alpha = {float(self.alpha):.6g}   beta = {float(self.beta):.6g}   "
+                f"d1 = {choice_text(self.choice1)}   "
+                + (f"d2 = {choice_text(self.choice2)}   " if self.repair != "R1" else "")
+                + f"arrival = {self.arrival}   repair = {self.repair}"
+                + (f"   j = {float(self.j):.6g}" if self.j is not None else ""))
+
+    def supports_repair_design(self) -> bool:
+        """R.3 only: a share `j` of small repairmen and a large one (`jsmkt.optimise_repair`)."""
+        return self.repair == "R3"
+
+    def repair_design(self, j, d2) -> "RepairableJSQ":
+        """This R.3 model with small repairmen at a share `j` of the servers and the large repairman's choice law
+        `d2`, in the saturated regime (`jsmkt.optimise_repair`)."""
+        return type(self)(self.lam, self.alpha, self.beta, d1=self.choice1, d2=d2, mu=self.mu, arrival=self.arrival,
+                          repair="R3", j=j, K=self.K, saturated=True)
 
     def __init__(self, lam: ArrayLike, alpha: ArrayLike, beta: ArrayLike, d1=2, d2=2, mu: ArrayLike = 1.0,
                  arrival: str = "A1", repair: str = "R1", j: ArrayLike | None = None, K: int | None = None, *,
@@ -268,12 +314,8 @@ class RepairableJSQ(AbstractDescribedModel):
         ) + "; lower lam or alpha, or raise mu or beta"
 
     def value_errors(self):
-        finite = jnp.isfinite(self.lam) & jnp.isfinite(self.alpha) & jnp.isfinite(self.beta) & jnp.isfinite(self.mu)
-        positive = (self.lam > 0) & (self.alpha > 0) & (self.beta > 0) & (self.mu > 0)
         out = [
-            (~finite | ~positive, "invalid parameters: " + fmt(
-                "lam={a}, alpha={b}, beta={c} and mu={d}", a=self.lam, b=self.alpha, c=self.beta, d=self.mu,
-                default="lam, alpha, beta and mu") + " must be finite and positive"),
+            *self.rate_value_errors(),
             *named_value_errors("d1", self.choice1),
             *named_value_errors("d2", self.choice2),
         ]
@@ -373,3 +415,8 @@ def _default_K(model: RepairableJSQ, rho: float) -> int:
         inside = [r.real for r in roots if abs(r.imag) < 1e-12 and 0.0 < r.real < 1.0 - 1e-12]
         decay = max(inside) if inside else None
     return default_K(rho, weights, scv=1.0 + 2.0 * a / b, decay=decay)
+
+
+# The words of the family's policies, from its table (the constructor checks them).
+ARRIVALS = RepairableJSQ.table.parameter("arrival").choices
+REPAIRS = RepairableJSQ.table.parameter("repair").choices

@@ -11,13 +11,12 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, FixedChoice, named_choice, named_value_errors
 from .._errors import as_float_array, check_positive, concrete_array
-from .base import AbstractDescribedModel, check_K, fmt
+from .base import AbstractDescribedModel, check_K, choice_text, fmt
 from .description import Description, Dispatch, LocalEvent, Moves, make_cells
 from .meanfield import job_flows
+from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
-RETRIALS = ("reprobe", "own")
-POLICIES = ("linear", "constant")
 IDLE, BUSY = 0, 1
 _MAX_DEFAULT_K = 4096  # the default truncation never exceeds the solvers' largest `max_K`
 
@@ -89,6 +88,34 @@ class RetrialJSQ(AbstractDescribedModel):
     retrial: str = eqx.field(static=True)
     policy: str = eqx.field(static=True)
     K: int = eqx.field(static=True)
+
+    table = FamilyTable("retrial", (
+        Parameter("lam", "rate", "arrival rate per server", field="lam", sensitivity="real"),
+        Parameter("theta", "rate", "retrial rate", field="theta", sensitivity="real"),
+        Parameter("d1", "choice", "choice number of primary arrivals", default=2, field="choice1",
+                  sensitivity="choice"),
+        Parameter("d2", "choice", "choice number of retrials", default=2, field="choice2", sensitivity="choice"),
+        Parameter("mu", "rate", "service rate", default=1.0, field="mu", sensitivity="real"),
+        Parameter("retrial", "policy", "who retries: a re-probing orbit or each server's own orbit",
+                  default="reprobe", choices=("reprobe", "own"), field="retrial"),
+        Parameter("policy", "policy", "retrial rate of an orbit: linear in its size or constant", default="linear",
+                  choices=("linear", "constant"), field="policy"),
+        TRUNCATION,
+    ), specs=("examples/retrial_reprobe.toml",), level="orbit", utilisation="utilisation (busy)")
+
+    @classmethod
+    def examples(cls) -> dict:
+        return {"retrial-reprobe-real-d": cls(0.7, 1.0, d1=1.5, d2=2.5, K=16),
+                "retrial-own-constant-real-d": cls(0.6, 2.0, d1=2.5, retrial="own", policy="constant", K=16)}
+
+    def spec_values(self) -> dict:
+        return {"lam": float(self.lam), "theta": float(self.theta), "d1": float(self.choice1.mean),
+                "d2": float(self.choice2.mean), "mu": float(self.mu), "retrial": self.retrial, "policy": self.policy}
+
+    def describe_parameters(self) -> str:
+        return (f"lam = {float(self.lam):.6g}   theta = {float(self.theta):.6g}   d1 = {choice_text(self.choice1)}   "
+                + (f"d2 = {choice_text(self.choice2)}   " if self.retrial == "reprobe" else "")
+                + f"retrial = {self.retrial}   policy = {self.policy}")
 
     def __init__(self, lam: ArrayLike, theta: ArrayLike, d1=2, d2=2, mu: ArrayLike = 1.0, retrial: str = "reprobe",
                  policy: str = "linear", K: int | None = None, *, d1_max: int | None = None,
@@ -201,10 +228,7 @@ class RetrialJSQ(AbstractDescribedModel):
     def value_errors(self):
         rho = self.load()
         out = [
-            (~jnp.isfinite(self.lam) | ~jnp.isfinite(self.theta) | ~jnp.isfinite(self.mu) | ~(self.lam > 0)
-             | ~(self.theta > 0) | ~(self.mu > 0),
-             "invalid parameters: " + fmt("lam={a}, theta={b} and mu={c}", a=self.lam, b=self.theta, c=self.mu,
-                                          default="lam, theta and mu") + " must be finite and positive"),
+            *self.rate_value_errors(),
             *named_value_errors("d1", self.choice1),
             *named_value_errors("d2", self.choice2),
             (~(rho < 1.0), self._unstable_message()),
@@ -383,3 +407,8 @@ def _default_K(lam, theta, mu, choice1, choice2, retrial: str, policy: str, tol:
             f"be about {k:.3g}, above {_MAX_DEFAULT_K}, the largest K chosen by default (and solve_fixed_point's "
             f"default max_K); {advice} or lower lam, or give K (2K + 1 unknowns)")
     return int(min(max(8, int(np.ceil(1.5 * k)) + 8), _MAX_DEFAULT_K))
+
+
+# The words of the family's policies, from its table (the constructor checks them).
+RETRIALS = RetrialJSQ.table.parameter("retrial").choices
+POLICIES = RetrialJSQ.table.parameter("policy").choices
