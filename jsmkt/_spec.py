@@ -124,10 +124,6 @@ def read_spec_file(path: str) -> dict[str, Any]:
         raise SpecError(f"{path}: not valid TOML ({e})") from None
 
 
-_load_spec_dict = read_spec_file  # private aliases of the spec reader, which returns the TOML table (the CLI's)
-load_spec = read_spec_file  # (`jsmkt.load_spec`, public, returns a model: `load_model_spec`)
-
-
 def read_spec_text(text: str, where: str = "spec") -> dict[str, Any]:
     """The TOML table of the spec text `text`; `SpecError` naming `where` when it is not valid TOML."""
     if not isinstance(text, str):
@@ -852,7 +848,7 @@ def apply_overrides(spec: dict[str, Any], overrides: Any, where: str = "spec") -
         if not isinstance(key, str) or not key:
             raise SpecError(f"override {key!r}: a key is a TOML path such as lam, service.scv or classes.0.lam")
         parts = _OVERRIDE_ALIASES.get(key, key).split(".") if fam is None or key not in fam.keys else [key]
-        if fam is not None and parts[0] not in fam.keys:
+        if fam is not None and parts[0] not in (*fam.keys, "simulation"):
             raise SpecError(f"override {key}: {parts[0]!r} is not a key of model = {show(fam.name)} (its keys: "
                             f"{', '.join(sorted(fam.keys, key=str.lower))})")
         node: Any = out

@@ -231,11 +231,11 @@ def test_spec_value_errors_are_found_before_jax_is_imported(tmp_path):
 
 def test_every_example_passes_the_value_checks():
     """The checks refuse no spec the constructors accept: every example spec passes them."""
-    from jsmkt._spec import load_spec, parse_simulation, parse_spec
+    from jsmkt._spec import read_spec_file, parse_simulation, parse_spec
 
     for path in sorted(EXAMPLES.glob("*.toml")):
         if path.with_suffix(".py").exists():  # a family written outside jsmkt (its own test registers it)
             continue
-        spec = load_spec(str(path))
+        spec = read_spec_file(str(path))
         parse_spec(spec, str(path))
         parse_simulation(spec, str(path))

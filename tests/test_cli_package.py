@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jsmkt
-from jsmkt._spec import FAMILIES, SpecError, build_model, load_spec, parse_spec
+from jsmkt._spec import FAMILIES, SpecError, build_model, read_spec_file, parse_spec
 from jsmkt.cli import _apply_overrides, build_parser, main
 
 
@@ -70,9 +70,9 @@ def test_set_changes_the_solve_as_the_edited_spec(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--set", "lam"], "'lam' is not KEY=VALUE"),
     (["--set", "=0.8"], "'=0.8' is not KEY=VALUE"),
-    (["--set", "service.mean=2"], "unknown key(s) 'service'"),
+    (["--set", "service.mean=2"], "--set service.mean: 'service' is not a key of model = 'jsq'"),
     (["--set", "lam=-1"], "lam=-1 must be positive"),
-    (["--set", "lam.x=1"], "--set lam.x=1: lam is a value, not a table"),
+    (["--set", "lam.x=1"], "--set lam.x: lam = 0.5 is a value, not a table"),
     (["--set", "d=fast"], "d='fast'"),
 ])
 def test_set_errors_name_the_override(argv, message, tmp_path, capsys):
@@ -90,12 +90,12 @@ def test_set_errors_name_the_override(argv, message, tmp_path, capsys):
 def test_overrides_follow_toml_paths():
     spec = {"model": "jsq-classes", "classes": [{"lam": 0.3}, {"lam": 0.4}], "service": {"kind": "h2", "mean": 1.0}}
     out = _apply_overrides(spec, {"classes.1.lam": "0.5", "service.scv": "4", "service.kind": "coxian2",
-                                  "simulation.sampling": '"without_replacement"', "K": "30", "flag": "true",
+                                  "simulation.sampling": '"without_replacement"', "K": "30",
                                   "classes.0.d": "[0.5, 0.5]"})
     assert out == {"model": "jsq-classes", "classes": [{"lam": 0.3, "d": [0.5, 0.5]}, {"lam": 0.5}],
                    "service": {"kind": "coxian2", "mean": 1.0, "scv": 4}, "simulation":
-                   {"sampling": "without_replacement"}, "K": 30, "flag": True}
-    with pytest.raises(SpecError, match=r"--set classes.2.lam=1: classes is an array of 2; give an index from 0 to 1"):
+                   {"sampling": "without_replacement"}, "K": 30}
+    with pytest.raises(SpecError, match=r"--set classes.2.lam: classes has 2 tables; '2' is not an index of them"):
         _apply_overrides(spec, {"classes.2.lam": "1"})
 
 
@@ -118,7 +118,7 @@ _PRINTED = {
 
 
 def _model(spec: str, K: int):
-    return build_model(parse_spec(load_spec(str(EXAMPLES / spec)))).with_K(K)
+    return build_model(parse_spec(read_spec_file(str(EXAMPLES / spec)))).with_K(K)
 
 
 @pytest.mark.parametrize("spec", sorted(_PRINTED))

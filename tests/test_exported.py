@@ -137,7 +137,7 @@ def test_off_without_a_folder():
 _COUNT_COMPUTATIONS = """
 import logging, sys
 import jax
-from jsmkt._spec import build_model, describe_model, load_spec, parse_spec
+from jsmkt._spec import build_model, describe_model, read_spec_file, parse_spec
 
 compiled = []
 class Count(logging.Handler):
@@ -148,7 +148,7 @@ jax.config.update("jax_log_compiles", True)
 logging.getLogger("jax").addHandler(Count())
 logging.getLogger("jax").propagate = False
 for path in sys.argv[1:]:
-    model = build_model(parse_spec(load_spec(path)))
+    model = build_model(parse_spec(read_spec_file(path)))
     describe_model(model, {"load": 0.5, "mean": 1.0, "scv": 1.0})
     print(path, compiled)
     compiled.clear()

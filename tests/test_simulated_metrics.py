@@ -142,7 +142,7 @@ def test_simulated_metrics_agree_with_the_mean_field_n1000(model):
     """Every family metric of the N = 1000 simulation within its 95 % interval plus 1 % of the mean field's."""
     model = model()
     fp = jsmkt.solve_fixed_point(model)
-    sim = jsmkt.simulate(model, 1000, 1000.0, warmup=100.0, key=jr.PRNGKey(11), n_replications=4)
+    sim = jsmkt.simulate(model, 1000, 500.0, warmup=50.0, key=jr.PRNGKey(11), n_replications=4)
     assert set(sim.metrics) == solve_names(model)
     for name, value in sim.metrics.items():
         mean_field = float(getattr(jsmkt, name)(model, fp))

@@ -279,7 +279,7 @@ def _exact_values():
             **(fam.metrics(model, fp) if fam.metrics else {}),
             "tail": jsmkt.tails(model, fp),
         }
-        if hasattr(model, "phase_tails"):
+        if model.has_phase_tails():
             out["phase_tails"] = jsmkt.phase_tails(model, fp)
         return out
 

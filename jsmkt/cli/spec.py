@@ -5,19 +5,20 @@ compilation cache first: JAX is imported there).
 The names of `jsmkt._spec` that the commands use are re-exported here, so that the commands import the spec layer
 from one module."""
 
-import tomllib
+import re
 from typing import Any
 
 from .._spec import (
     SpecError,
     _load_and_service_dict,
+    apply_overrides,
     build_model,
     describe_model,
     family_of,
     load_family_file,
-    load_spec,
     parse_simulation,
     parse_spec,
+    read_spec_file,
     simulation_from_spec,
 )
 
@@ -28,46 +29,19 @@ __all__ = [
 ]
 
 
-def _override_value(text: str) -> Any:
-    """The value of `--set KEY=VALUE` as TOML reads it (`0.8`, `2`, `true`, `[0.5, 0.5]`, `"own"`); a bare word that
-    is not a TOML value (`own`, `h2`) is that string."""
+def _apply_overrides(spec: dict[str, Any], overrides: dict[str, str] | None, where: str = "spec") -> dict[str, Any]:
+    """`spec` with each `KEY=VALUE` of `overrides` (`--set`) set, as `jsmkt.load_spec(path, overrides)` sets them
+    (`_spec.apply_overrides`: `KEY` a TOML path, dotted for tables and numbered from 0 for arrays of tables, `VALUE`
+    TOML value text); its errors name the option as the user wrote it."""
     try:
-        return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def _apply_overrides(spec: dict[str, Any], overrides: dict[str, str] | None) -> dict[str, Any]:
-    """`spec` with each `KEY=VALUE` of `overrides` set: `KEY` is the TOML path of a value, dotted for tables and
-    numbered from 0 for arrays of tables (`lam`, `service.mean`, `classes.0.lam`); a table on the path that the spec
-    lacks is created. `SpecError` naming the override for a path through a value that is not a table or array, or
-    past an array's end."""
-    for key, text in (overrides or {}).items():
-        parts = key.split(".")
-        node: Any = spec
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            where = ".".join(parts[:i]) or "the spec"
-            if isinstance(node, list):
-                if not (part.isdigit() and int(part) < len(node)):
-                    raise SpecError(f"--set {key}={text}: {where} is an array of {len(node)}; give an index from 0 "
-                                    f"to {len(node) - 1} after it (e.g. {'.'.join(parts[:i] + ['0'])})")
-                part = int(part)
-            elif not isinstance(node, dict):
-                raise SpecError(f"--set {key}={text}: {where} is a value, not a table; give the key of a value or "
-                                "of a table")
-            if last:
-                node[part] = _override_value(text)
-            else:
-                if isinstance(node, dict) and part not in node:
-                    node[part] = {}
-                node = node[part]
-    return spec
+        return apply_overrides(spec, overrides, where)
+    except SpecError as e:
+        raise SpecError(re.sub(r"^override ", "--set ", str(e))) from None
 
 
 def _read_spec(path: str, overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The TOML table of the spec file `path`, with `overrides` (`--set`) applied."""
-    return _apply_overrides(load_spec(path), overrides)
+    return _apply_overrides(read_spec_file(path), overrides, path)
 
 
 def _overrides(args) -> dict[str, str]:
