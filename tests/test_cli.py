@@ -46,6 +46,16 @@ def test_every_example_solves(spec, capsys):
     in_service = res["utilisation"] if "mean_orbit_size" in res else 0.0
     assert abs(res["mean_queue_length"] - sum(res["tail"][1:]) - in_service) < 1e-9
     assert res["tail_mass_at_K"] < 1e-10
+    # The same model from Python (`jsmkt.load_spec`), solved at the K the command reports, gives what it printed.
+    import jsmkt
+
+    model = jsmkt.load_spec(EXAMPLES / spec)
+    model = model if model.K == res["K"] else model.with_K(res["K"])
+    fp = jsmkt.solve_fixed_point(model)
+    assert float(jsmkt.mean_sojourn_time(model, fp)) == pytest.approx(res["mean_sojourn_time"], rel=1e-10, abs=1e-14)
+    tail, n = np.asarray(jsmkt.tails(model, fp)), len(res["tail"])  # the command leaves out tails below 1e-300
+    np.testing.assert_allclose(tail[:n], res["tail"], rtol=1e-9, atol=1e-14)
+    assert np.all(tail[n:] < 1e-299)
 
 
 def test_jsq_json_matches_closed_form(tmp_path, capsys):
