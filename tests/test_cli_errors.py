@@ -50,7 +50,9 @@ def test_an_interrupt_is_one_line_and_exit_130(command, monkeypatch, capsys):
 
 def test_sigint_ends_the_console_script_with_130(tmp_path):
     """A real SIGINT, raised inside a command of the console script (`run`, as `python -m jsmkt.cli`)."""
-    code = ("import signal, jsmkt.cli, jsmkt.cli.solve\n"
+    # SIGINT's handler as a shell starts the command with it (a test runner's worker may ignore SIGINT, which its
+    # children would inherit).
+    code = ("import signal, jsmkt.cli, jsmkt.cli.solve\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "def command(args):\n    signal.raise_signal(signal.SIGINT)\n    return 0\n"
             "jsmkt.cli.solve._cmd_solve = command\njsmkt.cli.run()\n")
     proc = subprocess.run([sys.executable, "-c", code, "solve", str(EXAMPLES / "jsq3_exponential.toml")],

@@ -44,9 +44,18 @@ def _code(path: pathlib.Path) -> list[str]:
 
 
 def _run(path: pathlib.Path, blocks: list[str], namespace: dict | None = None) -> dict:
+    """Run a page's blocks in order in one namespace. A family that a page registers (`jsmkt.register_family`) is
+    forgotten afterwards, so that the test of its example file registers it as a user would."""
+    from jsmkt import _spec
+
     namespace = {} if namespace is None else namespace
-    for block in blocks:
-        exec(compile(block, _name(path), "exec"), namespace)
+    families = dict(_spec.FAMILIES)
+    try:
+        for block in blocks:
+            exec(compile(block, _name(path), "exec"), namespace)
+    finally:
+        _spec.FAMILIES.clear()
+        _spec.FAMILIES.update(families)
     return namespace
 
 
