@@ -595,11 +595,12 @@ def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lum
     bad = failed(state)
     if bad is True:  # a failed fixed point (throw=False): its law is unknown, NaN, and nothing is computed
         return TimeDistribution(jnp.full(_CHUNK, jnp.nan), jnp.asarray(jnp.nan), kind)
+    bad = jnp.asarray(bad, dtype=bool)  # False, or a traced flag (`~False` would be the integer -1)
     if is_concrete(model, y):
         _maps.before_compiling(f"jsmkt.{kind.replace(' ', '_')}_distribution",
                                ("sojourn", _maps.signature((model, y)), max_terms, lumped, stream))
     try:
-        a, q, done = _compute(model, y, stream, jnp.asarray(waiting), max_terms, lumped, jnp.asarray(bad))
+        a, q, done = _compute(model, y, stream, jnp.asarray(waiting), max_terms, lumped, bad)
     except ValueError as e:  # refusals found while tracing the chain (e.g. a level-dependent dispatch)
         raise ValueError(f"{type(model).__name__}: no {kind} distribution: {e}") from None
     message = (f"the {kind}'s tail outlasts max_terms={max_terms} uniformisation steps (the load is close to 1, or "
