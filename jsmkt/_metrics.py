@@ -91,7 +91,7 @@ def family_metrics(model: AbstractSupermarketModel, state) -> dict[str, Array]:
     """Every named observable of `model`'s family (`AbstractDescribedModel.observables`) at a state or
     `FixedPoint` (NaN where the fixed point failed); `{}` for a family without. The CLI shows them with the
     generic metrics."""
-    names = tuple(model.observables()) if isinstance(model, AbstractDescribedModel) else ()
+    names = tuple(model.observables())
     if not names:
         return {}
     y = _state(model, state)
@@ -102,7 +102,7 @@ def observable_values(model: AbstractSupermarketModel, occupancy: Occupancy) -> 
     """Every named observable of `model`'s family (`{}` for a family without) on each occupancy of `occupancy`
     (fractions of shape `(..., C)`; the result has the leading shape), read in the cells of `model` (at its
     `K`: `model.with_K(occupancy.top)` reads any)."""
-    names = tuple(model.observables()) if isinstance(model, AbstractDescribedModel) else ()
+    names = tuple(model.observables())
     if not names:
         return {}
     x = model.cells_of(occupancy)
@@ -113,7 +113,7 @@ def observable_values(model: AbstractSupermarketModel, occupancy: Occupancy) -> 
 def observable_gradients(model: AbstractSupermarketModel, occupancy: Occupancy) -> dict[str, Array]:
     """The gradient of every named observable with respect to the occupancy vector of `model`'s cells, at the one
     occupancy `occupancy` (for the delta method: a ratio's batch-means interval)."""
-    names = tuple(model.observables()) if isinstance(model, AbstractDescribedModel) else ()
+    names = tuple(model.observables())
     if not names:
         return {}
     grads = _observable_gradients(model, model.cells_of(occupancy), names)
@@ -282,11 +282,10 @@ def _family_metric(model, what: str) -> None:
     the family's own check, which says which settings."""
     from ._models.parameters import families_with_observable
 
-    if isinstance(model, AbstractDescribedModel) and what in model.observables():
+    if what in model.observables():
         return
     with jax.ensure_compile_time_eval():  # the examples' parameters are constants, also under a trace
-        if isinstance(model, AbstractDescribedModel) and any(what in m.observables()
-                                                             for m in type(model).examples().values()):
+        if any(what in m.observables() for m in type(model).examples().values()):
             return
         names = families_with_observable(what)
     kinds = " or ".join(f"{n} models (model = {n!r})" for n in names)

@@ -112,6 +112,11 @@ class AbstractSupermarketModel(eqx.Module):
             return f"service: exponential, rate mu = {float(self.mu):.6g}"
         return "service: as the family's description states"
 
+    def observables(self) -> dict:
+        """The family's own metrics, by name, as functions of the occupancy of its cells: none by default (a family
+        stated by its physics declares them, `AbstractDescribedModel.observables`)."""
+        return {}
+
     def has_phase_tails(self) -> bool:
         """Whether the model gives tails per service phase (`jsmkt.phase_tails`): by default, whether its class
         defines `phase_tails(y)` (the papers' PH models as published do)."""
