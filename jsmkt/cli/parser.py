@@ -3,7 +3,7 @@ into the CLI reference) and the readers of option values (`--percentiles`, `--se
 
 import argparse
 
-from . import sensitivity, simulate, solve, transient
+from . import capacity, plot, sensitivity, simulate, solve, sweep, transient
 from .cache import CACHE_ENV
 
 
@@ -155,5 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     n.add_argument("--plot", metavar="FILE", help="write a bar chart of the elasticities to FILE (png, pdf, svg)")
     n.set_defaults(func=sensitivity._cmd_sensitivity)
+
+    sweep.add_parser(sub, common)
+    plot.add_parser(sub, common)
+    capacity.add_parser(sub, common)
     return p
 

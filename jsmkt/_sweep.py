@@ -1,0 +1,1 @@
+"""Sweeps over grids of a family's named parameters."""
