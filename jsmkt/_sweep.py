@@ -58,7 +58,7 @@ from ._errors import percentile_label
 
 
 _OUT_KINDS = (".zarr", ".nc", ".parquet", ".csv")
-_CPU_BLOCK = 64  # points per vmapped block on a CPU (the per-point rate falls above this)
+_CPU_BLOCK = 16  # points per vmapped block on a CPU (the per-point rate falls above this: benchmarks/sweep.py)
 _CPU_CHUNK = 16384  # points per chunk and CPU device by default
 _NOT_DONE = -1  # `result` of a point not yet evaluated (in a store being written)
 _TRACED_SERVICE_KINDS = {"h2": "hyperexponential2", "coxian2": "coxian2"}  # services given by (mean, scv)
@@ -95,10 +95,10 @@ class _Traced:
 
 
 def _canonical(name: str, fam) -> str:
-    """The TOML path of an axis or a `grad` name (`mean` -> `service.mean`)."""
+    """The TOML path of an axis or a `grad` name (`mean` -> `service.mean`, as in the spec's overrides)."""
     if name in fam.keys:
         return name
-    return _spec._OVERRIDE_ALIASES.get(name, fam.aliases.get(name, name))
+    return _spec._OVERRIDE_ALIASES.get(name, name)
 
 
 def _as_values(name: str, values: Any) -> tuple:
