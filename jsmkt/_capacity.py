@@ -21,6 +21,11 @@ $10^{-6}$) and one violated, or no solution, at $\theta_{hi}$ (at first the stab
 1); a Newton step that leaves the bracket, or that does not halve the step before last, is replaced by bisection.
 It assumes what holds for the metrics above as functions of the load: each grows with $\theta$, so that the bounds
 hold on an interval from zero load up to $\theta^*$.
+The search ends at a Newton step below $10^{-11}$ of the stability limit (the answer is that iterate), at a bracket
+that narrow around a root that bisection found (its lower end), or where the bracket closes on its upper end: within
+$10^{-9}$ of the stability limit, every bound holds up to the limit (`binding = "stability"`); within $10^{-6}$ of a
+point whose metrics cannot be computed (`K` beyond `max_K`, a percentile's law beyond `max_terms` steps), a
+`ValueError` says up to where the bounds hold.
 
 **`min_choice`** finds the smallest choice number among candidates that meets every bound at the spec's load, by
 bisection on the sorted candidates (about $\log_2$ of their number solves), assuming that no metric grows with the
@@ -33,7 +38,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from ._sojourn import MAX_TERMS
 
 
 _GENERIC = ("mean_sojourn_time", "mean_waiting_time", "mean_queue_length", "mean_number_waiting", "prob_wait",
@@ -178,11 +188,10 @@ def _parameter(model, over: str, what: str):
 # --- one point: the metrics (and their derivatives in the parameter) ---------------------------------------------
 
 
-def _evaluate_fn(model, over: str | None, theta, x0, bounds: tuple[tuple[str, str, float | None], ...]):
+def _evaluate(model, over: str | None, theta, x0, bounds: tuple[tuple[str, str, float | None], ...],
+              max_terms: int):
     """The bounded metrics at `model` with parameter `over` set to `theta` (`over` None: `model` as it is),
     solved from `x0` (`throw=False`), and the fixed point's result code."""
-    import jax.numpy as jnp
-
     from . import _metrics
     from ._fixed_point import solve_fixed_point
     from ._sensitivity import parameters_of, with_parameter
@@ -200,30 +209,19 @@ def _evaluate_fn(model, over: str | None, theta, x0, bounds: tuple[tuple[str, st
         else:
             if kind not in laws:
                 law = sojourn_time_distribution if kind == "sojourn time" else waiting_time_distribution
-                laws[kind] = law(m, fp)
+                laws[kind] = law(m, fp, max_terms=max_terms)
             values.append(laws[kind].quantile(p))
     return jnp.stack([jnp.asarray(v, dtype=float) for v in values]), fp.result
 
 
-def _evaluate_jvp(model, over, theta, x0, bounds):
-    import jax
-    import jax.numpy as jnp
+_values = eqx.filter_jit(_evaluate)
 
-    return jax.jvp(lambda t: _evaluate_fn(model, over, t, x0, bounds), (theta,), (jnp.ones_like(theta),),
+
+@eqx.filter_jit
+def _values_and_derivatives(model, over, theta, x0, bounds, max_terms):
+    """`_evaluate` and the derivatives of its metrics in `theta` (forward mode: one tangent)."""
+    return jax.jvp(lambda t: _evaluate(model, over, t, x0, bounds, max_terms), (theta,), (jnp.ones_like(theta),),
                    has_aux=True)
-
-
-def _compiled():
-    """The compiled evaluations (values, and values with derivatives in the parameter), made on first use."""
-    global _VALUES, _JVP
-    if _VALUES is None:
-        import equinox as eqx
-
-        _VALUES, _JVP = eqx.filter_jit(_evaluate_fn), eqx.filter_jit(_evaluate_jvp)
-    return _VALUES, _JVP
-
-
-_VALUES = _JVP = None
 
 
 class _Point(NamedTuple):
@@ -242,14 +240,12 @@ def _first_line(e: Exception) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _point(model, over: str | None, theta: float | None, bounds: tuple[_Bound, ...], max_K: int,
+def _point(model, over: str | None, theta: float | None, bounds: tuple[_Bound, ...], max_K: int, max_terms: int,
            derivative: bool, strict: bool) -> _Point:
     """The bounded metrics (and with `derivative` their derivatives in `over`) at `theta`, at the `K` that
     `solve_fixed_point(auto_K=True)` chooses from `model.K` up. A point whose fixed point or distribution cannot be
     computed (unstable, `K` beyond `max_K`, no convergence, too few uniformisation steps) raises with `strict`,
     else is returned with the reason in `failure`."""
-    import jax.numpy as jnp
-
     from ._fixed_point import solve_fixed_point
     from ._sensitivity import parameters_of, with_parameter
     from ._solution import RESULTS
@@ -264,12 +260,11 @@ def _point(model, over: str | None, theta: float | None, bounds: tuple[_Bound, .
         return _Point(theta, None, None, m.K, _first_line(e))
     mK = model.with_K(fp.model.K)
     spec = tuple((b.kind, b.metric, b.p) for b in bounds)
-    values_fn, jvp_fn = _compiled()
     try:
         if derivative:
-            values, derivatives, result = jvp_fn(mK, over, t, fp.value, spec)
+            values, derivatives, result = _values_and_derivatives(mK, over, t, fp.value, spec, int(max_terms))
         else:
-            (values, result), derivatives = values_fn(mK, over, t, fp.value, spec), None
+            (values, result), derivatives = _values(mK, over, t, fp.value, spec, int(max_terms)), None
     except RuntimeError as e:  # raised at run time inside the compiled call (e.g. too few uniformisation steps)
         if strict:
             raise ValueError(_first_line(e)) from None
@@ -322,6 +317,14 @@ def _shown(bounds: tuple[_Bound, ...]) -> str:
     return ", ".join(f"{b.name} <= {b.value:g}" for b in bounds)
 
 
+def _check_limits(max_K, max_terms) -> None:
+    if isinstance(max_K, bool) or not isinstance(max_K, (int, np.integer)) or max_K < 2:
+        raise ValueError(f"max_K={max_K!r} must be an integer >= 2 (the largest truncation level tried)")
+    if isinstance(max_terms, bool) or not isinstance(max_terms, (int, np.integer)) or max_terms < 64:
+        raise ValueError(f"max_terms={max_terms!r} must be an integer >= 64 (the most uniformisation steps of a "
+                         "percentile's law)")
+
+
 # --- the stability limit -------------------------------------------------------------------------------------------
 
 
@@ -329,9 +332,6 @@ def _load_root(model, p, over: str, theta0: float, target: float) -> float:
     """The value of `over` at which the load is `target`, by Newton's method on the load (exact in one step where
     the load is linear in the parameter, as in `lam` and `service.mean`); `ValueError` where the load does not grow
     with the parameter."""
-    import jax
-    import jax.numpy as jnp
-
     from ._sensitivity import with_parameter
 
     def load(t):
@@ -359,7 +359,8 @@ def _load_root(model, p, over: str, theta0: float, target: float) -> float:
 # --- max_load ------------------------------------------------------------------------------------------------------
 
 
-def max_load(spec_or_model, bound: Mapping[str, float], *, over: str = "lam", max_K: int = 4096) -> Capacity:
+def max_load(spec_or_model, bound: Mapping[str, float], *, over: str = "lam", max_K: int = 4096,
+             max_terms: int = MAX_TERMS) -> Capacity:
     r"""The largest value of a parameter (by default the arrival rate `lam`) at which every bound holds.
 
     Newton's method on the differentiable metrics (module `jsmkt._capacity`): each iterate solves the fixed point
@@ -381,6 +382,7 @@ def max_load(spec_or_model, bound: Mapping[str, float], *, over: str = "lam", ma
     - `over`: the parameter searched, by its TOML path (`lam`, `service.mean`, `batch_rate`, ...): a real scalar
       that the load grows with.
     - `max_K`: the largest truncation level an iterate may use.
+    - `max_terms`: the most uniformisation steps of a percentile's law (`jsmkt.sojourn_time_distribution`).
 
     **Returns:** a `jsmkt.Capacity`: `value` the largest `over`, `binding` the bound that holds with equality there
     (`"stability"`, with `value` the stability limit, where every bound holds up to within $10^{-9}$ of it),
@@ -408,8 +410,7 @@ def max_load(spec_or_model, bound: Mapping[str, float], *, over: str = "lam", ma
         raise ValueError(f"over={over!r} is not a real scalar parameter of {type(model).__name__} models; max_load "
                          "searches one number that raises the load (lam, service.mean, ...)"
                          + ("; for the choice number use min_choice" if p.kind == "choice" else ""))
-    if isinstance(max_K, bool) or not isinstance(max_K, (int, np.integer)) or max_K < 2:
-        raise ValueError(f"max_K={max_K!r} must be an integer >= 2 (the largest truncation level tried)")
+    _check_limits(max_K, max_terms)
     theta0 = float(value)
     limit = _load_root(model, p, over, theta0, 1.0)
     lo_theta = _load_root(model, p, over, limit, _LOW_LOAD)
@@ -419,7 +420,7 @@ def max_load(spec_or_model, bound: Mapping[str, float], *, over: str = "lam", ma
 
     def at(theta: float, strict: bool = False) -> _Point:
         nonlocal K
-        pt = _point(model.with_K(K), name, theta, bounds, max_K, True, strict)
+        pt = _point(model.with_K(K), name, theta, bounds, max_K, max_terms, True, strict)
         K = max(K, pt.K)
         return pt
 
@@ -491,7 +492,7 @@ def _candidates(candidates) -> list[int]:
 
 
 def min_choice(spec_or_model, bound: Mapping[str, float], *, over: str = "d", candidates=range(1, 11),
-               max_K: int = 4096) -> Capacity:
+               max_K: int = 4096, max_terms: int = MAX_TERMS) -> Capacity:
     r"""The smallest choice number among `candidates` at which every bound holds, at the model's load.
 
     Bisection on the sorted candidates: the largest is solved first (if it fails every smaller one does too), then
@@ -507,6 +508,7 @@ def min_choice(spec_or_model, bound: Mapping[str, float], *, over: str = "d", ca
       shared by every arrival).
     - `candidates`: the choice numbers tried (integers >= 1).
     - `max_K`: the largest truncation level a solve may use.
+    - `max_terms`: the most uniformisation steps of a percentile's law (`jsmkt.sojourn_time_distribution`).
 
     **Returns:** a `jsmkt.Capacity` with `value` the smallest candidate that meets every bound (an `int`),
     `binding` the bound that the candidate before it violates (most, relative to its value; `None` when `value` is
@@ -535,8 +537,7 @@ def min_choice(spec_or_model, bound: Mapping[str, float], *, over: str = "d", ca
                          "min_choice searches one, such as d" + ("; for a rate use max_load" if p.kind == "real"
                                                                  else ""))
     cands = _candidates(candidates)
-    if isinstance(max_K, bool) or not isinstance(max_K, (int, np.integer)) or max_K < 2:
-        raise ValueError(f"max_K={max_K!r} must be an integer >= 2 (the largest truncation level tried)")
+    _check_limits(max_K, max_terms)
     model.check_values()  # an unstable load is refused here, once, whatever the candidates
     points: dict[int, _Point] = {}
 
@@ -547,7 +548,7 @@ def min_choice(spec_or_model, bound: Mapping[str, float], *, over: str = "d", ca
             else:
                 mc = eqx.tree_at(p.where, model, FixedChoice(c))
             try:
-                points[c] = _point(mc, None, None, bounds, max_K, False, True)
+                points[c] = _point(mc, None, None, bounds, max_K, max_terms, False, True)
             except (ValueError, RuntimeError) as e:
                 raise type(e)(f"at {over}={c}: {_first_line(e)}") from None
         return points[c]
