@@ -76,17 +76,20 @@ def test_max_load_of_jsq_d_meets_the_closed_forms_and_names_the_binding_bound(tm
 
 
 def test_min_choice_is_the_smallest_d_under_the_closed_form(tmp_path, capsys):
-    """At lam = 0.95, E[T] = 20 (d = 1), 3.50 (d = 2), 2.51 (d = 3): E[T] <= 3 needs d = 3, and d = 2 binds."""
-    lam = 0.95
-    ET = {d: _mean_sojourn(lam, d) for d in (1, 2, 3)}
-    assert ET[3] < 3.0 < ET[2]
-    spec = _spec(tmp_path, lam, 1)
+    """At lam = 0.95, E[T] = 20 (d = 1), 3.50 (d = 2), 2.51 (d = 3): E[T] <= 3 needs d = 3, and d = 2 binds. At
+    lam = 0.99 no d of 1, 2, 3 meets it (E[T] = 3.5 at d = 3): on a grid, that point is a row without an answer."""
+    ET = {d: _mean_sojourn(0.95, d) for d in (1, 2, 3)}
+    assert ET[3] < 3.0 < ET[2] and _mean_sojourn(0.99, 3) > 3.0
+    spec = _spec(tmp_path, 0.95, 1)
     code, out, err = _run(["capacity", spec, "--over", "d", "--candidates", "1,2,3", "--bound",
-                           "mean_sojourn_time=3", "--format", "json"], capsys)
+                           "mean_sojourn_time=3", "--grid", "lam=0.95,0.99", "--format", "json"], capsys)
     assert code == 0, err
-    res = json.loads(out)
-    assert res["d"] == 3 and res["binding"] == "mean_sojourn_time" and res["results"][0]["d"] == 3
-    assert res["metrics"]["mean_sojourn_time"] == pytest.approx(ET[3], rel=1e-9)
+    first, second = json.loads(out)["results"]
+    assert (first["lam"], first["d"], first["binding"]) == (0.95, 3, "mean_sojourn_time")
+    assert first["metrics"]["mean_sojourn_time"] == pytest.approx(ET[3], rel=1e-9)
+    assert (second["lam"], second["d"], second["binding"]) == (0.99, None, None)
+    assert second["error"].startswith("no d among 1, 2, 3 meets mean_sojourn_time <= 3")
+    assert err.startswith("jsmkt: note: 1 of 2 points have no answer") and err.count("\n") == 1
     with pytest.raises(ValueError, match=r"no d among 1, 2, 3 meets mean_sojourn_time <= 2\.5"):
         jsmkt.min_choice(spec, {"mean_sojourn_time": 2.5}, candidates=[3, 1, 2])
 

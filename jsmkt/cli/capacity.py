@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from .grid import bound_option, grid_option, grid_values
@@ -90,12 +91,13 @@ def _cmd_capacity(args) -> int:
         tables.append(table)
     _use_compilation_cache(args)
     import jsmkt
-    from .._capacity import _model_of, _parameter
+    from .._capacity import _bounds, _model_of, _parameter
 
     model, _ = _model_of(tables[0], args.spec)
     _, p = _parameter(model, args.over, "give a rate that raises the load (lam) or a choice number (d)")
+    _bounds(model, bounds)  # unknown names refused once, not at every point
     choice = p.kind == "choice"
-    rows = []
+    rows, errors = [], []
     for point, table in zip(points, tables, strict=True):
         try:
             if choice:
@@ -103,20 +105,31 @@ def _cmd_capacity(args) -> int:
             else:
                 cap = jsmkt.max_load(table, bounds, over=args.over, max_K=args.max_K)
         except (ValueError, RuntimeError) as e:
+            # One point: its error is the command's. On a grid, a point without an answer (no load meets the
+            # bounds, no candidate does, its metrics cannot be computed) is a row with its reason.
             if not point:
                 raise
             lines = str(e).strip().splitlines()
-            raise type(e)(f"at {_label(point)}: {lines[0] if lines else type(e).__name__}") from None
+            reason = lines[0] if lines else type(e).__name__
+            errors.append(type(e)(f"at {_label(point)}: {reason}"))
+            rows.append({**point, args.over: None, "binding": None, "metrics": {k: None for k in bounds},
+                         "error": reason})
+            continue
         d = cap.to_dict()
         rows.append({**point, args.over: d[args.over], "binding": d["binding"], "metrics": d["metrics"],
                      "K": d["K"], **({"limit": d["limit"]} if not choice else {})})
+    if len(errors) == len(rows):  # no point has an answer: the first one's reason
+        raise errors[0]
     if args.format == "json":
         out: dict[str, Any] = {"over": args.over, "bounds": bounds, "results": rows}
         if len(rows) == 1:
             out.update({args.over: rows[0][args.over], "binding": rows[0]["binding"], "metrics": rows[0]["metrics"]})
         print(json.dumps(out, indent=2))
-        return 0
-    _print(args, bounds, names, rows, choice)
+    else:
+        _print(args, bounds, names, rows, choice)
+    if errors:
+        print(f"jsmkt: note: {len(errors)} of {len(rows)} points have no answer (\"error\" in their results); "
+              f"first {errors[0]}", file=sys.stderr)
     return 0
 
 
@@ -135,7 +148,7 @@ def _print(args, bounds: dict[str, float], names: list[str], rows: list[dict[str
             return "-" if not math.isfinite(v) else f"{v:.10g}" if col == args.over else f"{v:.6g}"
         return str(v)
 
-    table = [[cell(r, c) for c in columns] for r in rows]
+    table = [[cell(r, c) if "error" not in r or c in names else "-" for c in columns] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(columns)]
     print()
     print("  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
@@ -143,5 +156,8 @@ def _print(args, bounds: dict[str, float], names: list[str], rows: list[dict[str
         print("  " + "  ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)).rstrip())
     if any(r["binding"] == "stability" for r in rows):
         print(f"  stability: every bound holds up to the stability limit (the load 1), the {args.over} given")
-    if choice and any(r["binding"] is None for r in rows):
+    for r in rows:
+        if "error" in r:
+            print(f"  -: no answer at {_label({k: r[k] for k in names})}: {r['error']}")
+    if choice and any(r["binding"] is None and "error" not in r for r in rows):
         print(f"  none: the smallest candidate, {args.candidates[0]}, meets every bound")
