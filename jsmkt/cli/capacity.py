@@ -52,7 +52,7 @@ def add_parser(sub, common) -> None:
     c.add_argument("--grid", metavar="NAME=VALUES", action="append", type=grid_option, default=[],
                    help="answer at every value of the spec key NAME: START:STOP:NUM (NUM values, both ends "
                         "included) or a list (d=1,2,3,5); several --grid give their product")
-    c.add_argument("--candidates", metavar="LIST", type=_candidate_list, default=_DEFAULT_CANDIDATES,
+    c.add_argument("--candidates", metavar="LIST", type=_candidate_list, default=None,
                    help="the choice numbers tried with --over d (default: 1 to 10)")
     c.add_argument("--max-K", type=int, default=4096, metavar="N", dest="max_K",
                    help="the largest truncation level a solve may use (default: 4096)")
@@ -97,6 +97,10 @@ def _cmd_capacity(args) -> int:
     _, p = _parameter(model, args.over, "give a rate that raises the load (lam) or a choice number (d)")
     _bounds(model, bounds)  # unknown names refused once, not at every point
     choice = p.kind == "choice"
+    if args.candidates is not None and not choice:
+        raise SpecError(f"--candidates: --over {args.over} is not a choice number; candidates are tried for one "
+                        "(--over d)")
+    args.candidates = args.candidates or _DEFAULT_CANDIDATES
     rows, errors = [], []
     for point, table in zip(points, tables, strict=True):
         try:
