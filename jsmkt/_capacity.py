@@ -109,9 +109,9 @@ class _Bound(NamedTuple):
 # --- reading the arguments -----------------------------------------------------------------------------------------
 
 
-def _model_of(spec_or_model, where: str = "spec_or_model"):
-    """`(model, table)`: the model of a spec file (`str`/`pathlib.Path`), of a TOML table (`dict`) or a model
-    itself (`table` None)."""
+def _model_of(spec_or_model, where: str = "spec"):
+    """`(model, table)`: the model of a spec file (`str`/`pathlib.Path`), of a TOML table (`dict`; its errors name
+    `where`) or a model itself (`table` None)."""
     from ._models.base import AbstractSupermarketModel
     from ._spec import _model_from_table, read_spec_file
 
@@ -120,10 +120,11 @@ def _model_of(spec_or_model, where: str = "spec_or_model"):
         return _model_from_table(table, str(spec_or_model)), table
     if isinstance(spec_or_model, Mapping):
         table = dict(spec_or_model)
-        return _model_from_table(table, "spec"), table
+        return _model_from_table(table, where), table
     if isinstance(spec_or_model, AbstractSupermarketModel):
         return spec_or_model, None
-    raise ValueError(f"{where}={spec_or_model!r} is not a spec file (a path), a TOML table (a dict) or a jsmkt model")
+    raise ValueError(f"spec_or_model={spec_or_model!r} is not a spec file (a path), a TOML table (a dict) or a jsmkt "
+                     "model")
 
 
 def bound_names(model) -> list[str]:
