@@ -580,7 +580,7 @@ def _checked(model, state, what: str, stream, max_terms, lumped):
     return _state(model, state), int(max_terms)
 
 
-def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lumped) -> TimeDistribution:
+def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lumped, throw=True) -> TimeDistribution:
     y, max_terms = _checked(model, state, kind, stream, max_terms, lumped)
     facts = _facts(model)
     why = facts.no_fcfs
@@ -605,7 +605,11 @@ def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lum
         raise ValueError(f"{type(model).__name__}: no {kind} distribution: {e}") from None
     message = (f"the {kind}'s tail outlasts max_terms={max_terms} uniformisation steps (the load is close to 1, or "
                "rates differ by orders of magnitude); raise max_terms")
+    if throw not in (True, False):
+        raise ValueError(f"throw={throw!r} must be True or False")
     if is_concrete(a, done):
+        if not bool(done) and not throw:
+            return TimeDistribution(jnp.full(_CHUNK, jnp.nan), jnp.asarray(jnp.nan), kind)
         if not bool(done):
             raise ValueError(message)
         # Keep the steps up to where a_n is negligible (a power of two, so that few shapes compile).
@@ -613,13 +617,15 @@ def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lum
         size = min(a.shape[0], max(_CHUNK, 1 << int(np.ceil(np.log2(last + 1)))))
         a = a[:size]
     else:  # a failed entry of a batch is NaN, not an error (its fixed point's `result` says why)
-        a = error_if(a, ~done & ~bad, message)
-        a, q = nan_where(bad, (a, q))
+        if throw:
+            a = error_if(a, ~done & ~bad, message)
+        a, q = nan_where(bad | ~done, (a, q))
     return TimeDistribution(a, q, kind)
 
 
 def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream: str | None = None,
-                              max_terms: int = MAX_TERMS, lumped: bool | None = None) -> TimeDistribution:
+                              max_terms: int = MAX_TERMS, lumped: bool | None = None,
+                              throw: bool = True) -> TimeDistribution:
     r"""The law of the sojourn time (arrival to departure) of a job in the mean-field limit, at a fixed point.
 
     A tagged job joins a server chosen by the tail rule at the stationary occupancy and leaves when the FCFS
@@ -644,6 +650,8 @@ def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     the other entries of the batch keep their values.
     - `lumped`: `None` (default) lumps the chain to (status, position) where the description allows it; `False`
       uses the full (cell, position) chain (a check), `True` requires lumping.
+    - `throw`: with `False`, a law whose tail outlasts `max_terms` is NaN (as that of a failed fixed point) instead
+      of an error, so that a batch can try its entries again with more steps (`jsmkt.sweep` does).
 
     **Returns:** a `jsmkt.TimeDistribution` with `cdf`, `pdf`, `quantile` and `mean` (equal to
     `jsmkt.mean_sojourn_time`, Little's law), differentiable with respect to the model's parameters.
@@ -659,11 +667,12 @@ def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream:
         T.quantile(jnp.array([0.5, 0.99])), T.cdf(10.0), T.mean
         ```
     """
-    return _distribution(model, state, "sojourn time", False, stream, max_terms, lumped)
+    return _distribution(model, state, "sojourn time", False, stream, max_terms, lumped, throw)
 
 
 def waiting_time_distribution(model: AbstractSupermarketModel, state, *, stream: str | None = None,
-                              max_terms: int = MAX_TERMS, lumped: bool | None = None) -> TimeDistribution:
+                              max_terms: int = MAX_TERMS, lumped: bool | None = None,
+                              throw: bool = True) -> TimeDistribution:
     r"""The law of the waiting time (arrival to start of service) of a job in the mean-field limit, at a fixed
     point: the time until the jobs ahead of it have left. An atom at 0 (`atom`, the probability of not waiting,
     $1 - $ `jsmkt.prob_wait`) and a density on $t > 0$; its mean is `jsmkt.mean_waiting_time`.
@@ -674,4 +683,4 @@ def waiting_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     separate) and batch service (a job may leave without reaching the head). Arguments, returns and errors as
     `jsmkt.sojourn_time_distribution`.
     """
-    return _distribution(model, state, "waiting time", True, stream, max_terms, lumped)
+    return _distribution(model, state, "waiting time", True, stream, max_terms, lumped, throw)

@@ -61,6 +61,8 @@ _OUT_KINDS = (".zarr", ".nc", ".parquet", ".csv")
 _CPU_BLOCK = 16  # points per vmapped block on a CPU (the per-point rate falls above this: benchmarks/sweep.py)
 _CPU_CHUNK = 16384  # points per chunk and CPU device by default
 _NOT_DONE = -1  # `result` of a point not yet evaluated (in a store being written)
+_TERMS = (1 << 10, 1 << 13, 1 << 15)  # uniformisation steps of the time laws tried in turn (under vmap every point
+# takes all of a level's steps, so the first is small; the last is `jsmkt.sojourn_time_distribution`'s default)
 _TRACED_SERVICE_KINDS = {"h2": "hyperexponential2", "coxian2": "coxian2"}  # services given by (mean, scv)
 
 
@@ -507,8 +509,10 @@ def _with_values(model, traced: Sequence[_Traced], values: dict[str, Any]):
     return model
 
 
-def _point_function(plan: _Plan):
-    """`f(model, values) -> outputs` for one point: `values` maps the traced parameters' paths to scalars."""
+def _point_function(plan: _Plan, max_terms: int):
+    """`f(model, values) -> outputs` for one point: `values` maps the traced parameters' paths to scalars;
+    `max_terms`, the uniformisation steps of the sojourn- and waiting-time laws (a law that needs more is NaN:
+    `throw=False`)."""
     import jax
     import jax.numpy as jnp
 
@@ -547,9 +551,11 @@ def _point_function(plan: _Plan):
         if grads is not None:
             out["grads"] = jnp.where(ok, grads, nan)
         if plan.percentiles:
-            out["sojourn"] = jnp.where(ok, sojourn_time_distribution(m, fp).quantile(p), nan)
+            out["sojourn"] = jnp.where(ok, sojourn_time_distribution(m, fp, max_terms=max_terms, throw=False)
+                                       .quantile(p), nan)
             if plan.waiting:
-                out["waiting"] = jnp.where(ok, waiting_time_distribution(m, fp).quantile(p), nan)
+                out["waiting"] = jnp.where(ok, waiting_time_distribution(m, fp, max_terms=max_terms, throw=False)
+                                           .quantile(p), nan)
         return out
 
     return f
@@ -564,7 +570,7 @@ def _jacfwd_with_value(f, x):
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(key: str, devices: tuple, block: int):
+def _compiled(key: str, devices: tuple, block: int, max_terms: int):
     """`(fn, sharding)`: the compiled evaluation of points of the plan of `key` (in `_PLANS`), `fn(model, values)`
     with every leaf of `values` of shape `(len(devices), n)`, placed by `sharding` (row i on device i): each device
     evaluates its row in vmapped blocks of `block` points (`jax.lax.map`). One code path for every number of
@@ -574,7 +580,7 @@ def _compiled(key: str, devices: tuple, block: int):
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    point = _point_function(_PLANS[key])
+    point = _point_function(_PLANS[key], max_terms)
     sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
 
     def row(model, values):
@@ -620,17 +626,19 @@ def _block(devices) -> int:
 
 
 def _evaluate(plan: _Plan, model, values: dict[str, np.ndarray], devices) -> dict:
-    """The outputs at the points `values` of one built model, each at the K that the auto-K rule gives it."""
+    """The outputs at the points `values` of one built model. Every point is solved at the model's `K`, and again
+    at `2K`, `4K`, ... (up to `max_K`) while the fraction of servers at `K` is too large (the auto-K rule, point by
+    point); its sojourn- and waiting-time laws take `_TERMS[0]` uniformisation steps, and more (`_TERMS`) where
+    the law's tail outlasts them. Each `(K, steps)` compiles once; few points take the later ones."""
     import jax
 
     from ._solution import RESULTS
 
     n = len(next(iter(values.values())))
     nd, block = len(devices), _block(devices)
-    fn, sharding = _compiled(plan.key, tuple(devices), block)
     truncated = int(RESULTS.truncation_too_small._value)
 
-    def run(model, idx):
+    def run(K, level, idx):
         m = len(idx)
         if m <= block * nd:  # a power of two per device: few distinct shapes, each compiled once
             size = nd * (1 << max(0, (-(-m // nd) - 1).bit_length()))
@@ -638,22 +646,43 @@ def _evaluate(plan: _Plan, model, values: dict[str, np.ndarray], devices) -> dic
             size = -(-m // (nd * block)) * nd * block
         padded = {k: np.concatenate([v[idx], np.full(size - m, v[idx][-1])]).reshape(nd, -1)
                   for k, v in values.items()}
-        out = fn(model, jax.device_put(padded, sharding))
+        fn, sharding = _compiled(plan.key, tuple(devices), block, _TERMS[level] if plan.percentiles else 0)
+        out = fn(model.with_K(K) if K != model.K else model, jax.device_put(padded, sharding))
         return jax.tree_util.tree_map(lambda x: np.array(x).reshape(size, *x.shape[2:])[:m], out)
 
-    out = run(model, np.arange(n))
     Ks = np.full(n, model.K, dtype=np.int64)
+    levels = np.zeros(n, dtype=np.int64)
+    out = run(model.K, 0, np.arange(n))
     while True:
-        again = np.flatnonzero(out["result"] == truncated)
-        if not len(again) or model.K >= plan.max_K:
+        short = (out["result"] == truncated) & (Ks < plan.max_K)
+        steps = (out["result"] == 0) & (levels < len(_TERMS) - 1) & _laws_outlast(plan, out)
+        Ks[short] = np.minimum(2 * Ks[short], plan.max_K)
+        levels[steps] += 1
+        again = np.flatnonzero(short | steps)
+        if not len(again):
             break
-        model = model.with_K(min(2 * model.K, plan.max_K))
-        sub = run(model, again)
-        for k in out:
-            out[k][again] = sub[k]
-        Ks[again] = model.K
+        for K, level in sorted(set(zip(Ks[again].tolist(), levels[again].tolist(), strict=True))):
+            idx = again[(Ks[again] == K) & (levels[again] == level)]
+            sub = run(K, level, idx)
+            for k in out:
+                out[k][idx] = sub[k]
+    # A law that outlasts the most steps: the point failed (no percentile to give), as Newton's step limit.
+    over = (out["result"] == 0) & _laws_outlast(plan, out)
+    out["result"][over] = int(RESULTS.max_steps_reached._value)
+    for k in ("metrics", "grads", "sojourn", "waiting"):
+        if k in out:
+            out[k][over] = np.nan
     out["K"] = Ks
     return out
+
+
+def _laws_outlast(plan: _Plan, out: dict) -> np.ndarray:
+    """Per point: whether a percentile is NaN at a successful fixed point (its law outlasted the steps taken)."""
+    bad = np.zeros(len(out["result"]), dtype=bool)
+    for k in ("sojourn", "waiting"):
+        if k in out:
+            bad |= np.isnan(out[k]).any(axis=-1)
+    return bad
 
 
 # --- the dataset and the store -------------------------------------------------------------------------------------

@@ -61,8 +61,10 @@ def test_closed_form(jsq_sweep):
 
 def test_percentiles_exceed_the_mean():
     """p99 of the sojourn time above its mean, and for d = 1 the M/M/1 law: P(T > t) = exp(-(1 - lam) t), so
-    p99 = ln(100)/(1 - lam); the waiting time's p99: P(W > t) = lam exp(-(1 - lam) t)."""
-    lam = np.linspace(0.5, 0.95, 7)
+    p99 = ln(100)/(1 - lam); the waiting time's p99: P(W > t) = lam exp(-(1 - lam) t). At lam = 0.98 the law's
+    tail outlasts the first uniformisation steps tried (a law with too few is NaN, `throw=False`), and the sweep
+    takes more."""
+    lam = np.array([0.5, 0.65, 0.8, 0.9, 0.95, 0.98])
     ds = jsmkt.sweep(JSQ, {"lam": lam, "d": [1, 2]}, metrics=["mean_sojourn_time"], percentiles=[50, 99],
                      tail_tol=1e-13)
     p99 = ds.sojourn_time_percentiles.sel(percentile=99.0)
@@ -71,6 +73,11 @@ def test_percentiles_exceed_the_mean():
     np.testing.assert_allclose(ds.waiting_time_percentiles.sel(d=1, percentile=99.0).values,
                                np.log(100 * lam) / (1 - lam), rtol=1e-8)
     np.testing.assert_allclose(ds.mean_sojourn_time.sel(d=1).values, 1 / (1 - lam), rtol=1e-9)
+    model = jsmkt.JSQd(0.98, d=1, K=int(ds.K.sel(lam=0.98, d=1)))
+    fp = jsmkt.solve_fixed_point(model, tail_tol=1e-13)
+    assert np.isnan(float(jsmkt.sojourn_time_distribution(model, fp, max_terms=1024, throw=False).quantile(0.99)))
+    with pytest.raises(ValueError, match="outlasts max_terms=1024"):
+        jsmkt.sojourn_time_distribution(model, fp, max_terms=1024)
 
 
 def test_points_solved_one_by_one_and_failed_points():
