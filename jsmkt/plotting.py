@@ -303,7 +303,8 @@ _SWEEP_LABELS = {
 }
 _SWEEP_SYMBOLS = {"mean_sojourn_time": "E[T]", "mean_waiting_time": "E[W]", "mean_queue_length": "E[Q]",
                   "prob_wait": "P(wait)", "lam": r"\lambda", "mu": r"\mu", "theta": r"\theta"}
-_PERCENTILE_NAME = r"^(?:(sojourn|waiting)_)?p(\d+(?:\.\d*)?)$"  # sojourn_p99, waiting_p99.9, p99 (sojourn)
+# sojourn_time_p99, waiting_time_p99.9 (the sweep's table columns), sojourn_p99, waiting_p99, p99 (the sojourn time's)
+_PERCENTILE_NAME = r"^(?:(sojourn|waiting)(?:_time)?_)?p(\d+(?:\.\d*)?)$"
 
 
 def _sweep_label(ds, name: str) -> str:
@@ -334,8 +335,10 @@ def _sweep_value_text(v) -> str:
 
 def _sweep_variable(ds, y: str):
     """The variable `y` names, with the selection of its extra dimension that `y` implies, and its label: a
-    variable over the grid (`mean_sojourn_time`, `K`), a percentile (`sojourn_p99`, `waiting_p99.9`, `p99` for the
-    sojourn time) of `{kind}_time_percentiles`, or a derivative `{metric}_grad[{wrt}]`."""
+    variable over the grid (`mean_sojourn_time`, `K`), a percentile of `{kind}_time_percentiles`
+    (`sojourn_time_p99`, `waiting_time_p99.9` as the sweep's tables name them; `sojourn_p99`, `waiting_p99`, and
+    `p99` for the sojourn time, as capacity bounds name them) or a derivative `{metric}_grad_{wrt}`
+    (`mean_sojourn_time_grad_lam`, also written `mean_sojourn_time_grad[lam]`)."""
     import re
 
     if y in ds.data_vars:
@@ -353,8 +356,10 @@ def _sweep_variable(ds, y: str):
                              f"{', '.join(_percentile_label(q) for q in have)}, not {_percentile_label(p)}")
         return ds[var], {"percentile": have[np.isclose(have, p, rtol=1e-12, atol=0.0)][0]}, \
             f"{kind} time {_percentile_label(p)}"
-    if (m := re.match(r"^(.+)\[(.+)\]$", y)) and m.group(1) in ds.data_vars and "wrt" in ds[m.group(1)].dims:
-        var, wrt = m.groups()
+    grads = [n for n in ds.data_vars if "wrt" in ds[n].dims and (y.startswith(f"{n}_") or y.startswith(f"{n}["))]
+    if grads:
+        var = max(grads, key=len)
+        wrt = y[len(var) + 1:].removesuffix("]") if y[len(var)] == "[" else y[len(var) + 1:]
         have = [str(w) for w in ds["wrt"].values]
         if wrt not in have:
             raise ValueError(f"y={y!r}: {var} has derivatives with respect to {', '.join(have)}, not {wrt}")
@@ -364,7 +369,7 @@ def _sweep_variable(ds, y: str):
                  rf"$\partial\,${num} / $\partial\,${den}")
         return ds[var], {"wrt": wrt}, label
     raise ValueError(f"y={y!r} is not a variable of the sweep: give one of {', '.join(names)}, a percentile "
-                     f"(sojourn_p99, waiting_p99, p99) or a derivative ({{metric}}_grad[{{parameter}}])")
+                     f"(sojourn_time_p99, waiting_time_p99, p99) or a derivative ({{metric}}_grad_{{parameter}})")
 
 
 def _sweep_select(ds, y: str, axes: tuple[str, ...], sel: dict[str, Any], *, fix: str = "{name}={value}",
@@ -426,8 +431,8 @@ def plot_sweep(ds, x: str, y: str, *, hue: str | None = None, ax=None, log: bool
     - `ds`: the `xarray.Dataset` of `jsmkt.sweep` (or read back: `xarray.open_zarr("sweep.zarr")`).
     - `x`: the grid axis on the horizontal axis (`"lam"`).
     - `y`: what is plotted: a metric of the sweep (`"mean_sojourn_time"`, `"prob_wait"`, `"K"`), a percentile
-      (`"sojourn_p99"`, `"waiting_p99.9"`; `"p99"` is the sojourn time's) or a derivative
-      (`"mean_sojourn_time_grad[lam]"`).
+      (`"sojourn_time_p99"`, `"waiting_time_p99.9"`, as the columns of the sweep's tables; also `"sojourn_p99"`,
+      and `"p99"` for the sojourn time's) or a derivative (`"mean_sojourn_time_grad_lam"`).
     - `hue`: a grid axis with one line per value (`"d"`), labelled in a legend.
     - `ax`: the axes drawn on (default: `matplotlib.pyplot.gca()`).
     - `log`: a logarithmic y axis.
@@ -477,7 +482,7 @@ def plot_sweep_heatmap(ds, x: str, y: str, z: str, *, ax=None, log: bool = False
     - `x`, `y`: the grid axes on the horizontal and vertical axes (`"lam"`, `"service.scv"`); each cell is centred
       on its grid point.
     - `z`: what is coloured, named as `plot_sweep`'s `y` (a metric, a percentile such as `"sojourn_p99"`, a
-      derivative `"mean_sojourn_time_grad[lam]"`).
+      derivative `"mean_sojourn_time_grad_lam"`).
     - `ax`: the axes drawn on (default: `matplotlib.pyplot.gca()`); the colour bar is added beside it.
     - `log`: a logarithmic colour scale.
     - `sel`: a value for each other grid axis of more than one value, as in `plot_sweep`.

@@ -115,12 +115,12 @@ def test_sweep_passes_the_options_and_prints_records(spec, fake, capsys):
     recs = res["results"]
     assert [(r["lam"], r["d"]) for r in recs] == [(lam, d) for lam in (0.5, 0.7, 0.9) for d in (1, 2)]
     for r in recs:  # M/M/1: E[T] = 1/(1 - lam), its sojourn time exponential of rate 1 - lam
-        assert list(r) == ["lam", "d", "mean_sojourn_time", "prob_wait", "mean_sojourn_time_grad[lam]",
-                           "prob_wait_grad[lam]", "sojourn_p50", "sojourn_p99", "K", "result"]
+        assert list(r) == ["lam", "d", "mean_sojourn_time", "prob_wait", "mean_sojourn_time_grad_lam",
+                           "prob_wait_grad_lam", "sojourn_time_p50", "sojourn_time_p99", "K", "result"]
         assert r["mean_sojourn_time"] == pytest.approx(1 / (1 - r["lam"]), rel=1e-12)
-        assert r["mean_sojourn_time_grad[lam]"] == pytest.approx(1 / (1 - r["lam"]) ** 2, rel=1e-12)
-        assert r["sojourn_p99"] == pytest.approx(math.log(100) / (1 - r["lam"]), rel=1e-12)
-        assert r["sojourn_p50"] == pytest.approx(math.log(2) / (1 - r["lam"]), rel=1e-12)
+        assert r["mean_sojourn_time_grad_lam"] == pytest.approx(1 / (1 - r["lam"]) ** 2, rel=1e-12)
+        assert r["sojourn_time_p99"] == pytest.approx(math.log(100) / (1 - r["lam"]), rel=1e-12)
+        assert r["sojourn_time_p50"] == pytest.approx(math.log(2) / (1 - r["lam"]), rel=1e-12)
         assert r["result"] == "successful" and r["K"] == 40
 
 
@@ -237,8 +237,9 @@ def test_plot_sweep_lines_labels_and_gaps(dataset):
         assert ax.get_ylabel() == "sojourn time p99" and list(ax.get_xticks()) == [1, 2, 3]
         np.testing.assert_allclose(ax.lines[0].get_ydata(), [math.log(100) / 0.4] * 3, rtol=1e-12)
         ax.clear()
-        plot_sweep(dataset, "lam", "mean_sojourn_time_grad[lam]", ax=ax, d=2, **{"service.scv": 1.0})
+        plot_sweep(dataset, "lam", "mean_sojourn_time_grad_lam", ax=ax, d=2, **{"service.scv": 1.0})
         assert "partial" in ax.get_ylabel()
+        np.testing.assert_allclose(ax.lines[0].get_ydata()[:3], 1 / (1 - np.array([0.3, 0.6, 0.9])) ** 2, rtol=1e-12)
         with pytest.raises(ValueError, match=r"also varies along d \(3 values: 1, 2, 3\); service.scv "
                                              r"\(2 values: 1, 4\): fix each with d=1 or draw one line per value"):
             plot_sweep(dataset, "lam", "mean_sojourn_time", ax=ax)
@@ -287,9 +288,9 @@ def test_plot_command_writes_the_file(dataset, tmp_path, capsys, suffix):
                           "service.scv=4", "--out", str(png)], capsys)
     assert code == 0, err
     assert out == f"wrote {png}\n" and png.stat().st_size > 0
-    code, out, err = run(["plot", data, "--heatmap", "p99", "--x", "lam", "--y", "service.scv", "--sel", "d=2",
-                          "--log"], capsys)
-    default = tmp_path / "sweep-p99.png"
+    code, out, err = run(["plot", data, "--heatmap", "sojourn_time_p99", "--x", "lam", "--y", "service.scv", "--sel",
+                          "d=2", "--log"], capsys)
+    default = tmp_path / "sweep-sojourn_time_p99.png"
     assert code == 0 and out == f"wrote {default}\n" and default.stat().st_size > 0, err
 
 
@@ -320,3 +321,51 @@ def test_plot_command_refuses_other_files(tmp_path, capsys):
     assert code == 2 and "missing.zarr does not exist" in err
     code, _, err = run(["plot", str(tmp_path / "table.csv"), "--y", "prob_wait"], capsys)
     assert code == 2 and "give a sweep written by jsmkt sweep --out as .zarr or .nc" in err
+
+
+# --- end to end, with jsmkt.sweep ----------------------------------------------------------------------------------
+
+E2E_GRID = ["--grid", "lam=0.5,0.7,0.9,1.1", "--grid", "d=2,3", "--grad", "lam", "--percentiles", "99",
+            "--no-progress"]
+
+
+def _jsq_mean_sojourn_time(lam: float, d: int) -> tuple[float, float]:
+    """JSQ(d), exponential service of rate 1 (Mitzenmacher; Vvedenskaya et al.): E[T] = sum_{k>=1} lam^e_k with
+    e_k = (d^k - d)/(d - 1), and its derivative in lam, sum_k e_k lam^(e_k - 1)."""
+    e = np.array([(d**k - d) // (d - 1) for k in range(1, 40)], dtype=float)
+    return float(np.sum(lam**e)), float(np.sum(e[1:] * lam ** (e[1:] - 1)))
+
+
+def test_sweep_end_to_end_matches_the_closed_form(spec, capsys):
+    code, out, err = run(["sweep", spec, *E2E_GRID, "--format", "json"], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["points"] == 8 and res["failed"] == 2 and res["failed_by_result"] == {"unstable": 2}
+    for r in res["results"]:
+        if r["lam"] > 1:  # unstable: null (NaN) values, flagged
+            assert r["result"] == "unstable" and r["mean_sojourn_time"] is None
+            assert r["mean_sojourn_time_grad_lam"] is None
+            continue
+        ET, dET = _jsq_mean_sojourn_time(r["lam"], r["d"])
+        assert r["result"] == "successful" and isinstance(r["K"], int)
+        assert r["mean_sojourn_time"] == pytest.approx(ET, rel=1e-10)
+        assert r["mean_sojourn_time_grad_lam"] == pytest.approx(dET, rel=1e-7)
+        assert r["waiting_time_p99"] < r["sojourn_time_p99"] and r["mean_sojourn_time"] < r["sojourn_time_p99"]
+
+
+def test_sweep_end_to_end_store_and_plot(spec, tmp_path, capsys):
+    import xarray as xr
+
+    store = str(tmp_path / "sweep.zarr")
+    code, out, err = run(["sweep", spec, *E2E_GRID, "--out", store], capsys)
+    assert code == 0 and out.startswith(f"jsmkt sweep: 8 points (4 lam x 2 d), 2 failed (2 unstable), wrote {store}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr's notes on its format
+        ds = xr.open_zarr(store).load()
+    ET = ds["mean_sojourn_time"].sel(d=3).values
+    np.testing.assert_allclose(ET[:3], [_jsq_mean_sojourn_time(lam, 3)[0] for lam in (0.5, 0.7, 0.9)], rtol=1e-10)
+    assert np.isnan(ET[3])
+    png = tmp_path / "et.png"
+    code, out, err = run(["plot", store, "--x", "lam", "--y", "mean_sojourn_time", "--hue", "d", "--out", str(png)],
+                         capsys)
+    assert code == 0 and out == f"wrote {png}\n" and png.stat().st_size > 0, err

@@ -12,8 +12,8 @@ from .spec import SpecError
 
 _PLOT_DESCRIPTION = (
     "Plot a sweep written by jsmkt sweep --out (a .zarr store or a .nc file). Lines: --y (a metric such as "
-    "mean_sojourn_time, a percentile such as sojourn_p99, p99 or waiting_p99, or a derivative such as "
-    "mean_sojourn_time_grad[lam]) against the grid axis --x, one line per value of the grid axis --hue. Heatmap: "
+    "mean_sojourn_time, a percentile such as sojourn_time_p99 (or p99) or waiting_time_p99, or a derivative such as "
+    "mean_sojourn_time_grad_lam, named as the columns of jsmkt sweep's table) against the grid axis --x, one line per value of the grid axis --hue. Heatmap: "
     "--heatmap NAME colours the cells of the grid axes --x and --y by NAME. Every other grid axis of more than one "
     "value is fixed with --sel NAME=VALUE. Failed points are gaps."
 )
@@ -71,7 +71,7 @@ def _cmd_plot(args) -> int:
     if args.heatmap is None and args.y is None:
         raise SpecError("give --y NAME, what to plot (e.g. --y mean_sojourn_time), or --heatmap NAME")
     what = args.heatmap if args.heatmap is not None else args.y
-    name = re.sub(r"[^\w.-]+", "_", what)  # mean_sojourn_time_grad[lam]: mean_sojourn_time_grad_lam_
+    name = re.sub(r"[^\w.-]+", "_", what)  # a file name of letters, digits, _ . and -
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.data.rstrip("/" + os.sep))),
                                    f"{_stem(args.data)}-{name.strip('_')}.png")
     _check_plot_path(out, "--out")
@@ -113,8 +113,9 @@ def add_parser(sub, common) -> None:
                        description=_PLOT_DESCRIPTION)
     p.add_argument("data", help="the sweep: a .zarr store or a .nc file written by jsmkt sweep --out")
     p.add_argument("--y", metavar="NAME",
-                   help="lines: what is plotted (mean_sojourn_time, prob_wait, K, sojourn_p99, p99, waiting_p99.9, "
-                        "mean_sojourn_time_grad[lam], ...); with --heatmap: the grid axis on the vertical axis")
+                   help="lines: what is plotted (mean_sojourn_time, prob_wait, K, sojourn_time_p99 or p99, "
+                        "waiting_time_p99.9, mean_sojourn_time_grad_lam, ...); with --heatmap: the grid axis on the "
+                        "vertical axis")
     p.add_argument("--x", metavar="AXIS",
                    help="the grid axis on the horizontal axis (default: the first grid axis of more than one value "
                         "that is not otherwise used)")

@@ -103,17 +103,14 @@ def _python(v) -> Any:
     return v
 
 
-def _percentile_name(kind: str, p: float) -> str:
-    """`sojourn_p99`, `waiting_p99.9`: a percentile's column, as `jsmkt capacity` names its bounds."""
-    from ..plotting import _percentile_label
-
-    return f"{kind}_{_percentile_label(p)}"
-
-
 def _columns(ds) -> list[tuple[str, Any, dict]]:
     """The dataset's variables as columns of a table with one row per grid point: `(name, variable, selection)`,
     a variable over the grid alone as itself, one with another dimension (`wrt`, `percentile`) as one column per
-    value of it: `mean_sojourn_time_grad[lam]`, `sojourn_p99`; `K` and `result` last."""
+    value of it, named as in the sweep's .csv and .parquet tables: `mean_sojourn_time_grad_lam`,
+    `sojourn_time_p99`. The metrics first, then the derivatives, the sojourn- and waiting-time percentiles, `K` and
+    `result`."""
+    from .._errors import percentile_label
+
     dims = _grid_dims(ds)
     cols, last = [], []
     for name, var in ds.data_vars.items():
@@ -125,12 +122,13 @@ def _columns(ds) -> list[tuple[str, Any, dict]]:
             continue
         (dim,) = extra
         for value in ds[dim].values:
-            if dim == "percentile" and name.endswith("_time_percentiles"):
-                label = _percentile_name(name.removesuffix("_time_percentiles"), float(value))
+            if dim == "percentile":
+                label = f"{name.removesuffix('_percentiles')}_{percentile_label(float(value))}"
             else:
-                label = f"{name}[{_python(value)}]"
+                label = f"{name}_{_python(value)}"
             cols.append((label, var, {dim: value}))
-    return cols + sorted(last, key=lambda c: c[0] != "K")
+    order = lambda c: (0 if not c[2] else 1 if "wrt" in c[2] else 2 if c[0].startswith("sojourn_") else 3)  # noqa: E731
+    return sorted(cols, key=order) + sorted(last, key=lambda c: c[0] != "K")
 
 
 def _grid_dims(ds) -> tuple[str, ...]:
@@ -159,6 +157,8 @@ def records(ds) -> list[dict[str, Any]]:
         rec = {d: _python(a[i]) for d, a, i in zip(dims, axes, index, strict=True)}
         for label, values in cols:
             v = _python(values[index])
+            if label in ("K", "result") and isinstance(v, float) and v.is_integer():  # integers read back as floats
+                v = int(v)
             rec[label] = names.get(v, v) if label == "result" else v
         out.append(rec)
     return out
@@ -169,8 +169,13 @@ def _failures(ds) -> dict[str, int]:
     import numpy as np
 
     names = _result_names(ds)
-    codes, counts = np.unique(np.asarray(ds["result"].values), return_counts=True)
-    return {names.get(int(c), str(int(c))): int(n) for c, n in zip(codes, counts, strict=True) if int(c) != 0}
+    codes, counts = np.unique(np.asarray(ds["result"].values, dtype=float), return_counts=True)
+    out = {}
+    for c, n in zip(codes, counts, strict=True):
+        name = names.get(int(c), str(int(c))) if np.isfinite(c) and c >= 0 else "not_evaluated"
+        if name != "successful" and c != 0:
+            out[name] = out.get(name, 0) + int(n)
+    return out
 
 
 def _cell(v) -> str:
