@@ -209,11 +209,11 @@ def _group_key(model) -> Any:
     return treedef, tuple((np.shape(x), np.result_type(x).str) for x in leaves)
 
 
-def _sweep_key(spec: dict, axes: Sequence[_Axis], metrics, grad, percentiles, max_K: int) -> str:
+def _sweep_key(spec: dict, axes: Sequence[_Axis], metrics, grad, percentiles, max_K: int, tail_tol: float) -> str:
     """What a stored sweep must match to be resumed: everything that fixes its values and its layout."""
     text = json.dumps({"spec": spec, "axes": [(a.name, a.path, list(a.values)) for a in axes],
                        "metrics": list(metrics), "grad": list(grad), "percentiles": list(percentiles),
-                       "max_K": max_K}, sort_keys=True, default=str)
+                       "max_K": max_K, "tail_tol": tail_tol}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -279,6 +279,7 @@ class _Plan:
     grad_names: tuple[str, ...]  # as given
     percentiles: tuple[float, ...]
     max_K: int
+    tail_tol: float
     models: list[Any]  # the built models, at their group's K
     groups: list[int]  # group index per built model
     waiting: bool  # whether the family has a waiting-time law
@@ -295,7 +296,7 @@ class _Plan:
         return tuple(len(a.values) for a in self.axes)
 
 
-def _make_plan(spec_or_model, grid, metrics, grad, percentiles, chunk_size, max_K) -> _Plan:
+def _make_plan(spec_or_model, grid, metrics, grad, percentiles, chunk_size, max_K, tail_tol) -> _Plan:
     spec, where = _spec_table(spec_or_model)
     parsed = _spec.parse_spec(spec, where)
     fam = parsed.family
@@ -372,24 +373,28 @@ def _make_plan(spec_or_model, grid, metrics, grad, percentiles, chunk_size, max_
     K_of = {}
     for m, g in zip(models, groups, strict=True):
         K_of[g] = max(K_of.get(g, 0), m.K)
-    max_K = int(max_K) if max_K is not None else _solver_max_K()
+    max_K = int(max_K) if max_K is not None else _solver_default("max_K")
     models = [m.with_K(min(K_of[g], max_K)) if m.K != K_of[g] else m for m, g in zip(models, groups, strict=True)]
     model = models[0]
     _check_metrics(model, metrics, fam)
     waiting = bool(pct) and _has_waiting_time(model)
     if pct:
         _check_sojourn(model)
-    key = _sweep_key(spec, axes, metrics, grad_paths, pct, max_K)
-    return _Plan(spec, where, axes, traced, metrics, tuple(grad_paths), grad_names, pct, max_K, models, groups,
-                 waiting, chunks, zarr_chunks, key)
+    tail_tol = float(tail_tol) if tail_tol is not None else _solver_default("tail_tol")
+    if not 0.0 < tail_tol < 1.0:
+        raise ValueError(f"tail_tol={tail_tol!r} must lie in (0, 1): the largest fraction of servers allowed at K")
+    key = _sweep_key(spec, axes, metrics, grad_paths, pct, max_K, tail_tol)
+    return _Plan(spec, where, axes, traced, metrics, tuple(grad_paths), grad_names, pct, max_K, tail_tol, models,
+                 groups, waiting, chunks, zarr_chunks, key)
 
 
-def _solver_max_K() -> int:
+def _solver_default(name: str):
+    """The default of `solve_fixed_point`'s argument `name`."""
     import inspect
 
     from ._fixed_point import solve_fixed_point
 
-    return inspect.signature(solve_fixed_point).parameters["max_K"].default
+    return inspect.signature(solve_fixed_point).parameters[name].default
 
 
 def _default_chunk_size() -> int:
@@ -515,7 +520,7 @@ def _point_function(plan: _Plan):
 
     def solve(model, values):
         m = _with_values(model, plan.traced, values)
-        return m, solve_fixed_point(m, throw=False)
+        return m, solve_fixed_point(m, throw=False, tail_tol=plan.tail_tol)
 
     def metric_vector(model, values):
         m, fp = solve(model, values)
@@ -845,7 +850,7 @@ def _worker_chunk(args: dict, chunk_indices: list[int], out: str | None):
 def _cached_plan_by_key(text: str) -> _Plan:
     args = json.loads(text)
     plan = _make_plan(args["spec"], {k: v for k, v in args["grid"]}, args["metrics"], args["grad"],
-                      args["percentiles"], args["chunk_size"], args["max_K"])
+                      args["percentiles"], args["chunk_size"], args["max_K"], args["tail_tol"])
     _PLANS[plan.key] = plan
     return plan
 
@@ -857,7 +862,8 @@ def _cached_plan(args: dict) -> _Plan:
 def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("mean_sojourn_time",),
           grad: Sequence[str] = (), percentiles: Sequence[float] = (), chunk_size: int | None = None,
           devices: Sequence | None = None, out: str | os.PathLike | None = None, resume: bool = True,
-          client: Any = None, progress: bool | None = None, max_K: int | None = None):
+          client: Any = None, progress: bool | None = None, max_K: int | None = None,
+          tail_tol: float | None = None):
     r"""Evaluate the mean field of a model over a grid of its parameters.
 
     **Arguments:**
@@ -882,6 +888,8 @@ def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("
     - `client`: a Dask `distributed.Client`: chunks run as Dask tasks on its workers (retried if a worker is lost).
     - `progress`: a progress bar on stderr; by default when stderr is a terminal.
     - `max_K`: the largest truncation level tried (default: `solve_fixed_point`'s); a point needing more is flagged.
+    - `tail_tol`: the largest fraction of servers allowed at the truncation level (default: `solve_fixed_point`'s);
+      a smaller one takes a larger `K` where the tail falls slowly (near saturation with `d = 1`).
 
     **Returns:** an `xarray.Dataset` with one dimension per grid axis (its values as coordinates): a variable per
     metric; `{metric}_grad` with a `wrt` dimension; `sojourn_time_percentiles` and `waiting_time_percentiles` with a
@@ -914,7 +922,8 @@ def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("
     if chunk_size is None and client is None:
         chunk_size = _default_chunk_size() if len(devices) == len(jax.local_devices()) else \
             _CPU_CHUNK * len(devices)
-    plan = _make_plan(spec_or_model, grid, metrics, grad, percentiles, chunk_size or _default_chunk_size(), max_K)
+    plan = _make_plan(spec_or_model, grid, metrics, grad, percentiles, chunk_size or _default_chunk_size(), max_K,
+                      tail_tol)
     _PLANS[plan.key] = plan
     attrs = _attrs(plan, devices)
     zarr_out = out_path if out_path is not None and out_path.endswith(".zarr") else None
@@ -1003,7 +1012,7 @@ def _run_on_cluster(client, plan: _Plan, todo, grid_items, metrics, grad, percen
                                   "install 'jsmkt[cluster]'") from None
     args = {"spec": plan.spec, "grid": [(k, list(_as_values(k, v))) for k, v in grid_items],
             "metrics": list(plan.metrics), "grad": list(plan.grad_names), "percentiles": list(plan.percentiles),
-            "chunk_size": chunk_size or _default_chunk_size(), "max_K": plan.max_K}
+            "chunk_size": chunk_size or _default_chunk_size(), "max_K": plan.max_K, "tail_tol": plan.tail_tol}
     # The workers make the same plan from the same arguments (the chunks included): check it here.
     futures = [client.submit(_worker_chunk, args, [c.index], zarr_out, pure=False, retries=3) for c in todo]
     failed = 0
