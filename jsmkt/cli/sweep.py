@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from .grid import grid_option
+from .grid import grid_option, percentile_list
 from .spec import SpecError, _parse
 
 
@@ -268,8 +268,6 @@ def _cmd_sweep(args) -> int:
 
 def add_parser(sub, common) -> None:
     """Add the `sweep` command to the subparsers `sub` (`common`: the options every command takes)."""
-    from .parser import _percentile_list  # here: parser.py imports this module
-
     w = sub.add_parser("sweep", parents=[common], help="metrics of a model spec (TOML) over a grid of its parameters",
                        description=_SWEEP_DESCRIPTION)
     w.add_argument("spec", help="TOML model specification (see examples/); --set applies to it first")
@@ -285,7 +283,7 @@ def add_parser(sub, common) -> None:
     w.add_argument("--grad", metavar="NAMES", action="append", default=None,
                    help="also give the derivatives of every metric with respect to these parameters (TOML paths, "
                         "comma-separated, e.g. lam,service.scv), by implicit differentiation")
-    w.add_argument("--percentiles", type=_percentile_list, default=None, metavar="P,P,...",
+    w.add_argument("--percentiles", type=percentile_list, default=None, metavar="P,P,...",
                    help="also give these percentiles of the sojourn (and waiting) time, e.g. 50,90,99 or 50 90 99")
     w.add_argument("--out", metavar="PATH",
                    help="write the dataset to PATH: .zarr (chunk by chunk; rerun the command to resume it), .nc "
