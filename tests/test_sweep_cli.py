@@ -369,3 +369,16 @@ def test_sweep_end_to_end_store_and_plot(spec, tmp_path, capsys):
     code, out, err = run(["plot", store, "--x", "lam", "--y", "mean_sojourn_time", "--hue", "d", "--out", str(png)],
                          capsys)
     assert code == 0 and out == f"wrote {png}\n" and png.stat().st_size > 0, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grid", "foo=1"], "--grid foo=1: 'foo' is not a key of model = 'jsq'"),
+    (["--grid", "lam=0.5,-1"], "--grid lam=-1: lam=-1 must be positive"),
+    (["--grid", "lam=0.5", "--metric", "nope"], "--metric: 'nope' is not a metric of model = 'jsq'"),
+    (["--grid", "d=1,2", "--grad", "d"], "--grad: d is a grid axis whose values change the model's structure"),
+])
+def test_sweep_errors_name_the_options(spec, capsys, args, message):
+    """jsmkt.sweep's refusals, before anything is solved, in the options' names."""
+    code, out, err = run(["sweep", spec, *args], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith(f"jsmkt: error: {message}") and len(err.splitlines()) == 1, err

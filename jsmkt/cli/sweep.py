@@ -17,12 +17,21 @@ from .spec import SpecError, _parse
 _OUT_TYPES = (".zarr", ".nc", ".parquet", ".csv")
 _DEFAULT_METRICS = ("mean_sojourn_time",)
 
-# `jsmkt.sweep`'s argument names, as its messages write them (`chunk_size=0`), and the options that set them.
+# `jsmkt.sweep`'s argument names, as its messages write them (`chunk_size=0`, `metrics: ...`, `grid['lam']`), and
+# the options that set them.
 _SWEEP_OPTION_NAMES = {
     "chunk_size": "--chunk-size", "metrics": "--metric", "grad": "--grad", "percentiles": "--percentiles",
     "out": "--out", "grid": "--grid",
 }
-_SWEEP_OPTIONS = re.compile(r"(?<![\w.-])(" + "|".join(_SWEEP_OPTION_NAMES) + r")(?==)")
+_SWEEP_OPTIONS = re.compile(r"(?<![\w.-])(" + "|".join(_SWEEP_OPTION_NAMES) + r")(?=[=:\[])")
+
+
+def _in_options(message: str) -> str:
+    """A message of `jsmkt.sweep` in the names of the command's options."""
+    message = _SWEEP_OPTIONS.sub(lambda m: _SWEEP_OPTION_NAMES[m.group(1)], message)
+    message = re.sub(r"--grid\['([^']*)'\]", r"--grid \1", message)
+    message = re.sub(r"^grid (value|point) ([^:]*): (override [^:]*: |spec: )?", r"--grid \2: ", message)
+    return message.replace("resume=False", "--no-resume")
 
 _SWEEP_DESCRIPTION = (
     "Evaluate metrics of a model spec (TOML) at every point of a grid over its named parameters (jsmkt.sweep): "
@@ -249,7 +258,7 @@ def _cmd_sweep(args) -> int:
                   file=sys.stderr)
             return 130
         except ValueError as e:  # name jsmkt.sweep's arguments by their options
-            raise SpecError(_SWEEP_OPTIONS.sub(lambda m: _SWEEP_OPTION_NAMES[m.group(1)], str(e))) from None
+            raise SpecError(_in_options(str(e))) from None
         seconds = time.perf_counter() - start
     finally:
         if client is not None:
