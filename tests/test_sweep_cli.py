@@ -382,3 +382,43 @@ def test_sweep_errors_name_the_options(spec, capsys, args, message):
     code, out, err = run(["sweep", spec, *args], capsys)
     assert code == 2 and out == ""
     assert err.startswith(f"jsmkt: error: {message}") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_sigint_stops_the_sweep_and_the_same_command_resumes(spec, tmp_path):
+    """A real Ctrl-C (SIGINT) during `jsmkt sweep --out S.zarr`: one line saying how to resume and exit code 130;
+    the same command then finishes the store, whose values are JSQ(d)'s closed form."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import xarray as xr
+
+    store = tmp_path / "s.zarr"
+    argv = ["sweep", spec, "--grid", "lam=0.5:0.9:30", "--grid", "d=2,3,4,5", "--chunk-size", "10", "--out",
+            str(store), "--no-progress"]
+    # SIGINT's handler as a shell starts the command with it (a test runner's worker may ignore SIGINT)
+    code = "import signal, jsmkt.cli\nsignal.signal(signal.SIGINT, signal.default_int_handler)\njsmkt.cli.run()\n"
+    proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while not (store / "result").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and out == "", err
+    assert err.startswith("jsmkt: interrupted: ") and len(err.splitlines()) == 1 and "resume" in err, err
+    assert main(argv) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = xr.open_zarr(store).load()
+    for d in (2, 3, 4, 5):
+        expected = [_jsq_mean_sojourn_time(lam, d)[0] for lam in ds["lam"].values]
+        np.testing.assert_allclose(ds["mean_sojourn_time"].sel(d=d).values, expected, rtol=1e-10)
+    assert np.all(ds["result"].values == 0)
