@@ -333,26 +333,39 @@ def _sweep_value_text(v) -> str:
     return f"{v:.10g}" if isinstance(v, float) else str(v)
 
 
-def _sweep_variable(ds, y: str):
+def _sweep_names(ds) -> list[str]:
+    """What a sweep's dataset can plot, by name: its metrics (sorted), `K`, each percentile (`sojourn_time_p99`)
+    and each derivative (`mean_sojourn_time_grad_lam`)."""
+    grid = set(ds["result"].dims) if "result" in ds.data_vars else set(ds.dims) - {"wrt", "percentile"}
+    plain = sorted(n for n in ds.data_vars if set(ds[n].dims) <= grid and n not in ("K", "result"))
+    out = plain + (["K"] if "K" in ds.data_vars else [])
+    for kind in ("sojourn", "waiting"):
+        if f"{kind}_time_percentiles" in ds.data_vars:
+            out += [f"{kind}_time_{_percentile_label(p)}" for p in ds["percentile"].values]
+    for name in sorted(n for n in ds.data_vars if "wrt" in ds[n].dims):
+        out += [f"{name}_{w}" for w in ds["wrt"].values]
+    return out
+
+
+def _sweep_variable(ds, y: str, arg: str = "y"):
     """The variable `y` names, with the selection of its extra dimension that `y` implies, and its label: a
     variable over the grid (`mean_sojourn_time`, `K`), a percentile of `{kind}_time_percentiles`
     (`sojourn_time_p99`, `waiting_time_p99.9` as the sweep's tables name them; `sojourn_p99`, `waiting_p99`, and
     `p99` for the sojourn time, as capacity bounds name them) or a derivative `{metric}_grad_{wrt}`
-    (`mean_sojourn_time_grad_lam`, also written `mean_sojourn_time_grad[lam]`)."""
+    (`mean_sojourn_time_grad_lam`, also written `mean_sojourn_time_grad[lam]`). `arg` names `y` in errors."""
     import re
 
     if y in ds.data_vars:
         return ds[y], {}, _sweep_label(ds, y)
-    names = [n for n in ds.data_vars if n not in ("result",)]
     if m := re.match(_PERCENTILE_NAME, y):
         kind, p = m.group(1) or "sojourn", float(m.group(2))
         var = f"{kind}_time_percentiles"
         if var not in ds.data_vars:
-            raise ValueError(f"y={y!r}: the sweep has no {kind}-time percentiles ({var}); its variables: "
-                             f"{', '.join(names)}")
+            raise ValueError(f"{arg}={y!r}: the sweep has no {kind}-time percentiles ({var}); it has "
+                             f"{', '.join(_sweep_names(ds))}")
         have = np.asarray(ds["percentile"].values, dtype=float)
         if not np.any(np.isclose(have, p, rtol=1e-12, atol=0.0)):
-            raise ValueError(f"y={y!r}: the sweep has the {kind}-time percentiles "
+            raise ValueError(f"{arg}={y!r}: the sweep has the {kind}-time percentiles "
                              f"{', '.join(_percentile_label(q) for q in have)}, not {_percentile_label(p)}")
         return ds[var], {"percentile": have[np.isclose(have, p, rtol=1e-12, atol=0.0)][0]}, \
             f"{kind} time {_percentile_label(p)}"
@@ -362,22 +375,21 @@ def _sweep_variable(ds, y: str):
         wrt = y[len(var) + 1:].removesuffix("]") if y[len(var)] == "[" else y[len(var) + 1:]
         have = [str(w) for w in ds["wrt"].values]
         if wrt not in have:
-            raise ValueError(f"y={y!r}: {var} has derivatives with respect to {', '.join(have)}, not {wrt}")
+            raise ValueError(f"{arg}={y!r}: {var} has derivatives with respect to {', '.join(have)}, not {wrt}")
         metric = var.removesuffix("_grad")
         num, den = _SWEEP_SYMBOLS.get(metric, metric), _SWEEP_SYMBOLS.get(wrt, wrt)
         label = (rf"$\partial\,${num} / $\partial {den}$" if den.startswith("\\") else
                  rf"$\partial\,${num} / $\partial\,${den}")
         return ds[var], {"wrt": wrt}, label
-    raise ValueError(f"y={y!r} is not a variable of the sweep: give one of {', '.join(names)}, a percentile "
-                     f"(sojourn_time_p99, waiting_time_p99, p99) or a derivative ({{metric}}_grad_{{parameter}})")
+    raise ValueError(f"{arg}={y!r} is not a variable of the sweep: give one of {', '.join(_sweep_names(ds))}")
 
 
 def _sweep_select(ds, y: str, axes: tuple[str, ...], sel: dict[str, Any], *, fix: str = "{name}={value}",
-                  hue: str = "hue={name!r}"):
+                  hue: str = "hue={name!r}", arg: str = "y"):
     """The values of `y` over the grid `axes` (in that order), the other axes fixed by `sel` (a value of each, to
     1e-9 relative) or of a single value, as a DataArray; its label; the title naming the fixed values. `fix` and
-    `hue` word the advice of the errors (the keywords, or the command line's options)."""
-    var, implied, label = _sweep_variable(ds, y)
+    `hue` word the advice of the errors (the keywords, or the command line's options), `arg` names `y` there."""
+    var, implied, label = _sweep_variable(ds, y, arg)
     grid = tuple(ds["result"].dims) if "result" in ds.data_vars else tuple(d for d in var.dims if d in ds.coords)
     for name in axes:
         if name not in grid:
@@ -491,7 +503,7 @@ def plot_sweep_heatmap(ds, x: str, y: str, z: str, *, ax=None, log: bool = False
 
     **Returns:** `ax`.
     """
-    da, label, title = _sweep_select(ds, z, (y, x), sel, hue="")
+    da, label, title = _sweep_select(ds, z, (y, x), sel, hue="", arg="z")
     return _draw_sweep_heatmap(ax, ds, da, x, y, label, title, log)
 
 

@@ -248,7 +248,8 @@ def test_plot_sweep_lines_labels_and_gaps(dataset):
         with pytest.raises(ValueError, match=r"y='sojourn_p50'.* p99, not p50"):
             plot_sweep(dataset, "lam", "sojourn_p50", ax=ax, d=2, **{"service.scv": 1.0})
         with pytest.raises(ValueError, match=r"y='nope' is not a variable of the sweep: give one of "
-                                             r"mean_sojourn_time, prob_wait"):
+                                             r"mean_sojourn_time, prob_wait, K, sojourn_time_p99, "
+                                             r"mean_sojourn_time_grad_lam, prob_wait_grad_lam$"):
             plot_sweep(dataset, "lam", "nope", ax=ax)
         with pytest.raises(ValueError, match=r"'mu' is not an axis of the sweep: its axes are lam, d, service.scv"):
             plot_sweep(dataset, "mu", "prob_wait", ax=ax)
@@ -305,6 +306,11 @@ def test_plot_command_writes_the_file(dataset, tmp_path, capsys, suffix):
     (["--y", "waiting_p99", "--sel", "d=2", "--sel", "service.scv=1"],
      "--y 'waiting_p99': the sweep has no waiting-time percentiles"),
     (["--heatmap", "prob_wait", "--hue", "d"], "--hue draws lines"),
+    (["--heatmap", "nope", "--x", "lam", "--y", "d", "--sel", "service.scv=1"],
+     "--heatmap 'nope' is not a variable of the sweep: give one of mean_sojourn_time, prob_wait, K, sojourn_time_p99, "
+     "mean_sojourn_time_grad_lam, prob_wait_grad_lam\n"),
+    (["--heatmap", "prob_wait", "--x", "lam", "--y", "d"],
+     "prob_wait also varies along service.scv (2 values: 1, 4): fix it with --sel service.scv=1"),
     (["--x", "lam"], "give --y NAME"),
     (["--y", "prob_wait", "--out", "p.txt"], "--out=p.txt: file type .txt is not supported"),
 ])

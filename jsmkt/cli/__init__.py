@@ -23,11 +23,13 @@ that is not a number ends the list). Printed numbers: the mean field's probabili
 rounding noise, far below the leading tails, has either sign); simulated estimates to the precision of their 95 %
 interval (two significant digits of the half-width); derivatives as 0 below a relative threshold
 (`_ZERO_DERIVATIVE`, stated by `jsmkt sensitivity --help`).
-Every command that reads a spec (all but `plot`) also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent compilation cache, `_cache_dir`),
+Every command that reads a spec (all but `plot`) also takes `--cache-dir DIR` and `--no-cache` (JAX's persistent
+compilation cache, `_cache_dir`),
 `--family FILE`: a Python file that registers a family written outside jsmkt (`jsmkt.register_family`), imported
 before the spec is read, and `--set KEY=VALUE` (repeatable): the spec's value at the TOML path KEY replaced.
 Bad specifications give one error line on stderr and exit code 2; an interrupt (Ctrl-C) gives the line
-`jsmkt: interrupted` and exit code 130 (128 + SIGINT), as shells report it.
+`jsmkt: interrupted` and exit code 130 (128 + SIGINT), as shells report it (`jsmkt sweep` first finishes the chunk
+in flight and says how to resume: `jsmkt: interrupted: ...`).
 
 JAX (about a second to import) is imported only once the spec and the options are checked (`_spec.parse_spec` reads
 a spec without it), so that `--help` and those errors answer at once: the modules of this package import JAX, NumPy

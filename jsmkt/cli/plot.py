@@ -13,8 +13,8 @@ from .spec import SpecError
 _PLOT_DESCRIPTION = (
     "Plot a sweep written by jsmkt sweep --out (a .zarr store or a .nc file). Lines: --y (a metric such as "
     "mean_sojourn_time, a percentile such as sojourn_time_p99 (or p99) or waiting_time_p99, or a derivative such as "
-    "mean_sojourn_time_grad_lam, named as the columns of jsmkt sweep's table) against the grid axis --x, one line per value of the grid axis --hue. Heatmap: "
-    "--heatmap NAME colours the cells of the grid axes --x and --y by NAME. Every other grid axis of more than one "
+    "mean_sojourn_time_grad_lam, named as the columns of jsmkt sweep's table) against the grid axis --x, one line "
+    "per value of the grid axis --hue. Heatmap: --heatmap NAME colours the cells of the grid axes --x and --y by NAME. Every other grid axis of more than one "
     "value is fixed with --sel NAME=VALUE. Failed points are gaps."
 )
 
@@ -92,12 +92,12 @@ def _cmd_plot(args) -> int:
             x, y = x or next(free, None), y or next(free, None)
             if x is None or y is None:
                 raise SpecError("--heatmap needs two grid axes of more than one value: give --x and --y")
-            da, label, title = _sweep_select(ds, args.heatmap, (y, x), sel, fix=fix, hue="")
+            da, label, title = _sweep_select(ds, args.heatmap, (y, x), sel, fix=fix, hue="", arg="z")
             draw = lambda fig: _draw_sweep_heatmap(fig.subplots(), ds, da, x, y, label, title,  # noqa: E731
                                                    args.log)
     except ValueError as e:  # in the options' names
         option = "--heatmap" if args.heatmap is not None else "--y"
-        raise SpecError(re.sub(r"^y=", f"{option} ", str(e))) from None
+        raise SpecError(re.sub(r"^[yz]=", f"{option} ", str(e))) from None
     _save_figure(draw, out, figsize=(6.4, 4.6), option="--out")
     return 0
 
