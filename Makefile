@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/sojourn.py
 	$(BIN)/python benchmarks/cli.py --profile
 	$(BIN)/python benchmarks/compile_flags.py
+	$(BIN)/python benchmarks/sweep.py
 
 experiments: $(STAMP)
 	$(BIN)/python experiments/verification/compute.py

@@ -9,6 +9,8 @@
 # Each step has its own time limit, so that a slow step does not stop the others, and writes its log to OUTDIR.
 # Most important first:
 #   devices.log              JAX's version, devices and default backend, and nvidia-smi;
+#   sweep_bench.log          benchmarks/sweep.py over 10^6 JSQ(2)-H2 points: jsmkt.sweep against the raw vmap of
+#                            the same solve (target >= 0.8x) and >= 5 million E[T] points/s after compilation;
 #   simulate_bench_many.log  benchmarks/simulate.py with 1024, 4096 and 16384 replications (40 time units each;
 #                            the most that one call's arrival-time buffers allow at N = 1000 is about 19500);
 #   simulate_bench.log       benchmarks/simulate.py with 1 and 16 replications (100 time units each);
@@ -43,6 +45,7 @@ step() {  # step NAME LIMIT_S COMMAND...
 step devices 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; \
     $py -c \"import jax, jsmkt; print('jax', jax.__version__, 'jsmkt', jsmkt.__version__, jax.devices(), \
     jax.default_backend())\""
+step sweep_bench 120 "$py" benchmarks/sweep.py --points 1000000 --rounds 3
 bench=(benchmarks/simulate.py --no-native --repeats 2 --verbose)
 step simulate_bench_many 120 "$py" "${bench[@]}" --services ph --time 40 --replications 1024 4096 16384
 step simulate_bench 60 "$py" "${bench[@]}" --services ph --time 100 --replications 1 16

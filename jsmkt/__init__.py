@@ -17,6 +17,9 @@ from . import _config
 if typing.TYPE_CHECKING:  # every public name; at run time each is imported on first use (`__getattr__` below)
     from ._config import use_cpu_cores as use_cpu_cores
     from . import published as published
+    from ._capacity import Capacity as Capacity
+    from ._capacity import max_load as max_load
+    from ._capacity import min_choice as min_choice
     from ._choice import AbstractChoice as AbstractChoice
     from ._choice import FixedChoice as FixedChoice
     from ._choice import InterpolatedChoice as InterpolatedChoice

@@ -58,7 +58,7 @@ from ._errors import percentile_label
 
 
 _OUT_KINDS = (".zarr", ".nc", ".parquet", ".csv")
-_CPU_BLOCK = 64  # points per vmapped block on a CPU (the per-point rate falls above this)
+_CPU_BLOCK = 16  # points per vmapped block on a CPU (the per-point rate falls above this: benchmarks/sweep.py)
 _CPU_CHUNK = 16384  # points per chunk and CPU device by default
 _NOT_DONE = -1  # `result` of a point not yet evaluated (in a store being written)
 _TRACED_SERVICE_KINDS = {"h2": "hyperexponential2", "coxian2": "coxian2"}  # services given by (mean, scv)
@@ -95,10 +95,10 @@ class _Traced:
 
 
 def _canonical(name: str, fam) -> str:
-    """The TOML path of an axis or a `grad` name (`mean` -> `service.mean`)."""
+    """The TOML path of an axis or a `grad` name (`mean` -> `service.mean`, as in the spec's overrides)."""
     if name in fam.keys:
         return name
-    return _spec._OVERRIDE_ALIASES.get(name, fam.aliases.get(name, name))
+    return _spec._OVERRIDE_ALIASES.get(name, name)
 
 
 def _as_values(name: str, values: Any) -> tuple:
@@ -678,8 +678,7 @@ def _result_attrs() -> dict[str, Any]:
 
     items = sorted((int(item._value), name) for name, item in RESULTS._name_to_item.items())
     return {"flag_values": [v for v, _ in items], "flag_meanings": " ".join(n for _, n in items),
-            "long_name": "outcome of the fixed-point solve (0: successful); -1: not evaluated yet",
-            "_FillValue": _NOT_DONE}
+            "long_name": "outcome of the fixed-point solve (0: successful); -1: not evaluated yet"}
 
 
 def _empty_dataset(plan: _Plan, attrs: dict):
@@ -697,7 +696,7 @@ def _empty_dataset(plan: _Plan, attrs: dict):
         fill = np.nan if dtype == np.float64 else _NOT_DONE
         data[name] = ((*dims, *extra), np.full(shape, fill, dtype=dtype))
     ds = xr.Dataset(data, coords=coords, attrs=attrs)
-    ds["result"].attrs.update({k: v for k, v in _result_attrs().items() if k != "_FillValue"})
+    ds["result"].attrs.update(_result_attrs())
     ds["K"].attrs["long_name"] = "truncation level of the point's solve (-1: not evaluated yet)"
     for name in plan.metrics:
         ds[name].attrs["long_name"] = name.replace("_", " ")
@@ -728,8 +727,6 @@ def _zarr_encoding(plan: _Plan, ds) -> dict:
     for name, var in ds.data_vars.items():
         chunks = tuple(plan.zarr_chunks.get(d, var.sizes[d]) for d in var.dims)
         enc[name] = {"chunks": chunks}
-        if name in ("result", "K"):
-            enc[name]["_FillValue"] = _NOT_DONE
     return enc
 
 
@@ -764,7 +761,7 @@ def _open_store(path: str, plan: _Plan, attrs: dict, resume: bool) -> set[int]:
     p = pathlib.Path(path)
     if p.exists() and resume:
         try:
-            stored = xr.open_zarr(path, consolidated=False).attrs.get("sweep_key")
+            stored = xr.open_zarr(path).attrs.get("sweep_key")
         except Exception as e:  # noqa: BLE001
             raise ValueError(f"out={path}: exists and is not a sweep's zarr store ({type(e).__name__}); remove it "
                              "or choose another path") from None
@@ -777,7 +774,9 @@ def _open_store(path: str, plan: _Plan, attrs: dict, resume: bool) -> set[int]:
             raise ValueError(f"out={path}: exists and is not a zarr store; remove it or choose another path")
         shutil.rmtree(p)
     ds = _empty_dataset(plan, attrs)
-    ds.to_zarr(path, mode="w", encoding=_zarr_encoding(plan, ds), consolidated=False)
+    # Zarr's format 2, which every zarr reader knows, with its metadata consolidated once here (region writes leave it
+    # as it is), so that `xarray.open_zarr` reads it at once.
+    ds.to_zarr(path, mode="w", encoding=_zarr_encoding(plan, ds), consolidated=True, zarr_format=2)
     return set()
 
 
@@ -965,7 +964,7 @@ def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("
     if zarr_out is not None:
         import xarray as xr
 
-        ds = xr.open_zarr(zarr_out, consolidated=False, mask_and_scale=False).load()
+        ds = xr.open_zarr(zarr_out).load()
         ds.attrs.update(date=attrs["date"])
     failed_total = int(np.sum(ds["result"].values != 0))
     ds.attrs["failed"] = failed_total
@@ -973,6 +972,7 @@ def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("
         import zarr
 
         zarr.open_group(zarr_out, mode="r+").attrs.update({"failed": failed_total, "date": attrs["date"]})
+        zarr.consolidate_metadata(zarr_out)
     elif out_path is not None:
         export(ds, out_path)
     if failed_total:
@@ -1040,7 +1040,7 @@ def export(ds, path: str | os.PathLike) -> None:
     column of its own: `sojourn_time_p99`, `mean_sojourn_time_grad_lam`)."""
     path = os.fspath(path)
     if path.endswith(".zarr"):
-        ds.to_zarr(path, mode="w", consolidated=False)
+        ds.to_zarr(path, mode="w", consolidated=True, zarr_format=2)
     elif path.endswith(".nc"):
         try:
             import h5netcdf  # noqa: F401

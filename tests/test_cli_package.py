@@ -44,7 +44,7 @@ def test_no_module_of_the_cli_names_a_family_class():
 
 def test_every_command_takes_set():
     sub = next(a for a in build_parser()._actions if a.choices and isinstance(a.choices, dict))
-    assert {"solve", "transient", "simulate", "sensitivity", "sweep"} <= set(sub.choices)
+    assert {"solve", "transient", "simulate", "sensitivity", "sweep", "capacity"} <= set(sub.choices)
     for name, parser in sub.choices.items():
         if name != "plot":  # it reads a sweep's dataset, not a spec
             assert any("--set" in a.option_strings for a in parser._actions), name

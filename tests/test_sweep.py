@@ -191,7 +191,7 @@ def test_killed_sweep_resumes(tmp_path):
     assert 8 <= done < 24, (done, err[-2000:])
     resumed = jsmkt.sweep(JSQ, _KILL_GRID, metrics=["mean_sojourn_time"], grad=["lam"], chunk_size=4, out=store)
     whole = jsmkt.sweep(JSQ, _KILL_GRID, metrics=["mean_sojourn_time"], grad=["lam"], chunk_size=4)
-    stored = xr.open_zarr(store, consolidated=False, mask_and_scale=False).load()
+    stored = xr.open_zarr(store).load()
     for ds in (resumed, stored):
         assert set(ds.data_vars) == set(whole.data_vars)
         for name in whole.data_vars:
