@@ -10,6 +10,8 @@ filled and smaller, so that a curve drawn over another (equal phase tails, or th
 `s_k` deep in the tail) leaves both visible, one marker inside the other.
 `plot_sojourn_ccdf` draws a sojourn- or waiting-time law (`jsmkt.TimeDistribution`) with its percentiles marked.
 `model_title` names a model, its service and its load, as `jsmkt solve` prints them.
+`plot_sweep` and `plot_sweep_heatmap` draw a sweep's dataset (`jsmkt.sweep`): a metric against a grid axis, one line
+per value of another, or over two axes as coloured cells; failed points (NaN) are gaps there, not refused.
 """
 
 from collections.abc import Sequence
@@ -271,4 +273,259 @@ def plot_trajectory(ax, ts, tails_over_time, *, levels: Sequence[int] = (1, 2, 3
     ax.set_xlabel("time")
     ax.set_ylabel("tail fraction")
     ax.legend()
+    return ax
+
+
+# Sweep datasets (`jsmkt.sweep`): the labels of the usual grid axes and metrics; other names get their family's
+# description (from the spec the dataset holds), or themselves.
+_SWEEP_LABELS = {
+    "lam": r"arrival rate per server $\lambda$",
+    "mu": r"service rate $\mu$",
+    "d": "choice number $d$",
+    "d1": "choice number $d_1$ of arrivals",
+    "d2": "choice number $d_2$",
+    "theta": r"retrial rate $\theta$",
+    "alpha": r"failure rate $\alpha$",
+    "beta": r"repair rate $\beta$",
+    "service.mean": "mean service time",
+    "service.scv": "service-time SCV $c^2$",
+    "mean_sojourn_time": "mean sojourn time E[T]",
+    "mean_waiting_time": "mean waiting time E[W]",
+    "mean_queue_length": "mean queue length E[Q] (jobs per server)",
+    "mean_number_waiting": "mean number waiting (jobs per server)",
+    "prob_wait": "probability of waiting P(wait)",
+    "utilisation": "utilisation (fraction of servers busy)",
+    "throughput": "throughput (jobs per server per unit time)",
+    "availability": "availability (fraction of servers working)",
+    "mean_orbit_size": "mean orbit size (jobs per server)",
+    "prob_blocked": "probability of blocking",
+    "K": "truncation K",
+}
+_SWEEP_SYMBOLS = {"mean_sojourn_time": "E[T]", "mean_waiting_time": "E[W]", "mean_queue_length": "E[Q]",
+                  "prob_wait": "P(wait)", "lam": r"\lambda", "mu": r"\mu", "theta": r"\theta"}
+# sojourn_time_p99, waiting_time_p99.9 (the sweep's table columns), sojourn_p99, waiting_p99, p99 (the sojourn time's)
+_PERCENTILE_NAME = r"^(?:(sojourn|waiting)(?:_time)?_)?p(\d+(?:\.\d*)?)$"
+
+
+def _sweep_label(ds, name: str) -> str:
+    """The axis label of a grid axis or a variable `name` of a sweep dataset."""
+    if name in _SWEEP_LABELS:
+        return _SWEEP_LABELS[name]
+    try:
+        import tomllib
+
+        from ._spec import FAMILIES
+
+        fam = FAMILIES[tomllib.loads(str(ds.attrs["spec"]))["model"]]
+        param = fam.params.get(fam.aliases.get(name, name))
+    except Exception:  # a dataset without a spec, or of a family not registered here: the name alone
+        param = None
+    return f"{param.doc} {name}" if param is not None else name
+
+
+def _sweep_values_text(values, at_most: int = 8) -> str:
+    shown = [_sweep_value_text(v) for v in values[:at_most]]
+    return ", ".join(shown) + (f", ... ({len(values)} values)" if len(values) > at_most else "")
+
+
+def _sweep_value_text(v) -> str:
+    v = v.item() if isinstance(v, np.generic) else v
+    return f"{v:.10g}" if isinstance(v, float) else str(v)
+
+
+def _sweep_names(ds) -> list[str]:
+    """What a sweep's dataset can plot, by name: its metrics (sorted), `K`, each percentile (`sojourn_time_p99`)
+    and each derivative (`mean_sojourn_time_grad_lam`)."""
+    grid = set(ds["result"].dims) if "result" in ds.data_vars else set(ds.dims) - {"wrt", "percentile"}
+    plain = sorted(n for n in ds.data_vars if set(ds[n].dims) <= grid and n not in ("K", "result"))
+    out = plain + (["K"] if "K" in ds.data_vars else [])
+    for kind in ("sojourn", "waiting"):
+        if f"{kind}_time_percentiles" in ds.data_vars:
+            out += [f"{kind}_time_{_percentile_label(p)}" for p in ds["percentile"].values]
+    for name in sorted(n for n in ds.data_vars if "wrt" in ds[n].dims):
+        out += [f"{name}_{w}" for w in ds["wrt"].values]
+    return out
+
+
+def _sweep_variable(ds, y: str, arg: str = "y"):
+    """The variable `y` names, with the selection of its extra dimension that `y` implies, and its label: a
+    variable over the grid (`mean_sojourn_time`, `K`), a percentile of `{kind}_time_percentiles`
+    (`sojourn_time_p99`, `waiting_time_p99.9` as the sweep's tables name them; `sojourn_p99`, `waiting_p99`, and
+    `p99` for the sojourn time, as capacity bounds name them) or a derivative `{metric}_grad_{wrt}`
+    (`mean_sojourn_time_grad_lam`, also written `mean_sojourn_time_grad[lam]`). `arg` names `y` in errors."""
+    import re
+
+    if y in ds.data_vars:
+        return ds[y], {}, _sweep_label(ds, y)
+    if m := re.match(_PERCENTILE_NAME, y):
+        kind, p = m.group(1) or "sojourn", float(m.group(2))
+        var = f"{kind}_time_percentiles"
+        if var not in ds.data_vars:
+            raise ValueError(f"{arg}={y!r}: the sweep has no {kind}-time percentiles ({var}); it has "
+                             f"{', '.join(_sweep_names(ds))}")
+        have = np.asarray(ds["percentile"].values, dtype=float)
+        if not np.any(np.isclose(have, p, rtol=1e-12, atol=0.0)):
+            raise ValueError(f"{arg}={y!r}: the sweep has the {kind}-time percentiles "
+                             f"{', '.join(_percentile_label(q) for q in have)}, not {_percentile_label(p)}")
+        return ds[var], {"percentile": have[np.isclose(have, p, rtol=1e-12, atol=0.0)][0]}, \
+            f"{kind} time {_percentile_label(p)}"
+    grads = [n for n in ds.data_vars if "wrt" in ds[n].dims and (y.startswith(f"{n}_") or y.startswith(f"{n}["))]
+    if grads:
+        var = max(grads, key=len)
+        wrt = y[len(var) + 1:].removesuffix("]") if y[len(var)] == "[" else y[len(var) + 1:]
+        have = [str(w) for w in ds["wrt"].values]
+        if wrt not in have:
+            raise ValueError(f"{arg}={y!r}: {var} has derivatives with respect to {', '.join(have)}, not {wrt}")
+        metric = var.removesuffix("_grad")
+        num, den = _SWEEP_SYMBOLS.get(metric, metric), _SWEEP_SYMBOLS.get(wrt, wrt)
+        label = (rf"$\partial\,${num} / $\partial {den}$" if den.startswith("\\") else
+                 rf"$\partial\,${num} / $\partial\,${den}")
+        return ds[var], {"wrt": wrt}, label
+    raise ValueError(f"{arg}={y!r} is not a variable of the sweep: give one of {', '.join(_sweep_names(ds))}")
+
+
+def _sweep_select(ds, y: str, axes: tuple[str, ...], sel: dict[str, Any], *, fix: str = "{name}={value}",
+                  hue: str = "hue={name!r}", arg: str = "y"):
+    """The values of `y` over the grid `axes` (in that order), the other axes fixed by `sel` (a value of each, to
+    1e-9 relative) or of a single value, as a DataArray; its label; the title naming the fixed values. `fix` and
+    `hue` word the advice of the errors (the keywords, or the command line's options), `arg` names `y` there."""
+    var, implied, label = _sweep_variable(ds, y, arg)
+    grid = tuple(ds["result"].dims) if "result" in ds.data_vars else tuple(d for d in var.dims if d in ds.coords)
+    for name in axes:
+        if name not in grid:
+            raise ValueError(f"{name!r} is not an axis of the sweep: its axes are {', '.join(grid)}")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"the axes {', '.join(map(repr, axes))} repeat one: give distinct axes")
+    chosen: dict[str, Any] = dict(implied)
+    for name, value in sel.items():
+        if name not in var.dims:
+            raise ValueError(f"{fix.format(name=name, value=value)}: {name!r} is not an axis of the sweep (its axes: "
+                             f"{', '.join(grid)})")
+        if name in axes:
+            raise ValueError(f"{fix.format(name=name, value=value)}: {name!r} is plotted; fix only the other axes")
+        have = ds[name].values
+        if have.dtype.kind in "iuf":
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{fix.format(name=name, value=value)}: {value!r} is not a number") from None
+            hit = np.flatnonzero(np.isclose(have.astype(float), v, rtol=1e-9, atol=1e-12))
+        else:
+            hit = np.flatnonzero(have.astype(str) == str(value))
+        if not hit.size:
+            raise ValueError(f"{fix.format(name=name, value=value)}: {name} has no such value; its values: "
+                             f"{_sweep_values_text(have)}")
+        chosen[name] = have[hit[0]]
+    da = var.sel(chosen)
+    free = [d for d in da.dims if d not in axes and da.sizes[d] > 1]
+    if free:
+        advice = " or ".join([f"fix {'each' if len(free) > 1 else 'it'} with "
+                              f"{fix.format(name=free[0], value=_sweep_value_text(ds[free[0]].values[0]))}"]
+                             + ([f"draw one line per value with {hue.format(name=free[0])}"] if hue else []))
+        raise ValueError(f"{y} also varies along " + "; ".join(
+            f"{d} ({da.sizes[d]} values: {_sweep_values_text(ds[d].values)})" for d in free) + f": {advice}")
+    fixed = {d: da[d].values.item() for d in da.dims if d not in axes}
+    fixed |= {k: v for k, v in chosen.items() if k not in implied and k not in fixed}
+    da = da.squeeze([d for d in da.dims if d not in axes], drop=True).transpose(*axes)
+    title = ", ".join(f"{k} = {_sweep_value_text(v)}" for k, v in fixed.items())
+    return da, label, title
+
+
+def _sweep_ticks(ax, which: str, values: np.ndarray) -> None:
+    """Ticks at each value of an axis of a few integers (a choice number), not at halves."""
+    if values.dtype.kind in "iu" and len(values) <= 12:
+        (ax.set_xticks if which == "x" else ax.set_yticks)([int(v) for v in values])
+
+
+def plot_sweep(ds, x: str, y: str, *, hue: str | None = None, ax=None, log: bool = False, **sel):
+    """A metric of a sweep (`jsmkt.sweep`'s dataset) against one grid axis, one line per value of another.
+
+    - `ds`: the `xarray.Dataset` of `jsmkt.sweep` (or read back: `xarray.open_zarr("sweep.zarr")`).
+    - `x`: the grid axis on the horizontal axis (`"lam"`).
+    - `y`: what is plotted: a metric of the sweep (`"mean_sojourn_time"`, `"prob_wait"`, `"K"`), a percentile
+      (`"sojourn_time_p99"`, `"waiting_time_p99.9"`, as the columns of the sweep's tables; also `"sojourn_p99"`,
+      and `"p99"` for the sojourn time's) or a derivative (`"mean_sojourn_time_grad_lam"`).
+    - `hue`: a grid axis with one line per value (`"d"`), labelled in a legend.
+    - `ax`: the axes drawn on (default: `matplotlib.pyplot.gca()`).
+    - `log`: a logarithmic y axis.
+    - `sel`: a value for each other grid axis of more than one value (`service_scv=...` cannot be a keyword:
+      pass `**{"service.scv": 2.0}`); values match to 1e-9 relative. An axis of more than one value neither plotted
+      nor fixed is refused, naming it.
+
+    Failed points (NaN) are gaps in the lines. The axes are labelled with the names (and units where known) and the
+    title names the fixed values.
+
+    **Returns:** `ax`.
+    """
+    axes = (x,) if hue is None else (x, hue)
+    da, label, title = _sweep_select(ds, y, axes, sel)
+    return _draw_sweep_lines(ax, ds, da, x, hue, label, title, log)
+
+
+def _draw_sweep_lines(ax, ds, da, x: str, hue: str | None, label: str, title: str, log: bool):
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        ax = plt.gca()
+    xs = np.asarray(da[x].values)
+    order = np.argsort(xs, kind="stable")
+    values = np.asarray(da.values, dtype=float)
+    style = {"marker": "o", "markersize": 3} if len(xs) <= 60 else {}
+    if hue is None:
+        ax.plot(xs[order], values[order], **style)
+    else:
+        for j, h in enumerate(da[hue].values):
+            ax.plot(xs[order], values[order, j], label=f"{_sweep_value_text(h)}", **style)
+        ax.legend(title=_sweep_label(ds, hue), fontsize=8, title_fontsize=8)
+    if log:
+        ax.set_yscale("log")
+    _sweep_ticks(ax, "x", xs)
+    ax.set_xlabel(_sweep_label(ds, x))
+    ax.set_ylabel(label)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax
+
+
+def plot_sweep_heatmap(ds, x: str, y: str, z: str, *, ax=None, log: bool = False, **sel):
+    """A metric of a sweep (`jsmkt.sweep`'s dataset) over two grid axes, as coloured cells with a colour bar.
+
+    - `ds`: the `xarray.Dataset` of `jsmkt.sweep`.
+    - `x`, `y`: the grid axes on the horizontal and vertical axes (`"lam"`, `"service.scv"`); each cell is centred
+      on its grid point.
+    - `z`: what is coloured, named as `plot_sweep`'s `y` (a metric, a percentile such as `"sojourn_p99"`, a
+      derivative `"mean_sojourn_time_grad_lam"`).
+    - `ax`: the axes drawn on (default: `matplotlib.pyplot.gca()`); the colour bar is added beside it.
+    - `log`: a logarithmic colour scale.
+    - `sel`: a value for each other grid axis of more than one value, as in `plot_sweep`.
+
+    Failed points (NaN) are left blank.
+
+    **Returns:** `ax`.
+    """
+    da, label, title = _sweep_select(ds, z, (y, x), sel, hue="", arg="z")
+    return _draw_sweep_heatmap(ax, ds, da, x, y, label, title, log)
+
+
+def _draw_sweep_heatmap(ax, ds, da, x: str, y: str, label: str, title: str, log: bool):
+    from matplotlib.colors import LogNorm
+
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        ax = plt.gca()
+    xs, ys = np.asarray(da[x].values), np.asarray(da[y].values)
+    ox, oy = np.argsort(xs, kind="stable"), np.argsort(ys, kind="stable")
+    values = np.ma.masked_invalid(np.asarray(da.values, dtype=float)[np.ix_(oy, ox)])
+    if log:
+        values = np.ma.masked_less_equal(values, 0.0)
+    mesh = ax.pcolormesh(xs[ox].astype(float), ys[oy].astype(float), values, shading="nearest",
+                         norm=LogNorm() if log and values.count() else None)
+    ax.figure.colorbar(mesh, ax=ax, label=label)
+    _sweep_ticks(ax, "x", xs)
+    _sweep_ticks(ax, "y", ys)
+    ax.set_xlabel(_sweep_label(ds, x))
+    ax.set_ylabel(_sweep_label(ds, y))
+    if title:
+        ax.set_title(title, fontsize=9)
     return ax

@@ -1,5 +1,6 @@
-"""The readers of the grid options of `jsmkt sweep` and `jsmkt capacity` (`--grid NAME=VALUES`) and of
-`--bound NAME=VALUE`: argparse types that check the text without JAX.
+"""The readers of the grid options of `jsmkt sweep` and `jsmkt capacity` (`--grid NAME=VALUES`), of
+`--bound NAME=VALUE` and of `--percentiles` (`percentile_list`, for every command that takes it): argparse types that
+check the text without JAX.
 
 `--grid lam=0.5:0.98:50` is 50 evenly spaced values from 0.5 to 0.98, both ends included (`numpy.linspace`);
 `--grid d=1,2,3` a list. A value is read as TOML reads it: `2` is an integer (for `d`: a fixed choice number) and
@@ -70,3 +71,16 @@ def bound_option(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE (e.g. p99=20 or mean_sojourn_time=3)")
     v = _number(value, f"--bound {name}")
     return name, float(v)
+
+
+def percentile_list(text: str) -> tuple[float, ...]:
+    """`--percentiles 50,90,99,99.9`: comma-separated percentiles in (0, 100) (argparse's type; `_join_percentiles`
+    has joined a space-separated list with commas)."""
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 50,90,99,99.9)")
+    bad = [v for v in values if not 0.0 < v < 100.0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]:g} is not a percentile in (0, 100) (e.g. 99.9 for p99.9)")
+    return tuple(int(v) if v.is_integer() else v for v in values)

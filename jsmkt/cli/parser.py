@@ -1,23 +1,12 @@
 """The command line's parser (`build_parser`: the commands, their options and help, which `docs/hooks.py` renders
-into the CLI reference) and the readers of option values (`--percentiles`, `--set`)."""
+into the CLI reference) and the reader of `--set`; `--percentiles`' reader is `grid.percentile_list`, with the other
+option readers."""
 
 import argparse
 
 from . import capacity, plot, sensitivity, simulate, solve, sweep, transient
 from .cache import CACHE_ENV
-
-
-def _percentile_list(text: str) -> tuple[float, ...]:
-    """`--percentiles 50,90,99,99.9`: comma-separated percentiles in (0, 100) (argparse's type; `_join_percentiles`
-    has joined a space-separated list with commas)."""
-    try:
-        values = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 50,90,99,99.9)")
-    bad = [v for v in values if not 0.0 < v < 100.0]
-    if bad:
-        raise argparse.ArgumentTypeError(f"{bad[0]:g} is not a percentile in (0, 100) (e.g. 99.9 for p99.9)")
-    return tuple(int(v) if v.is_integer() else v for v in values)
+from .grid import percentile_list as _percentile_list
 
 
 def _is_number_list(token: str) -> bool:

@@ -17,23 +17,23 @@ def _plot_types(types: dict[str, str]) -> dict[str, str]:
     return {t: v for t, v in types.items() if t != "pgf" or shutil.which("xelatex")}
 
 
-def _check_plot_path(path: str) -> None:
-    """Refuse a --plot FILE that cannot be written, before solving."""
+def _check_plot_path(path: str, option: str = "--plot") -> None:
+    """Refuse a --plot FILE (or the `option` that names the file) that cannot be written, before solving."""
     from matplotlib.figure import Figure
 
     types = _plot_types(Figure().canvas.get_supported_filetypes())
     ext = os.path.splitext(path)[1][1:].lower()
     folder = os.path.dirname(path) or "."
     if os.path.isdir(path):
-        raise SpecError(f"--plot={path} is a directory; give a file name, e.g. "
-                        f"--plot={os.path.join(path, 'tails.png')}")
+        raise SpecError(f"{option}={path} is a directory; give a file name, e.g. "
+                        f"{option}={os.path.join(path, 'tails.png')}")
     if ext not in types:
         what = f": file type .{ext} is not supported" if ext else " has no file extension"
-        raise SpecError(f"--plot={path}{what}; end the name with one of {', '.join('.' + t for t in sorted(types))}")
+        raise SpecError(f"{option}={path}{what}; end the name with one of {', '.join('.' + t for t in sorted(types))}")
     if not os.path.isdir(folder):
-        raise SpecError(f"--plot={path}: directory {folder} does not exist; create it first")
+        raise SpecError(f"{option}={path}: directory {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK):
-        raise SpecError(f"--plot={path}: directory {folder} is not writable")
+        raise SpecError(f"{option}={path}: directory {folder} is not writable")
 
 
 
@@ -62,9 +62,10 @@ def _fit_title(title: str, inches: float) -> str:
 
 
 
-def _save_figure(draw, path: str, figsize: tuple[float, float], json_output: bool = False) -> None:
-    """A figure drawn by `draw(fig)`, written to `path`; says `wrote PATH` on stdout (on stderr with
-    `json_output`, whose stdout is the JSON alone)."""
+def _save_figure(draw, path: str, figsize: tuple[float, float], json_output: bool = False,
+                 option: str = "--plot") -> None:
+    """A figure drawn by `draw(fig)`, written to `path` (given by `option`); says `wrote PATH` on stdout (on
+    stderr with `json_output`, whose stdout is the JSON alone)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,13 +86,13 @@ def _save_figure(draw, path: str, figsize: tuple[float, float], json_output: boo
                 warnings.simplefilter("always")
                 fig.savefig(path)
         except OSError as e:
-            raise SpecError(f"--plot={path}: cannot write the plot ({e.strerror or e})") from None
+            raise SpecError(f"{option}={path}: cannot write the plot ({e.strerror or e})") from None
         finally:
             log.removeHandler(handler)
     finally:
         plt.close(fig)
     for text in [str(w.message) for w in caught] + [r.getMessage() for r in records]:
-        print(f"jsmkt: warning: --plot={path}: {text.strip().splitlines()[0]}", file=sys.stderr)
+        print(f"jsmkt: warning: {option}={path}: {text.strip().splitlines()[0]}", file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr if json_output else sys.stdout)
 
 
