@@ -158,29 +158,31 @@ import jsmkt, jsmkt._sweep as s
 write = s._write_region
 def slow(*args):
     write(*args)
+    print("written", flush=True)
     time.sleep(float(sys.argv[3]))
 s._write_region = slow
 spec, grid = json.loads(sys.argv[1])
 jsmkt.sweep(spec, grid, metrics=["mean_sojourn_time"], grad=["lam"], chunk_size=4, out=sys.argv[2])
 """
+_KILL_GRID = {"lam": list(np.linspace(0.5, 0.95, 24)), "d": [2]}
 
 
-def _chunks_done(path) -> int:
+def _points_done(path) -> int:
     import zarr
 
-    try:
-        result = np.asarray(zarr.open_group(str(path), mode="r")["result"][...])
-    except Exception:  # noqa: BLE001  (not created yet)
-        return 0
-    return int(np.sum(result != -1))
+    return int(np.sum(np.asarray(zarr.open_group(str(path), mode="r")["result"][...]) != -1))
 
 
-def _start(path, delay):
-    return subprocess.Popen([sys.executable, "-c", _SLOW_WRITES, json.dumps([JSQ, _KILL_GRID]), str(path),
-                             str(delay)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-_KILL_GRID = {"lam": list(np.linspace(0.5, 0.95, 24)), "d": [2]}
+def _run_until(path, chunks, sig):
+    """Run the sweep of `_KILL_GRID` in a subprocess whose chunk writes pause 2 s each; after `chunks` chunks are
+    written, send it `sig`; give its stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITES, json.dumps([JSQ, _KILL_GRID]), str(path), "2"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(chunks):
+        assert proc.stdout.readline().strip() == "written", proc.communicate()[1][-2000:]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
 
 
 def test_killed_sweep_resumes(tmp_path):
@@ -188,14 +190,8 @@ def test_killed_sweep_resumes(tmp_path):
     import xarray as xr
 
     store = tmp_path / "killed.zarr"
-    proc = _start(store, 1.0)
-    deadline = time.monotonic() + 300
-    while _chunks_done(store) < 8 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=60)
-    done = _chunks_done(store)
-    assert 8 <= done < 24, (done, err[-2000:])
+    code, err = _run_until(store, 2, signal.SIGKILL)
+    assert code == -signal.SIGKILL and _points_done(store) == 8, err[-2000:]
     resumed = jsmkt.sweep(JSQ, _KILL_GRID, metrics=["mean_sojourn_time"], grad=["lam"], chunk_size=4, out=store)
     whole = jsmkt.sweep(JSQ, _KILL_GRID, metrics=["mean_sojourn_time"], grad=["lam"], chunk_size=4)
     stored = xr.open_zarr(store).load()
@@ -206,17 +202,12 @@ def test_killed_sweep_resumes(tmp_path):
 
 
 def test_interrupted_sweep_says_how_to_resume(tmp_path):
+    """Ctrl-C: the chunk in flight is written, then the sweep stops saying how to resume."""
     store = tmp_path / "interrupted.zarr"
-    proc = _start(store, 0.5)
-    deadline = time.monotonic() + 300
-    while _chunks_done(store) < 4 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    code, err = _run_until(store, 1, signal.SIGINT)
+    assert code != 0
     assert "SweepInterrupted" in err and "run the same sweep again to resume" in err, err[-2000:]
-    done = _chunks_done(store)
-    assert done % 4 == 0 and 4 <= done < 24  # whole chunks only
+    assert _points_done(store) == 4  # the chunk in flight, whole
 
 
 def test_dask_local_cluster_matches_in_process(tmp_path):
