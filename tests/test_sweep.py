@@ -267,10 +267,3 @@ def test_store_of_another_sweep_is_refused(tmp_path):
         jsmkt.sweep(JSQ, {"lam": [0.5, 0.7]}, out=store)
     ds = jsmkt.sweep(JSQ, {"lam": [0.5, 0.7]}, out=store, resume=False)
     assert ds.lam.values.tolist() == [0.5, 0.7]
-
-
-@pytest.mark.slow
-def test_closed_form_percentiles_whole_grid(jsq_sweep):
-    """p99 above the mean on the issue's whole grid (the quantiles of 4000 points take a few minutes on 2 cores)."""
-    ds = jsmkt.sweep(JSQ, {"lam": np.linspace(0.5, 0.95, 2000), "d": [2, 3]}, percentiles=[99])
-    assert (ds.sojourn_time_percentiles.sel(percentile=99.0) > jsq_sweep.mean_sojourn_time).all()

@@ -428,3 +428,24 @@ def test_sigint_stops_the_sweep_and_the_same_command_resumes(spec, tmp_path):
         expected = [_jsq_mean_sojourn_time(lam, d)[0] for lam in ds["lam"].values]
         np.testing.assert_allclose(ds["mean_sojourn_time"].sel(d=d).values, expected, rtol=1e-10)
     assert np.all(ds["result"].values == 0)
+
+
+def test_sweep_acceptance_grid(spec, tmp_path, capsys):
+    """The issue's grid: lam = 0.5:0.95:2000 (both ends) x d in {2, 3}, JSQ(d) with exponential service, into a
+    store: E[T] equals the closed form to 1e-9, dE[T]/dlam its derivative to 1e-6, p99 exceeds the mean."""
+    import xarray as xr
+
+    store = str(tmp_path / "acceptance.zarr")
+    code, out, err = run(["sweep", spec, "--grid", "lam=0.5:0.95:2000", "--grid", "d=2,3", "--metric",
+                          "mean_sojourn_time", "--grad", "lam", "--percentiles", "99", "--out", store,
+                          "--no-progress"], capsys)
+    assert code == 0, err
+    ds = xr.open_zarr(store).load()
+    assert ds.sizes["lam"] == 2000 and ds.lam.values[0] == 0.5 and ds.lam.values[-1] == 0.95
+    assert (ds.result.values == 0).all()
+    for d in (2, 3):
+        exact = np.array([_jsq_mean_sojourn_time(lam, d) for lam in ds.lam.values])
+        sel = ds.sel(d=d)
+        np.testing.assert_allclose(sel.mean_sojourn_time.values, exact[:, 0], rtol=1e-9, atol=0)
+        np.testing.assert_allclose(sel.mean_sojourn_time_grad.sel(wrt="lam").values, exact[:, 1], rtol=1e-6, atol=0)
+        assert (sel.sojourn_time_percentiles.sel(percentile=99.0) > sel.mean_sojourn_time).all()
