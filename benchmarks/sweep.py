@@ -9,8 +9,8 @@ Grid: λ × SCV, `--points` points in all (default 100,000: 400 λ in [0.5, 0.9]
   evaluation, its compiled function cached).
 - **raw vmap**: the same solve and metric written by hand (`JSQdPH(lam, hyperexponential2(1, scv), d=2, K=K)`,
   `solve_fixed_point(throw=False)`, `mean_sojourn_time`), `jax.jit` of `jax.lax.map` over `jax.vmap`-ed blocks of
-  B points, the best B of 8, 16, 32, 64, 256, 1024 and the whole grid on a CPU (2^14, 2^16, 2^18 and the whole grid
-  on a GPU): the best raw chunked vmap, over the same points.
+  B points, the best B of 8, 16, 32, 64, 256, 1024, 4096 on a CPU (and the whole grid up to 16,384 points; 2^14,
+  2^16, 2^18 and the whole grid on a GPU): the best raw chunked vmap, over the same points.
 - **loop**: a Python loop of single jitted solves (`jax.jit` of the same per-point function), over 2,000 of the
   points; its rate is per point.
 
@@ -90,8 +90,11 @@ def main():
     blocks = {}
     lam_j, scv_j = jnp.asarray(lam), jnp.asarray(scv)
     first_raw = {}
-    sizes = (8, 16, 32, 64, 256, 1024) if jax.default_backend() == "cpu" else (1 << 14, 1 << 16, 1 << 18)
-    for block in (*[b for b in sizes if b < n], n):
+    cpu = jax.default_backend() == "cpu"
+    sizes = (8, 16, 32, 64, 256, 1024, 4096) if cpu else (1 << 14, 1 << 16, 1 << 18)
+    # One batch of the whole grid too, where it fits: on a CPU a vmapped batch of 10^5 points holds its Newton
+    # systems all at once (gigabytes), and is slower per point than blocks well before that.
+    for block in (*[b for b in sizes if b < n], *([n] if not cpu or n <= 16384 else [])):
         fn = raw(K, block, n)
         t0 = time.perf_counter()
         jax.block_until_ready(fn(lam_j, scv_j))

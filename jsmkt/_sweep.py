@@ -58,7 +58,7 @@ from ._errors import percentile_label
 
 
 _OUT_KINDS = (".zarr", ".nc", ".parquet", ".csv")
-_CPU_BLOCK = 16  # points per vmapped block on a CPU (the per-point rate falls above this: benchmarks/sweep.py)
+_CPU_BLOCK = 32  # points per vmapped block on a CPU (the per-point rate falls above this: benchmarks/sweep.py)
 _CPU_CHUNK = 16384  # points per chunk and CPU device by default
 _NOT_DONE = -1  # `result` of a point not yet evaluated (in a store being written)
 _TERMS = (1 << 10, 1 << 13, 1 << 15)  # uniformisation steps of the time laws tried in turn (under vmap every point
@@ -378,10 +378,7 @@ def _make_plan(spec_or_model, grid, metrics, grad, percentiles, chunk_size, max_
     max_K = int(max_K) if max_K is not None else _solver_default("max_K")
     models = [m.with_K(min(K_of[g], max_K)) if m.K != K_of[g] else m for m, g in zip(models, groups, strict=True)]
     model = models[0]
-    _check_metrics(model, metrics, fam)
-    waiting = bool(pct) and _has_waiting_time(model)
-    if pct:
-        _check_sojourn(model)
+    waiting = _checked_laws(model, metrics, bool(pct), fam)
     tail_tol = float(tail_tol) if tail_tol is not None else _solver_default("tail_tol")
     if not 0.0 < tail_tol < 1.0:
         raise ValueError(f"tail_tol={tail_tol!r} must lie in (0, 1): the largest fraction of servers allowed at K")
@@ -399,12 +396,13 @@ def _solver_default(name: str):
     return inspect.signature(solve_fixed_point).parameters[name].default
 
 
-def _default_chunk_size() -> int:
-    """Points per chunk: on a CPU `_CPU_CHUNK` per device; on an accelerator a quarter of the smallest device
-    memory over a generous estimate of a point's working memory, in powers of two."""
+def _default_chunk_size(devices=None) -> int:
+    """Points per chunk over `devices` (default: the local ones): on a CPU `_CPU_CHUNK` per device; on an
+    accelerator a quarter of the smallest device memory over a generous estimate of a point's working memory, in
+    powers of two."""
     import jax
 
-    devices = jax.local_devices()
+    devices = list(jax.local_devices() if devices is None else devices)
     if devices[0].platform == "cpu":
         return _CPU_CHUNK * len(devices)
     try:
@@ -414,6 +412,22 @@ def _default_chunk_size() -> int:
     per_point = 1 << 16  # bytes: a solve's working set at the K and phases of typical sweeps, with margin
     n = max(1024, memory // 4 // per_point) * len(devices)
     return 1 << int(math.floor(math.log2(min(n, 1 << 22))))
+
+
+_CHECKED: dict[Any, bool] = {}  # `_checked_laws` by model structure and arguments (each check traces a solve)
+
+
+def _checked_laws(model, metrics: tuple, percentiles: bool, fam) -> bool:
+    """Check that `metrics` (and, with `percentiles`, the sojourn-time law) are defined for `model`'s structure
+    (`ValueError` naming the argument otherwise); give whether the family has a waiting-time law to give
+    percentiles of. Remembered per structure: a sweep's plan is made at every call."""
+    key = (_group_key(model), tuple(map(repr, metrics)), percentiles)
+    if key not in _CHECKED:
+        _check_metrics(model, metrics, fam)
+        if percentiles:
+            _check_sojourn(model)
+        _CHECKED[key] = percentiles and _has_waiting_time(model)
+    return _CHECKED[key]
 
 
 def _scalar_metric(model, name: str):
@@ -768,6 +782,18 @@ def _write_region(path: str, plan: _Plan, chunk: _Chunk, ds_chunk) -> None:
     ds_chunk[["result"]].to_zarr(path, region=region, mode="r+", consolidated=False)
 
 
+def _stored_chunk_size(path: str) -> int | None:
+    """The points per chunk of an existing sweep store (the product of its zarr chunks over the grid's axes that
+    are cut, which `_chunks` turns back into the same chunks), or None where there is no store to resume."""
+    import zarr
+
+    try:
+        result = zarr.open_group(path, mode="r")["result"]
+    except Exception:  # noqa: BLE001  (no store, or not one of a sweep: `_open_store` says which)
+        return None
+    return int(np.prod(result.chunks))
+
+
 def _done_chunks(path: str, plan: _Plan) -> set[int]:
     """The chunks whose `result` is written in the store."""
     import zarr
@@ -947,14 +973,13 @@ def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("
     devices = list(jax.local_devices() if devices is None else devices)
     if not devices:
         raise ValueError("devices=[]: give at least one JAX device (or None for every local device)")
-    if chunk_size is None and client is None:
-        chunk_size = _default_chunk_size() if len(devices) == len(jax.local_devices()) else \
-            _CPU_CHUNK * len(devices)
-    plan = _make_plan(spec_or_model, grid, metrics, grad, percentiles, chunk_size or _default_chunk_size(), max_K,
-                      tail_tol)
+    zarr_out = out_path if out_path is not None and out_path.endswith(".zarr") else None
+    stored = _stored_chunk_size(zarr_out) if zarr_out is not None and resume else None
+    # A resumed store keeps its chunks (whatever the devices now); a cluster's workers take the chunks made here.
+    chunk_size = stored or chunk_size or _default_chunk_size(devices)
+    plan = _make_plan(spec_or_model, grid, metrics, grad, percentiles, chunk_size, max_K, tail_tol)
     _PLANS[plan.key] = plan
     attrs = _attrs(plan, devices)
-    zarr_out = out_path if out_path is not None and out_path.endswith(".zarr") else None
     done = _open_store(zarr_out, plan, attrs, resume) if zarr_out is not None else set()
     ds = _empty_dataset(plan, attrs)
     todo = [c for c in plan.chunks if c.index not in done]
@@ -979,8 +1004,7 @@ def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("
                     if interrupt.requested:
                         break
             else:
-                failed += _run_on_cluster(client, plan, todo, grid_items, metrics, grad, percentiles, chunk_size,
-                                          max_K, spec_or_model, zarr_out, ds, bar, interrupt)
+                failed += _run_on_cluster(client, plan, todo, grid_items, chunk_size, zarr_out, ds, bar, interrupt)
     finally:
         bar.close()
     if interrupt.requested:
@@ -1031,8 +1055,7 @@ def _failure_counts(ds) -> str:
     return ", ".join(f"{n} {names.get(int(c), c)}" for c, n in zip(codes, counts, strict=True))
 
 
-def _run_on_cluster(client, plan: _Plan, todo, grid_items, metrics, grad, percentiles, chunk_size, max_K,
-                    spec_or_model, zarr_out, ds, bar, interrupt) -> int:
+def _run_on_cluster(client, plan: _Plan, todo, grid_items, chunk_size: int, zarr_out, ds, bar, interrupt) -> int:
     """Run the chunks `todo` as Dask tasks; give the number of failed points."""
     try:
         from distributed import as_completed
@@ -1041,7 +1064,7 @@ def _run_on_cluster(client, plan: _Plan, todo, grid_items, metrics, grad, percen
                                   "install 'jsmkt[cluster]'") from None
     args = {"spec": plan.spec, "grid": [(k, list(_as_values(k, v))) for k, v in grid_items],
             "metrics": list(plan.metrics), "grad": list(plan.grad_names), "percentiles": list(plan.percentiles),
-            "chunk_size": chunk_size or _default_chunk_size(), "max_K": plan.max_K, "tail_tol": plan.tail_tol}
+            "chunk_size": chunk_size, "max_K": plan.max_K, "tail_tol": plan.tail_tol}
     # The workers make the same plan from the same arguments (the chunks included): check it here.
     futures = [client.submit(_worker_chunk, args, [c.index], zarr_out, pure=False, retries=3) for c in todo]
     failed = 0
