@@ -192,7 +192,8 @@ def test_killed_sweep_resumes(tmp_path):
     store = tmp_path / "killed.zarr"
     code, err = _run_until(store, 2, signal.SIGKILL)
     assert code == -signal.SIGKILL and _points_done(store) == 8, err[-2000:]
-    resumed = jsmkt.sweep(JSQ, _KILL_GRID, metrics=["mean_sojourn_time"], grad=["lam"], chunk_size=4, out=store)
+    # Resumed with another chunk size (as another number of devices would give): the store keeps its chunks.
+    resumed = jsmkt.sweep(JSQ, _KILL_GRID, metrics=["mean_sojourn_time"], grad=["lam"], chunk_size=6, out=store)
     whole = jsmkt.sweep(JSQ, _KILL_GRID, metrics=["mean_sojourn_time"], grad=["lam"], chunk_size=4)
     stored = xr.open_zarr(store).load()
     for ds in (resumed, stored):
