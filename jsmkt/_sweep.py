@@ -1079,6 +1079,7 @@ def _run_on_cluster(client, plan: _Plan, todo, grid_items, chunk_size: int, zarr
                     tuple(c.region[d].stop - c.region[d].start for d in plan.dims))
             failed += int(np.sum(outputs["result"] != 0))
             bar.update(_size(c))
+            bar.set_postfix(failed=failed, refresh=False)
         if interrupt.requested:
             for f in futures:
                 f.cancel()
