@@ -102,6 +102,7 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._spec import load_model_spec as load_spec  # noqa: F401
     from ._spec import loads_model_spec as loads_spec  # noqa: F401
     from ._spec import register_family as register_family
+    from ._sweep import SweepInterrupted as SweepInterrupted
     from ._sweep import sweep as sweep
 
 

@@ -67,7 +67,8 @@ _TRACED_SERVICE_KINDS = {"h2": "hyperexponential2", "coxian2": "coxian2"}  # ser
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `jsmkt.sweep`: the chunk in flight was finished and written; `str()` says how to resume."""
+    """Raised by `jsmkt.sweep` after Ctrl-C (SIGINT), once the chunk in flight is finished and written: a
+    `KeyboardInterrupt` whose message says how to resume (the same call again, with the same `out` store)."""
 
 
 # --- the plan: axes, built models, groups and chunks ----------------------------------------------------------------
@@ -952,7 +953,7 @@ def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("
     the spec (TOML), jsmkt's and JAX's versions, the devices, the date, the number of points and of failed points.
 
     **Raises:** `ValueError` (a `jsmkt.SpecError` for spec values) naming the argument, before anything is computed;
-    `jsmkt._sweep.SweepInterrupted` (a `KeyboardInterrupt`) after Ctrl-C, once the chunk in flight is written.
+    `jsmkt.SweepInterrupted` (a `KeyboardInterrupt`) after Ctrl-C, once the chunk in flight is written.
 
     !!! example
 

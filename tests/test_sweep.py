@@ -9,13 +9,11 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 import jsmkt
-from jsmkt._sweep import SweepInterrupted  # noqa: F401  (public through the CLI's message)
 
 
 JSQ = {"model": "jsq", "lam": 0.9, "d": 2}
