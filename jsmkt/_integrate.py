@@ -203,7 +203,7 @@ class _ArrayState(lx.AbstractLinearSolver):
 # The chord iteration of the implicit stages stops at these tolerances, or at the controller's if they are looser.
 # With the controller's own (1e-10 by default) it nears rounding error: VeryChord asks for an estimated error of
 # 1e-2 tolerances and declares divergence when its contraction rate exceeds 2, which rounding noise triggers, and
-# every such failure rejects the step (about half the steps at the defaults, `benchmarks/steady_state.py`).
+# every such failure rejects the step (`benchmarks/README.md`, `steady_state.py`).
 _STAGE_RTOL, _STAGE_ATOL = 1e-5, 1e-7
 
 
@@ -213,6 +213,8 @@ def _steady_state_solver(model, rtol, atol) -> dfx.Kvaerno5:
         atol=jnp.maximum(atol, _STAGE_ATOL),
         linear_solver=_ArrayState(structure_solver(model)),
     )
+    # The stages in a plain loop: Diffrax's default checkpoints them for backpropagation through the solve, which
+    # `ImplicitAdjoint` never does.
     return dfx.Kvaerno5(scan_kind="lax", root_finder=root_finder)
 
 
