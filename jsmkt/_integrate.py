@@ -6,12 +6,14 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 from jaxtyping import Array, ArrayLike, PyTree
 
 from . import _maps
 from ._errors import all_finite, check_count, error_if, is_concrete
 from ._models.base import AbstractSupermarketModel
+from ._models.structure import linear_solver as structure_solver
 from ._solution import RESULTS, FixedPoint, Trajectory, check_values
 
 
@@ -163,12 +165,65 @@ def integrate(
     return _integrate(model, y0, t1, ts, solver, rtol, atol, max_steps, dt0, throw, progress_meter)
 
 
+class _Split(eqx.Module):
+    dynamic: PyTree
+    static: PyTree = eqx.field(static=True)
+
+
+def _split(state) -> _Split:
+    dynamic, static = eqx.partition(state, eqx.is_array)
+    return _Split(dynamic, static)
+
+
+class _ArrayState(lx.AbstractLinearSolver):
+    """`inner` with its state's non-array leaves (jsmkt's structured solvers keep the operator's
+    `jax.ShapeDtypeStruct`s there) held static: Diffrax carries the chord iteration's factorisation from stage to
+    stage through a loop, whose carry may hold arrays only."""
+
+    inner: lx.AbstractLinearSolver
+
+    def init(self, operator, options):
+        return _split(self.inner.init(operator, options))
+
+    def compute(self, state, vector, options):
+        return self.inner.compute(eqx.combine(state.dynamic, state.static), vector, options)
+
+    def transpose(self, state, options):
+        state, options = self.inner.transpose(eqx.combine(state.dynamic, state.static), options)
+        return _split(state), options
+
+    def conj(self, state, options):
+        state, options = self.inner.conj(eqx.combine(state.dynamic, state.static), options)
+        return _split(state), options
+
+    def assume_full_rank(self):
+        return self.inner.assume_full_rank()
+
+
+# The chord iteration of the implicit stages stops at these tolerances, or at the controller's if they are looser.
+# With the controller's own (1e-10 by default) it nears rounding error: VeryChord asks for an estimated error of
+# 1e-2 tolerances and declares divergence when its contraction rate exceeds 2, which rounding noise triggers, and
+# every such failure rejects the step (`benchmarks/README.md`, `steady_state.py`).
+_STAGE_RTOL, _STAGE_ATOL = 1e-5, 1e-7
+
+
+def _steady_state_solver(model, rtol, atol) -> dfx.Kvaerno5:
+    root_finder = dfx.VeryChord(
+        rtol=jnp.maximum(rtol, _STAGE_RTOL),
+        atol=jnp.maximum(atol, _STAGE_ATOL),
+        linear_solver=_ArrayState(structure_solver(model)),
+    )
+    # The stages in a plain loop: Diffrax's default checkpoints them for backpropagation through the solve, which
+    # `ImplicitAdjoint` never does.
+    return dfx.Kvaerno5(scan_kind="lax", root_finder=root_finder)
+
+
 @eqx.filter_jit
 def _steady_state(model, y0, rtol, atol, max_steps, throw):
     y0, result = check_values(model, y0, throw)
     sol = dfx.diffeqsolve(
         dfx.ODETerm(lambda t, y, m: m.vector_field(t, y, None)),
-        dfx.Kvaerno5(),
+        _steady_state_solver(model, rtol, atol),
         t0=0.0,
         t1=jnp.inf,
         dt0=1e-3,
@@ -186,7 +241,7 @@ def _steady_state(model, y0, rtol, atol, max_steps, throw):
     y = jax.tree_util.tree_map(lambda v: v[-1], sol.ys)
     finite = all_finite(y)
     out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
-    return y, out
+    return y, out, sol.stats, sol.ts[-1]  # the steps taken and the stopping time, for benchmarks and tests
 
 
 def steady_state(
@@ -202,7 +257,15 @@ def steady_state(
     `steady_state_event`), from `x0` (default: the empty system).
 
     Slower than `solve_fixed_point` but independent of Newton's method: used as its fallback starting point and
-    as a test oracle. It stops when the drift is below the tolerances, so its distance to the fixed point grows
+    as a test oracle. The integrator is `diffrax.Kvaerno5` (L-stable, for the stiffness of fast PH phases) with a
+    PI step-size controller at `rtol`, `atol`. Its implicit stages are solved by a chord iteration (one Jacobian per
+    step) with the linear solver of the model's Jacobian structure, as Newton's (block elimination in O(K) for the
+    banded families instead of a dense LU in O(K^3)), and to the tolerances 1e-5 relative, 1e-7 absolute (or the
+    controller's, if looser): iterating to the controller's own tolerances ends in rounding noise, which the
+    iteration reads as divergence, and each such failure rejects a step. Only the path depends on these choices:
+    the end point is certified by the drift test alone, evaluated with the vector field itself.
+
+    It stops when the drift is below the tolerances, so its distance to the fixed point grows
     as the load nears 1, like tolerance / (1 - rho): with the defaults, 1e-8 at rho = 0.99 and 2e-6 at
     rho = 0.9999 for JSQ(2); tighten `rtol` and `atol` there. Differentiable with `diffrax.ImplicitAdjoint` (not under
     `jax_numpy_dtype_promotion="strict"`, where diffrax's adjoint multiplies a float time by an integer).
@@ -212,7 +275,8 @@ def steady_state(
     - `model`: any `AbstractSupermarketModel`.
     - `x0`: starting state in reduced coordinates (default: `model.initial_state()`, the empty system).
     - `rtol`, `atol`: the step-size controller's tolerances; the integration stops when the vector field is
-      below them.
+      below them: at the first step whose end has `rms(f(y)) < atol + rtol * rms(y)` (`diffrax.steady_state_event`,
+      `rms` the root mean square over all entries).
     - `max_steps`: the most solver steps before giving up.
     - `throw`: raise if the steady state is not reached (a `RuntimeError` outside `jit`, an `eqx.error_if` error
       inside); with `throw=False`, inspect `result` instead.
@@ -229,9 +293,12 @@ def steady_state(
     if is_concrete(model):
         model.check_values()
         _maps.before_compiling("jsmkt.steady_state", ("steady_state", _maps.signature((model, x0)), max_steps))
+        # The Jacobian's structure (detected, or a declared one checked, once per model structure) here rather than
+        # inside the trace of `_steady_state`, where its probe would run operation by operation.
+        structure_solver(model)
     y0 = model.initial_state() if x0 is None else x0
     concrete = is_concrete(model, y0)
-    y, result = _steady_state(model, y0, rtol, atol, max_steps, throw and not concrete)
+    y, result, _, _ = _steady_state(model, y0, rtol, atol, max_steps, throw and not concrete)
     if throw and concrete and result != RESULTS.successful:
         raise RuntimeError(f"jsmkt.steady_state: {RESULTS[result]} (max_steps={max_steps})")
     if throw:
