@@ -16,7 +16,7 @@ The three agree to 1e-13. Target (issue 37): for `vmap`, the smallest over 1,024
 rate divided by the rate at 64 is at least 0.8. The ratio is printed for each approach with PASS/MISS.
 
 Run with `.venv/bin/python benchmarks/vmap.py` (`--quick` for small batches and few rounds; `--rounds R`). The
-unchunked vmap of 16,384 solves holds about a GB of temporaries.
+unchunked vmap holds every Newton temporary for the whole batch at once (the largest memory of the run).
 """
 
 import os
