@@ -37,6 +37,7 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._distributions.ph import exponential as exponential
     from ._distributions.ph import hyperexponential as hyperexponential
     from ._distributions.ph import hyperexponential2 as hyperexponential2
+    from ._batched import batched as batched
     from ._fixed_point import TruncationError as TruncationError
     from ._fixed_point import solve_fixed_point as solve_fixed_point
     from ._integrate import integrate as integrate

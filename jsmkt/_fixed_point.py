@@ -15,6 +15,7 @@ import optimistix as optx
 from jaxtyping import Array, PyTree
 
 from . import _maps
+from ._batched import ChunkedImplicitAdjoint
 from ._errors import all_finite, error_if, is_concrete
 from ._linalg import NeverFails
 from ._models.base import AbstractSupermarketModel
@@ -71,6 +72,10 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None)
         lin_adj = linear_solver(model) if lin is None else lin
         solver = lin_adj if throw else NeverFails(lin_adj)
         adjoint = optx.ImplicitAdjoint(linear_solver=solver)
+    if type(adjoint) is optx.ImplicitAdjoint:
+        # Under `jax.vmap`, Newton's iteration runs in vmapped blocks (`jsmkt._batched`): a vmapped while loop runs
+        # every lane until the slowest converges, with temporaries as large as the batch.
+        adjoint = ChunkedImplicitAdjoint(adjoint)
     solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=linear_solver(model) if lin is None else lin)
     sol = optx.root_find(_scaled_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint, throw=False)
     y = sol.value
@@ -161,7 +166,10 @@ def solve_fixed_point(
       the model's Jacobian (block tridiagonal, block banded, bordered or dense: `jsmkt._models.structure`), e.g.
       `lineax.LU()` for the dense oracle.
     - `adjoint`: how to differentiate; by default `optx.ImplicitAdjoint` (one linear solve, with the same
-      block-tridiagonal or dense solver as Newton).
+      block-tridiagonal or dense solver as Newton). With an `optx.ImplicitAdjoint` (the default), `jax.vmap` of
+      this function runs Newton's iteration as `lax.map` over vmapped blocks (32 entries on a CPU, the whole
+      batch on a GPU), which keeps the per-solve rate of small batches on large ones; values and derivatives are
+      those of one vmapped loop (see `jsmkt.batched`).
 
     **Returns:** a `jsmkt.FixedPoint` (`value`, `result`, `tail_mass`, `residual`, `model`, `stats`).
 

@@ -595,13 +595,13 @@ def _compiled(key: str, devices: tuple, block: int, max_terms: int):
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+    from ._batched import batched
+
     point = _point_function(_PLANS[key], max_terms)
     sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
 
     def row(model, values):
-        if next(iter(values.values())).shape[0] > block:
-            return jax.lax.map(lambda v: point(model, v), values, batch_size=block)
-        return jax.vmap(point, in_axes=(None, 0))(model, values)
+        return batched(lambda v: point(model, v), block=block)(values)
 
     @eqx.filter_jit
     def fn(model, values):
