@@ -18,7 +18,10 @@ times as `benchmarks/cli.py` measures them (its `_run`).
 `--repeats` rounds, interleaved (every family, the floor and both CLI runs in each round, each cold run with a new
 cache folder), so that load from other processes hits every measurement alike; the tables give medians.
 
-Run: `.venv/bin/python benchmarks/compile.py [--repeats 3] [--families jsq-ph retrial ...]`.
+`--xla-flags fast` runs the families' processes with the tests' `FAST_COMPILE_FLAGS` (`benchmarks/compile_flags.py`
+reads them from `tests/conftest.py`), or with the XLA_FLAGS given: how much of a first solve XLA's options can take.
+
+Run: `.venv/bin/python benchmarks/compile.py [--repeats 3] [--families jsq-ph retrial ...] [--xla-flags fast]`.
 """
 
 import argparse
@@ -111,7 +114,7 @@ def _env() -> dict:
     return env
 
 
-def family(name: str, env: dict) -> dict[str, float]:
+def family(name: str, env: dict) -> dict:
     proc = subprocess.run([sys.executable, "-c", CHILD, name], env=env, capture_output=True, text=True, cwd=ROOT)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
@@ -121,6 +124,7 @@ def family(name: str, env: dict) -> dict[str, float]:
 
 def main(argv=None) -> int:
     from cli import JSMKT, SPEC, _run
+    from compile_flags import fast_flags
 
     sys.path.insert(0, str(ROOT))
     from jsmkt._models.parameters import builtin_families
@@ -128,17 +132,22 @@ def main(argv=None) -> int:
     names = [e.table.name for e in builtin_families()]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=positive(int), default=1, help="interleaved rounds (default: 1)")
+    ap.add_argument("--xla-flags", default="", metavar="FLAGS",
+                    help="XLA_FLAGS for the families' processes (not the CLI's), or `fast` for the tests' "
+                         "FAST_COMPILE_FLAGS (tests/conftest.py): what XLA's options buy (default: none)")
     ap.add_argument("--families", nargs="+", metavar="NAME", choices=names, default=names,
                     help=f"restrict to these families (default: all: {' '.join(names)})")
     args = ap.parse_args(argv)
     env = _env()
+    flags = fast_flags() if args.xla_flags == "fast" else args.xla_flags
+    family_env = {**env, "XLA_FLAGS": flags}
     runs: dict[str, list[dict[str, float]]] = {n: [] for n in args.families}
     floor, cold, warm = [], [], []
     folder = pathlib.Path(tempfile.mkdtemp(prefix="jsmkt-bench-compile-"))
     try:
         for r in range(args.repeats):
             for n in args.families:
-                runs[n].append(family(n, env))
+                runs[n].append(family(n, family_env))
                 print(f"round {r + 1}: {n} done", file=sys.stderr, flush=True)
             wall, _, rc = _run([sys.executable, "-c", FLOOR], env)
             if rc:
@@ -159,7 +168,7 @@ def main(argv=None) -> int:
 
     load = os.getloadavg()
     print(f"First solve per family, wall seconds ({os.cpu_count()} CPUs, load average {load[0]:.1f}; median of "
-          f"{args.repeats} fresh processes; target {SOLVE_TARGET:g} s after `import jsmkt`)")
+          f"{args.repeats} fresh processes; target {SOLVE_TARGET:g} s after `import jsmkt`; XLA_FLAGS={flags!r})")
     print(f"  {'family':<18} {'unknowns':>8} {'import':>6} {'model':>6} {'first solve':>11} {'structure':>9} "
           f"{'trace+lower':>11} {'compile':>7} {'other':>6} {'kernels':>7} {'again ms':>8} {'first/2s':>9}")
     for n in args.families:
