@@ -49,7 +49,7 @@ import json, sys
 import jax, jax.flatten_util
 from jax import monitoring
 
-spans = []  # (event, start, end): JAX's compile-path time spans
+spans = []  # (event, start, end, function name): the time spans of JAX's compile path
 monitoring.register_event_time_span_listener(
     lambda event, start, end, **kw: spans.append((event, start, end, kw.get("fun_name", "?"))))
 
