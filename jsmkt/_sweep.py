@@ -20,9 +20,11 @@ is a fixed choice number, a real one randomised. Its points are evaluated in thi
   (`truncation_too_small`).
 - **Chunks.** The points of one built model are cut into chunks, hyperrectangles of the grid (whole trailing traced
   axes, a range of one of them, single values of the others), so that a chunk is a region of the output store.
-  A chunk is evaluated by one compiled function: `jax.lax.map` over `jax.vmap`-ed blocks of points (the per-point
-  rate of a CPU falls as a vmapped batch grows; a GPU takes the whole chunk in one block), sharded over the local
-  devices with `jax.shard_map` (one code path for one CPU, CPU cores exposed as devices, one or several GPUs).
+  A chunk is evaluated by one compiled function: `jsmkt.batched`, `jax.lax.map` over `jax.vmap`-ed blocks of
+  points (the per-point rate of a CPU falls as a vmapped batch grows; a GPU takes the whole chunk in one block), one
+  row of points per local device, placed by a `NamedSharding` (one code path for one CPU, CPU cores exposed as
+  devices, one or several GPUs). `jax.shard_map` is not used: Equinox's closure conversion inside Optimistix's
+  implicit derivative refuses the arguments it sees there.
 - **Values.** Per point: the fixed point (`solve_fixed_point(..., throw=False)`), the metrics, their derivatives
   with respect to the parameters named in `grad` (forward mode through the implicit adjoint: one linear solve per
   parameter) and the quantiles of the sojourn and waiting times. A failed point (unstable, truncation, no
@@ -554,7 +556,8 @@ def _point_function(plan: _Plan, max_terms: int):
                 return vec, (vec, aux)
 
             g0 = {path: values[path] for path in plan.grad}
-            jac, (vec, (m, fp)) = _jacfwd_with_value(of_grad, g0)
+            # Forward mode: one tangent per parameter, one linear solve each (`optx.ImplicitAdjoint`).
+            jac, (vec, (m, fp)) = jax.jacfwd(of_grad, has_aux=True)(g0)
             grads = jnp.stack([jac[path] for path in plan.grad], axis=-1)  # (metrics, wrt)
         else:
             vec, (m, fp) = metric_vector(model, values)
@@ -574,14 +577,6 @@ def _point_function(plan: _Plan, max_terms: int):
         return out
 
     return f
-
-
-def _jacfwd_with_value(f, x):
-    """`(jacobian, aux)` of `f(x) -> (vector, aux)` by forward mode, `x` a dict of scalars: one tangent per entry
-    (a tangent through the fixed point is one linear solve, `optx.ImplicitAdjoint`)."""
-    import jax
-
-    return jax.jacfwd(f, has_aux=True)(x)
 
 
 @functools.lru_cache(maxsize=16)
