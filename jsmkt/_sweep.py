@@ -378,6 +378,8 @@ def _make_plan(spec_or_model, grid, metrics, grad, percentiles, chunk_size, max_
     K_of = {}
     for m, g in zip(models, groups, strict=True):
         K_of[g] = max(K_of.get(g, 0), m.K)
+    if max_K is not None and (isinstance(max_K, bool) or not isinstance(max_K, (int, np.integer)) or max_K < 2):
+        raise ValueError(f"max_K={max_K!r} must be an integer >= 2 (the largest truncation level tried)")
     max_K = int(max_K) if max_K is not None else _solver_default("max_K")
     models = [m.with_K(min(K_of[g], max_K)) if m.K != K_of[g] else m for m, g in zip(models, groups, strict=True)]
     model = models[0]
@@ -962,6 +964,13 @@ def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("
 
     import jsmkt  # noqa: F401  (float64)
 
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer))
+                                   or chunk_size < 1):
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive number of points (or None: from the devices)")
+    if resume not in (True, False):
+        raise ValueError(f"resume={resume!r} must be True or False")
+    if progress not in (None, True, False):
+        raise ValueError(f"progress={progress!r} must be None (a bar when stderr is a terminal), True or False")
     grid_items = list(grid.items()) if isinstance(grid, Mapping) else grid
     out_path = None if out is None else os.fspath(out)
     if out_path is not None and not out_path.endswith(_OUT_KINDS):

@@ -247,6 +247,10 @@ def test_exports(jsq_sweep, tmp_path):
     ({"grid": {"lam": [0.5], "d": [2, 3]}, "grad": ["d"]}, "real numbers"),
     ({"grid": {"lam": [0.5]}, "out": "x.txt"}, ".zarr"),
     ({"grid": {"lam": [0.5]}, "percentiles": [100]}, "percentile"),
+    ({"grid": {"lam": [0.5]}, "max_K": 1}, "max_K=1 must be an integer >= 2"),
+    ({"grid": {"lam": [0.5]}, "tail_tol": 2.0}, "tail_tol=2.0"),
+    ({"grid": {"lam": [0.5]}, "resume": "yes"}, "resume='yes'"),
+    ({"grid": {"lam": [0.5]}, "chunk_size": 0}, "chunk_size=0"),
 ])
 def test_errors_name_the_argument(kwargs, message):
     grid = kwargs.pop("grid")
