@@ -20,6 +20,7 @@ Three rules are provided:
 """
 
 import abc
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -117,6 +118,16 @@ class AbstractChoice(eqx.Module):
     def value_errors(self) -> list[tuple[Array, str]]:
         """Value checks for the entry points: list of `(bad, message)`."""
         return []
+
+    def generic(self, draw: Callable[[tuple[int, ...], float, float], Array]) -> "AbstractChoice":
+        """A copy at a generic point of its parameters' domain, where the choice couples the servers as it does for
+        almost every value (the Jacobian structure probes, `jsmkt._models.structure`). `draw(shape, low, high)`
+        gives random entries in `[low, high]`; by default every inexact array leaf is drawn in [0.5, 1.5]."""
+        return jax.tree_util.tree_map(lambda x: draw(jnp.shape(x), 0.5, 1.5) if _inexact(x) else x, self)
+
+
+def _inexact(x) -> bool:
+    return eqx.is_inexact_array(x) or (isinstance(x, jax.core.Tracer) and jnp.issubdtype(x.dtype, jnp.inexact))
 
 
 class FixedChoice(AbstractChoice):
@@ -246,6 +257,13 @@ class InterpolatedChoice(AbstractChoice):
 
     def value_errors(self):
         return [(~(self.d >= 1.0) | (self.d > self.d_max), f"choice number `d` must lie in [1, d_max={self.d_max}]")]
+
+    def generic(self, draw):
+        """`d` drawn inside $(1, d_{max})$: a `d` at or below 1 samples one server, which couples nothing."""
+        if self.d_max == 1:
+            return self
+        d = 1.0 + (self.d_max - 1) * draw((), 0.25, 0.75)
+        return eqx.tree_at(lambda c: c.d, self, jnp.asarray(d, dtype=jnp.result_type(self.d)))
 
 
 def choice_support(weights) -> tuple[int, int] | None:

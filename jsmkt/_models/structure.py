@@ -28,6 +28,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .. import _maps
+from .._choice import AbstractChoice
 from .._errors import staging
 
 
@@ -58,16 +59,22 @@ _MAX_PATTERN = 2**14  # unknowns up to which the dense sparsity pattern is forme
 
 
 def _probe_model(model):
-    """`model` with every inexact array leaf replaced by seeded random entries in [0.5, 1.5] (same shapes)."""
+    """`model` with every inexact array leaf replaced by seeded random entries in [0.5, 1.5] (same shapes), and
+    every choice law by a generic one of its kind (`AbstractChoice.generic`: a real choice number drawn in
+    [0.5, 1.5] would sample one server half the time, and couple nothing)."""
     rng = np.random.default_rng(_PROBE_SEED)
-    leaves, treedef = jax.tree_util.tree_flatten(model)
-    out = []
-    for x in leaves:
+
+    def draw(shape, low, high):
+        return jnp.asarray(rng.uniform(low, high, shape), dtype=jnp.float64)
+
+    def generic(x):
+        if isinstance(x, AbstractChoice):
+            return x.generic(draw)
         if eqx.is_inexact_array(x) or (isinstance(x, jax.core.Tracer) and jnp.issubdtype(x.dtype, jnp.inexact)):
-            out.append(jnp.asarray(rng.uniform(0.5, 1.5, np.shape(x)), dtype=x.dtype))
-        else:
-            out.append(x)
-    return jax.tree_util.tree_unflatten(treedef, out)
+            return jnp.asarray(draw(np.shape(x), 0.5, 1.5), dtype=x.dtype)
+        return x
+
+    return jax.tree_util.tree_map(generic, model, is_leaf=lambda x: isinstance(x, AbstractChoice))
 
 
 @eqx.filter_jit
