@@ -19,7 +19,10 @@ from ._batched import ChunkedImplicitAdjoint
 from ._errors import all_finite, error_if, is_concrete
 from ._linalg import NeverFails
 from ._models.base import AbstractSupermarketModel
-from ._models.structure import linear_solver as structure_solver
+from ._models.newton import newton_system
+from ._models.newton import residual as system_residual
+from ._models.newton import state as system_state
+from ._models.newton import unknowns as system_unknowns
 from ._models.structure import check_size
 from ._solution import RESULTS, FixedPoint, check_values
 
@@ -35,14 +38,21 @@ def _scaled_residual_fn(y, model):
     return jax.tree_util.tree_map(lambda f: f / scale, _residual_fn(y, model))
 
 
+def _scaled_system_fn(z, model):
+    """The residual of the model's Newton system (`jsmkt._models.newton`) in units of its rates."""
+    scale = model.rate_scale()
+    return jax.tree_util.tree_map(lambda f: f / scale, system_residual(newton_system(model), model, z))
+
+
 def _max_abs(tree) -> Array:
     return jnp.max(jnp.stack([jnp.max(jnp.abs(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
 def linear_solver(model: AbstractSupermarketModel) -> lx.AbstractLinearSolver:
-    """Newton's (and the implicit adjoint's) linear solver, chosen from the structure of the model's Jacobian
-    (`jsmkt._models.structure`): block tridiagonal, block banded, bordered (Schur complement) or dense LU."""
-    return structure_solver(model)
+    """Newton's (and the implicit adjoint's) linear solver, chosen from the structure of the Jacobian of the
+    system Newton solves (`jsmkt._models.newton`): block tridiagonal, block banded, bordered (Schur complement) or
+    dense LU."""
+    return newton_system(model).solver()
 
 
 @jax.custom_jvp
@@ -66,6 +76,9 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None)
     if y0 is None:  # the model's initial guess, Newton's starting point (no derivatives flow through it)
         y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, model.initial_guess())
     y0, result = check_values(model, y0, throw)
+    # The system Newton solves: the vector field (a user's `linear_solver` always solves that one), or the
+    # occupancy system of a described model whose vector field's Jacobian is dense (`jsmkt._models.newton`).
+    system = newton_system(model) if lin is None else None
     if adjoint is None:
         # With throw=False a failed entry must not raise inside jvp/grad (Lineax's default), which would sink a
         # whole vmap batch: its adjoint solve never fails, and its derivatives are made NaN below.
@@ -77,8 +90,15 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None)
         # every lane until the slowest converges, with temporaries as large as the batch.
         adjoint = ChunkedImplicitAdjoint(adjoint)
     solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=linear_solver(model) if lin is None else lin)
-    sol = optx.root_find(_scaled_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint, throw=False)
-    y = sol.value
+    if system is None or not system.occupancy:
+        sol = optx.root_find(_scaled_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint,
+                             throw=False)
+        y = sol.value
+    else:
+        z0 = jax.lax.stop_gradient(system_unknowns(system, model, y0))
+        sol = optx.root_find(_scaled_system_fn, solver, z0, args=model, max_steps=max_steps, adjoint=adjoint,
+                             throw=False)
+        y = system_state(system, model, sol.value)
     residual = _max_abs(_residual_fn(y, model))
     tail_mass = model.tails(y)[-1]
     finite = all_finite(y)
@@ -200,9 +220,9 @@ def solve_fixed_point(
         check_size(model, x0)
         _maps.before_compiling("jsmkt.solve_fixed_point", ("fixed_point", _maps.signature((model, x0))))
         if linear_solver is None:
-            # The Jacobian's structure (detected, or a declared one checked, once per model structure) here rather
-            # than inside the trace of `_solve`, where its probe would run operation by operation.
-            structure_solver(model)
+            # The Newton system's structure (detected, or a declared one checked, once per model structure) here
+            # rather than inside the trace of `_solve`, where its probe would run operation by operation.
+            newton_system(model)
         # With x0 None, `_solve` starts from the model's initial guess, computed in the same compiled call.
         fp = _solve(model, x0, rtol, atol, max_steps, tail_tol, False, adjoint, linear_solver)
         newton_failed = fp.result not in (RESULTS.successful, RESULTS.unstable, RESULTS.invalid_parameters,

@@ -205,15 +205,21 @@ def transitions(desc: Description, x: Float[Array, " C"]) -> list[TransitionClas
     return out
 
 
-def drift(classes: list[TransitionClass], x: Float[Array, " C"]) -> Float[Array, " C"]:
-    """$\\dot x$: every flow moves mass from its source to its target (a partner's too)."""
+def drift(classes: list[TransitionClass], x: Float[Array, " C"],
+          partner_rates: dict[str, Array] | None = None) -> Float[Array, " C"]:
+    """$\\dot x$: every flow moves mass from its source to its target (a partner's too).
+
+    `partner_rates`, by class name: the rate per server of that class's events, used for its partner's moves in
+    place of the sum of its flows (which it equals at a consistent state; Newton's occupancy system,
+    `jsmkt._models.newton`, makes a stream's rate an unknown of its own this way)."""
     dx = jnp.zeros_like(x)
     for tc in classes:
         flow = tc.rate * x[tc.source]
         dx = dx.at[tc.target].add(flow).at[tc.source].add(-flow)
         if tc.partner is not None:
             p = tc.partner
-            pflow = jnp.sum(flow) * p.prob
+            total = jnp.sum(flow) if partner_rates is None or tc.name not in partner_rates else partner_rates[tc.name]
+            pflow = total * p.prob
             dx = dx.at[p.target].add(pflow).at[p.source].add(-pflow)
     return dx
 

@@ -215,12 +215,13 @@ def _from_export(model) -> dict[str, Any] | None:
     cannot be exported, or a model too large to solve or of a structure refused (whose error the usual path
     raises)."""
     from .. import _exported
-    from .._models.structure import check_size, linear_solver
+    from .._models.newton import newton_system
+    from .._models.structure import check_size
 
     def before_export(model):
         # Once per model structure, which both depend on alone: a file that exists passed them.
         check_size(model)
-        linear_solver(model)
+        newton_system(model)
 
     try:
         with warnings.catch_warnings(record=True) as caught:

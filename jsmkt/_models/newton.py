@@ -1,0 +1,179 @@
+r"""The system of equations Newton's method solves for a model's fixed point, chosen so that its Jacobian is
+structured.
+
+**The tail system** (the default) is the vector field itself in the reduced coordinates, $F(y) = 0$. Its Jacobian
+is banded in the levels for the queueing families (`jsmkt._models.structure`): a flow at a rate that does not
+depend on the level, summed over every level $\ge k$, is that rate times a tail.
+
+**The occupancy system**, for a described model whose tail system reads as dense. Two kinds of coupling make
+the tail rows dense:
+
+- a move that changes a server's status and level at a rate that grows with the level (a linear retrial
+  $(j, \text{idle}) \to (j - 1, \text{busy})$ at rate $j\theta$, a helper's completion at the rate its key gives):
+  the tail row of a status at level $k$ sums those flows over every level above $k$, a sum of rates times
+  occupancies that no set of tails makes local;
+- a stream that starts at the servers (a re-probing retrial): its rate per server, $R(x) = \sum_c w_c x_c$ (for
+  linear retrials $\theta E[\text{orbit}]$), multiplies the chosen servers' moves at every level.
+
+The occupancy system keeps the tails $y$ as unknowns but states the balance of each cell instead of each tail
+(the rows $\dot x_c$, $c = 1..C-1$, a triangular recombination of the tail rows), where the first kind of
+coupling is local; and it adds the rate of each stream with an origin as an unknown $c_s$, with the equation
+$c_s - R_s(x) = 0$, the chosen servers' moves using $c_s$:
+
+$$G(y, c) = \big(\dot x_{1..C-1}(y;\, c),\; c - R(x(y))\big) = 0.$$
+
+At a root $c = R(x)$, so $\dot x = 0$ and $F(y) = 0$: the same fixed point, and (by the implicit function
+theorem applied to $G$) the same derivatives. The Jacobian of $G$ is banded in the levels plus a border: the
+stream rates' rows and columns and the totals a choice reads (the busy fraction). `newton_system` takes it only
+when the tail system's structure would make Newton's step a dense LU and the occupancy system's would not; a
+saturated pool (whose pinned tail has no occupancy row of its own) keeps the tail system.
+"""
+
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .. import _maps
+from .meanfield import drift, stream_rate, transitions
+from .reduced import pinned_tail
+from .structure import (
+    _PROBE_SEED,
+    _RELATIVE_ZERO,
+    Structure,
+    _concrete_inside_traces,
+    _probe_model,
+    _signature,
+    structure,
+)
+
+
+class NewtonSystem(NamedTuple):
+    """Which system Newton solves (module docstring) and the structure of its Jacobian.
+
+    - `occupancy`: `False` for the tail system (the vector field), `True` for the occupancy system.
+    - `streams`: indices, in the description's dispatches, of the streams with an origin whose rates are extra
+      unknowns (occupancy system only).
+    - `structure`: the structure of the system's Jacobian on its flattened unknowns (the reduced state, then the
+      stream rates).
+    """
+
+    occupancy: bool
+    streams: tuple[int, ...]
+    structure: Structure
+
+    def solver(self):
+        """Newton's (and the implicit adjoint's) Lineax solver for this system."""
+        from .. import _linalg
+
+        s = self.structure
+        return _linalg.structure_solver(s.levels, s.bandwidth, s.border)
+
+
+def _state_shape(model):
+    return jax.eval_shape(model.initial_state)
+
+
+def _stream_rates(desc, streams, x) -> Float[Array, " r"]:
+    if not streams:
+        return jnp.zeros(0, x.dtype)
+    return jnp.stack([stream_rate(desc.dispatches[s], x) for s in streams]).astype(x.dtype)
+
+
+def occupancy_residual(model, streams: tuple[int, ...], z: Float[Array, " n+r"]) -> Float[Array, " n+r"]:
+    """$G(y, c)$ of the module docstring at the flat unknowns `z = (y, c)`."""
+    shape = _state_shape(model)
+    n = int(np.prod(shape.shape))
+    y, c = jnp.reshape(z[:n], shape.shape), z[n:]
+    desc = model.description()
+    x = model.occupancy(y)
+    names = {desc.dispatches[s].name: c[k] for k, s in enumerate(streams)}
+    dx = drift(transitions(desc, x), x, partner_rates=names)
+    return jnp.concatenate([dx[1:], c - _stream_rates(desc, streams, x)])
+
+
+def residual(system: NewtonSystem, model, z):
+    """The residual of `system` at its unknowns `z` (the vector field, shaped like the state, for the tail
+    system)."""
+    if not system.occupancy:
+        return model.vector_field(0.0, z, None)
+    return occupancy_residual(model, system.streams, z)
+
+
+def unknowns(system: NewtonSystem, model, y):
+    """The system's unknowns at the reduced state `y` (the stream rates are those of `y`)."""
+    if not system.occupancy:
+        return y
+    desc = model.description()
+    x = model.occupancy(y)
+    return jnp.concatenate([jnp.ravel(y), _stream_rates(desc, system.streams, x).astype(jnp.result_type(y))])
+
+
+def state(system: NewtonSystem, model, z):
+    """The reduced state of the system's unknowns `z`."""
+    if not system.occupancy:
+        return z
+    shape = _state_shape(model)
+    return jnp.reshape(z[: int(np.prod(shape.shape))], shape.shape)
+
+
+_CACHE: dict = {}
+_maps.on_clear(_CACHE.clear)
+
+
+def _streams_with_origin(model) -> tuple[int, ...]:
+    out = []
+    jax.eval_shape(lambda: out.append(model.description()))  # static tables only
+    return tuple(i for i, d in enumerate(out[0].dispatches) if d.origin is not None)
+
+
+@eqx.filter_jit
+def _occupancy_jacobian(probe, streams, z):
+    return jax.jacfwd(lambda u: occupancy_residual(probe, streams, u))(z)
+
+
+def _occupancy_structure(model, streams: tuple[int, ...]) -> Structure:
+    """The structure of the occupancy system's Jacobian, detected at a generic point (as
+    `jsmkt._models.structure.sparsity` does for the vector field): random model leaves and unknowns."""
+    from .. import _linalg
+
+    levels = np.asarray(model.unknown_levels())
+    levels = np.concatenate([levels, np.full(len(streams), levels.max())])
+    with _concrete_inside_traces():
+        probe = _probe_model(model)
+        z = jnp.asarray(np.random.default_rng(_PROBE_SEED + 1).uniform(0.7, 0.99, levels.size), dtype=jnp.float64)
+        J = np.abs(np.asarray(_occupancy_jacobian(probe, streams, z)))
+    pattern = J > _RELATIVE_ZERO * J.max(initial=0.0)
+    bandwidth, border = _linalg.classify_sparsity(pattern, levels)
+    return Structure(tuple(int(v) for v in levels), int(bandwidth), tuple(int(b) for b in border))
+
+
+def newton_system(model) -> NewtonSystem:
+    """The system Newton solves for `model` (module docstring), cached per model structure: the tail system,
+    unless it would be solved by dense LU and the model is described (without a saturated pool) and its occupancy
+    system would not."""
+    key = _signature(model)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    import lineax as lx
+
+    from .base import AbstractDescribedModel
+
+    tails = NewtonSystem(False, (), structure(model))
+    found = tails
+    if isinstance(tails.solver(), lx.LU) and isinstance(model, AbstractDescribedModel):
+        desc = []
+        jax.eval_shape(lambda: desc.append(model.description()))
+        if pinned_tail(desc[0]) is None:
+            streams = _streams_with_origin(model)
+            occupancy = NewtonSystem(True, streams, _occupancy_structure(model, streams))
+            if not isinstance(occupancy.solver(), lx.LU):
+                found = occupancy
+    if len(_CACHE) >= 1024:
+        _CACHE.clear()
+    _CACHE[key] = found
+    return found
