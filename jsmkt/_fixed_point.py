@@ -3,7 +3,10 @@ r"""Fixed points of mean-field models: Newton's method with Optimistix, differen
 `solve_fixed_point` finds the root of `model.vector_field(0, y, None)` in the reduced coordinates (tails
 $S_1..S_K$, where conservation of mass is already eliminated, so the Jacobian is nonsingular at a stable fixed
 point), passing the model as `args` so that `optx.ImplicitAdjoint` differentiates every array leaf of the model:
-a gradient costs one extra linear solve with the Jacobian at the root.
+a gradient costs one extra linear solve with the Jacobian at the root. For a described model whose Jacobian in the
+tails is dense, Newton solves an equivalent system with a banded Jacobian instead, the balance of each cell with
+the rates of the streams that start at the servers as extra unknowns (`jsmkt._models.newton`): the same root, the
+same derivatives.
 """
 
 
@@ -183,8 +186,9 @@ def solve_fixed_point(
     - `auto_K`: outside `jit` only: double `K` until the tail mass at `K` is below `tail_tol`.
     - `max_K`: the largest `K` that `auto_K` tries.
     - `linear_solver`: Newton's linear solver (and the default adjoint's); by default chosen from the structure of
-      the model's Jacobian (block tridiagonal, block banded, bordered or dense: `jsmkt._models.structure`), e.g.
-      `lineax.LU()` for the dense oracle.
+      the Jacobian of the system Newton solves (block tridiagonal, block banded, bordered or dense:
+      `jsmkt._models.structure`, `jsmkt._models.newton`). A solver given here solves Newton's steps on the
+      vector field itself, e.g. `lineax.LU()` for the dense oracle.
     - `adjoint`: how to differentiate; by default `optx.ImplicitAdjoint` (one linear solve, with the same
       block-tridiagonal or dense solver as Newton). With an `optx.ImplicitAdjoint` (the default), `jax.vmap` of
       this function runs Newton's iteration as `lax.map` over vmapped blocks (32 entries on a CPU, the whole

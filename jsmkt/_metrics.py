@@ -3,11 +3,12 @@ r"""Metrics: pure functions of `(model, state)` that compose with `jax.grad` and
 `state` is a reduced state or a `FixedPoint`/`Trajectory` snapshot's value; a `FixedPoint` may be passed
 directly. Metrics never solve anything.
 
-For a family stated by its physics (`AbstractDescribedModel`) every metric is defined from the description: the
-occupancy $x$ of the cells, the number of jobs and of jobs in service of each cell, and the job flows of the
-arrival streams (`jsmkt._models.meanfield.job_flows`): the throughput is the rate of jobs that join a server,
-$E[T]$ and $E[W]$ follow by Little's law, $P(\text{wait})$ is the fraction of arriving jobs that do not start
-service at once. The papers' ODEs as published (`jsmkt.published`) keep their JSQ formulas.
+The generic metrics read the model's `totals` (`AbstractSupermarketModel.totals`): for a family stated by its
+physics (`AbstractDescribedModel`) they are defined from the description: the occupancy $x$ of the cells, the
+number of jobs and of jobs in service of each cell, and the job flows of the arrival streams
+(`jsmkt._models.meanfield.job_flows`): the throughput is the rate of jobs that join a server, $E[T]$ and $E[W]$
+follow by Little's law, $P(\text{wait})$ is the fraction of arriving jobs that do not start service at once. The
+papers' ODEs as published (`jsmkt.published`) keep the JSQ formulas of the default `totals`.
 
 Every metric of a fixed point that failed (solved with `throw=False`) is NaN, and so are its derivatives, even
 where the formula does not read the state (`probe_rate` of JSQ(d) is $\lambda E[D]$): the fixed point's `result`
@@ -28,7 +29,6 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel, Occupancy
-from ._models.meanfield import JobFlows, job_flows
 from ._solution import FixedPoint, Trajectory, nan_if_failed
 
 
@@ -125,23 +125,6 @@ def _observable_gradients(model, x, names):
     return {n: jax.grad(lambda z, n=n: _observables_at(model, z, (n,), False)[n])(x) for n in names}
 
 
-class _Totals(eqx.Module):
-    jobs: Array  # sum_c x_c jobs_c
-    busy: Array  # sum_c x_c in_service_c
-    waiting: Array  # sum_c x_c (jobs_c - in_service_c)
-    flows: JobFlows
-
-
-@eqx.filter_jit
-def _totals(model: AbstractDescribedModel, y, stream: str | None = None) -> _Totals:
-    """The sums over the cells and the job flows behind every metric of a described model, compiled once per model
-    structure (run op by op, their few dozen operations would compile one by one for every new shape)."""
-    desc = model.description()
-    x = model.occupancy(y)
-    jobs, busy = jnp.asarray(desc.cells.jobs, x.dtype), jnp.asarray(desc.cells.in_service, x.dtype)
-    return _Totals(jnp.sum(x * jobs), jnp.sum(x * busy), jnp.sum(x * (jobs - busy)), job_flows(desc, x, stream))
-
-
 @_nan_if_failed
 def tails(model: AbstractSupermarketModel, state) -> Float[Array, " K+1"]:
     r"""$s_k$, the fraction of servers at level $\ge k$ (with at least $k$ jobs), $k = 0..K$ ($s_0 = 1$)."""
@@ -168,10 +151,7 @@ def tail_mass_at_K(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
 def mean_queue_length(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Mean number of jobs per server (waiting and in service): $\sum_c x_c\,\text{jobs}_c$, which for queues is
     $\sum_{k\ge1} s_k$."""
-    y = _state(model, state)
-    if isinstance(model, AbstractDescribedModel):
-        return _totals(model, y).jobs
-    return jnp.sum(model.tails(y)[1:])
+    return model.totals(_state(model, state)).jobs
 
 
 @_nan_if_failed
@@ -179,11 +159,7 @@ def throughput(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Rate of accepted jobs per server: the jobs that join a server per unit time (jobs beyond the truncation
     level are lost, so this is the job arrival rate up to the truncation error); for JSQ(d),
     $\lambda\,(1 - g(s_K))$."""
-    y = _state(model, state)
-    if isinstance(model, AbstractDescribedModel):
-        return _totals(model, y).flows.accepted
-    s = model.tails(y)
-    return model.arrival_rate * (1.0 - model.choice.pgf(s[-1]))
+    return model.totals(_state(model, state)).accepted
 
 
 @_nan_if_failed
@@ -198,11 +174,8 @@ def mean_waiting_time(model: AbstractSupermarketModel, state) -> Float[Array, ""
     $E[W] = \sum_c x_c(\text{jobs}_c - \text{in service}_c)/\text{throughput}$ (for queues $\sum_{k\ge2} s_k$
     over the throughput). At the fixed point this is $E[T] - E[S]$, without the cancellation of that difference
     at light load."""
-    y = _state(model, state)
-    if isinstance(model, AbstractDescribedModel):
-        t = _totals(model, y)
-        return t.waiting / t.flows.accepted
-    return jnp.sum(model.tails(y)[2:]) / throughput(model, y)
+    t = model.totals(_state(model, state))
+    return t.waiting / t.accepted
 
 
 @_nan_if_failed
@@ -210,18 +183,8 @@ def prob_wait(model: AbstractSupermarketModel, state, stream: str | None = None)
     r"""Probability that an arriving job has to wait: the fraction of the jobs of the arrival streams (or of the
     one named `stream`) that do not start service at once. For JSQ(d) this is $g(s_1) = E[s_1^D]$, all sampled
     servers busy; for batches, every job but the first of a batch that finds its server empty waits."""
-    y = _state(model, state)
-    if isinstance(model, AbstractDescribedModel):
-        if stream is not None:
-            names = [d.name for d in model.description().dispatches if d.arrivals]
-            if stream not in names:
-                raise ValueError(f"stream={stream!r} is not an arrival stream of this model; its arrival streams "
-                                 f"are {names}")
-        f = _totals(model, y, stream).flows
-        return f.waiting / f.offered
-    if stream is not None:
-        raise ValueError(f"stream={stream!r}: {type(model).__name__} has one arrival stream")
-    return model.choice.pgf(model.tails(y)[1])
+    t = model.totals(_state(model, state), stream)
+    return t.waiting_flow / t.offered
 
 
 @_nan_if_failed
@@ -230,28 +193,14 @@ def probe_rate(model: AbstractSupermarketModel, state, stream: str | None = None
     or by the one named `stream`: $\sum_{\text{streams}} R\,E[D]$, $R$ the stream's rate per server (for a stream
     that starts at the servers, such as retrials, the rate at which they start it) and $D$ its choice number. For
     JSQ(d) this is $\lambda E[D]$: divided by the arrival rate, the mean number of probes per arrival."""
-    from ._models.meanfield import averaged, stream_rate
-
-    y = _state(model, state)
-    if not isinstance(model, AbstractDescribedModel):
-        raise ValueError(f"probe_rate needs a model stated by its physics (its dispatch streams); "
-                         f"{type(model).__name__} is not")
-    desc = averaged(model.description())  # a modulated stream (a BMAP's batches) at its mean-field rate
-    names = [d.name for d in desc.dispatches]
-    if stream is not None and stream not in names:
-        raise ValueError(f"stream={stream!r} is not a dispatch stream of this model; its streams are {names}")
-    x = model.occupancy(y)
-    return sum(stream_rate(d, x) * d.choice.mean for d in desc.dispatches if stream in (None, d.name))
+    return model.probe_rate(_state(model, state), stream)
 
 
 @_nan_if_failed
 def utilisation(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Fraction of busy servers, $\sum_c x_c\,\text{in service}_c$ ($s_1$ for queues; $\lambda E[S]$ at the fixed
     point)."""
-    y = _state(model, state)
-    if isinstance(model, AbstractDescribedModel):
-        return _totals(model, y).busy
-    return model.tails(y)[1]
+    return model.totals(_state(model, state)).busy
 
 
 @_nan_if_failed
@@ -265,10 +214,7 @@ def queue_length_distribution(model: AbstractSupermarketModel, state) -> Float[A
 def mean_number_waiting(model: AbstractSupermarketModel, state) -> Float[Array, ""]:
     r"""Mean number of jobs per server not in service, $\sum_c x_c(\text{jobs}_c - \text{in service}_c)$: the
     queue behind the server ($\sum_{k\ge2} s_k$ for queues), the orbit for retrial models."""
-    y = _state(model, state)
-    if isinstance(model, AbstractDescribedModel):
-        return _totals(model, y).waiting
-    return jnp.sum(model.tails(y)[2:])
+    return model.totals(_state(model, state)).waiting
 
 
 # --- retrial models ---------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from .._distributions.ph import PH, reachable_phases
 from .._errors import check_count, concrete_array, is_concrete, number_texts
 from .description import Description
 from .description import TransitionClass as TransitionClass
-from .meanfield import drift, transitions
+from .meanfield import averaged, drift, job_flows, stream_rate, transitions
 from .reduced import derived_occupancy, derived_reduce, derived_tails, derived_vector_field, reduced_index
 from .parameters import FamilyTable
 
@@ -206,6 +206,28 @@ class AbstractSupermarketModel(eqx.Module):
     def tails(self, y: PyTree[Array]) -> Float[Array, " K+1"]:
         """`s_k`, fraction of servers with at least `k` jobs, for `k = 0..K` (`s_0 = 1`)."""
 
+    def totals(self, y: PyTree[Array], stream: str | None = None) -> "Totals":
+        r"""The sums over the servers and the job flows per server behind the generic metrics (`jsmkt._metrics`)
+        at the reduced state `y`, for the arrival stream named `stream` (all of them by default).
+
+        By default, those of single-server FCFS queues fed at rate `arrival_rate` by one stream that samples
+        servers by the law `self.choice` and joins the shortest queue (JSQ(d), as the papers' equations state
+        it): $\sum_{k\ge1} s_k$ jobs, $s_1$ busy, $\sum_{k\ge2} s_k$ waiting, $\lambda(1 - g(s_K))$ accepted
+        (a job that finds every sampled server at `K` is lost) and $\lambda g(s_1)$ waiting. A described model
+        sums its cells and flows instead (`AbstractDescribedModel.totals`)."""
+        if stream is not None:
+            raise ValueError(f"stream={stream!r}: {type(self).__name__} has one arrival stream")
+        s = self.tails(y)
+        lam, g = self.arrival_rate, self.choice.pgf
+        return Totals(jobs=jnp.sum(s[1:]), busy=s[1], waiting=jnp.sum(s[2:]), offered=lam,
+                      accepted=lam * (1.0 - g(s[-1])), waiting_flow=lam * g(s[1]))
+
+    def probe_rate(self, y: PyTree[Array], stream: str | None = None) -> Float[Array, ""]:
+        """Servers sampled per unit time per server (`jsmkt.probe_rate`): it needs the model's dispatch streams,
+        which only a described model states."""
+        raise ValueError(f"probe_rate needs a model stated by its physics (its dispatch streams); "
+                         f"{type(self).__name__} is not")
+
     def value_errors(self) -> list[tuple[Array, str]]:
         """Value checks run at the public entry points: a list of `(bad, message)` pairs. They check parameters,
         not the truncation: `check_values` runs them on a copy of the model truncated at another `K`."""
@@ -292,6 +314,32 @@ class AbstractSupermarketModel(eqx.Module):
         new = copy.copy(self)
         object.__setattr__(new, "K", K)
         return new
+
+
+class Totals(NamedTuple):
+    """Per server, at one state (`AbstractSupermarketModel.totals`): the mean number of `jobs`, the fraction
+    `busy` (a job in service), the jobs `waiting` (not in service); and the job flows of the arrival streams:
+    `offered` (jobs brought by events that found an eligible server, those beyond the truncation included),
+    `accepted` (jobs that joined: the throughput) and `waiting_flow` (jobs that joined without starting service at
+    once)."""
+
+    jobs: Array
+    busy: Array
+    waiting: Array
+    offered: Array
+    accepted: Array
+    waiting_flow: Array
+
+
+@eqx.filter_jit
+def _described_totals(model: "AbstractDescribedModel", y, stream: str | None) -> Totals:
+    """`AbstractDescribedModel.totals`, compiled once per model structure (run op by op, its few dozen operations
+    would compile one by one for every new shape)."""
+    desc = model.description()
+    x = model.occupancy(y)
+    jobs, busy = jnp.asarray(desc.cells.jobs, x.dtype), jnp.asarray(desc.cells.in_service, x.dtype)
+    f = job_flows(desc, x, stream)
+    return Totals(jnp.sum(x * jobs), jnp.sum(x * busy), jnp.sum(x * (jobs - busy)), f.offered, f.accepted, f.waiting)
 
 
 class JSQFastPath(NamedTuple):
@@ -466,6 +514,27 @@ class AbstractDescribedModel(AbstractSupermarketModel):
 
     def tails(self, y):
         return derived_tails(self.description(), y)
+
+    def totals(self, y, stream=None):
+        """Sums over the cells (`jobs`, `in_service` of each) and the mean-field job flows of the arrival streams
+        (`jsmkt._models.meanfield.job_flows`)."""
+        if stream is not None:
+            names = []
+            jax.eval_shape(lambda: names.extend(d.name for d in self.description().dispatches if d.arrivals))
+            if stream not in names:
+                raise ValueError(f"stream={stream!r} is not an arrival stream of this model; its arrival streams "
+                                 f"are {names}")
+        return _described_totals(self, y, stream)
+
+    def probe_rate(self, y, stream=None):
+        r"""$\sum_{\text{streams}} R\,E[D]$ over the dispatch streams (or the one named `stream`), $R$ a stream's
+        rate per server (a modulated stream at its mean-field rate) and $D$ its choice number."""
+        desc = averaged(self.description())
+        names = [d.name for d in desc.dispatches]
+        if stream is not None and stream not in names:
+            raise ValueError(f"stream={stream!r} is not a dispatch stream of this model; its streams are {names}")
+        x = self.occupancy(y)
+        return sum(stream_rate(d, x) * d.choice.mean for d in desc.dispatches if stream in (None, d.name))
 
     def unknown_levels(self) -> np.ndarray:
         out = []

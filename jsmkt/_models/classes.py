@@ -262,8 +262,8 @@ class JSQdClasses(AbstractDescribedModel):
         """Banded with the largest batch size as bandwidth (a batch moves a server up by at most that many levels,
         a completion down by one). With PH service and helpers, none: a helper completes the job in service at a
         rate that depends on the level, and the next job's phase is drawn afresh, so the phase tails of level 1
-        (every server's phase) move with the occupancy of every level; the structure is then detected from the
-        Jacobian (dense rows, a dense solve)."""
+        (every server's phase) move with the occupancy of every level: the tails' Jacobian has dense rows, and Newton
+        solves the balance of each cell instead, which is banded (`jsmkt._models.newton`)."""
         if self.m > 1 and self.helper_choices:
             return None
         return max(p.shape[0] for p in self.batch_sizes), ()

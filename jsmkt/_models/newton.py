@@ -124,31 +124,60 @@ _CACHE: dict = {}
 _maps.on_clear(_CACHE.clear)
 
 
-def _streams_with_origin(model) -> tuple[int, ...]:
-    out = []
-    jax.eval_shape(lambda: out.append(model.description()))  # static tables only
-    return tuple(i for i, d in enumerate(out[0].dispatches) if d.origin is not None)
-
-
 @eqx.filter_jit
 def _occupancy_jacobian(probe, streams, z):
     return jax.jacfwd(lambda u: occupancy_residual(probe, streams, u))(z)
 
 
-def _occupancy_structure(model, streams: tuple[int, ...]) -> Structure:
-    """The structure of the occupancy system's Jacobian, detected at a generic point (as
-    `jsmkt._models.structure.sparsity` does for the vector field): random model leaves and unknowns."""
+def _tail_rows(desc) -> np.ndarray:
+    """The `(n, n)` 0/1 matrix taking the rows of the cells `1..C-1` to the rows of their tails: the tail of cell
+    `c` sums the cells of its status at its level and above (cell 0, the lowest of its status, is in no tail but
+    its own, which is not an unknown)."""
+    level, status = desc.cells.level[1:], desc.cells.status[1:]
+    return ((status[:, None] == status[None, :]) & (level[None, :] >= level[:, None])).astype(float)
+
+
+def _classified(pattern, levels) -> Structure:
     from .. import _linalg
 
-    levels = np.asarray(model.unknown_levels())
-    levels = np.concatenate([levels, np.full(len(streams), levels.max())])
-    with _concrete_inside_traces():
-        probe = _probe_model(model)
-        z = jnp.asarray(np.random.default_rng(_PROBE_SEED + 1).uniform(0.7, 0.99, levels.size), dtype=jnp.float64)
-        J = np.abs(np.asarray(_occupancy_jacobian(probe, streams, z)))
-    pattern = J > _RELATIVE_ZERO * J.max(initial=0.0)
     bandwidth, border = _linalg.classify_sparsity(pattern, levels)
     return Structure(tuple(int(v) for v in levels), int(bandwidth), tuple(int(b) for b in border))
+
+
+_OCCUPANCY: dict = {}  # the occupancy system's structure found with the tail system's, by model structure
+_maps.on_clear(_OCCUPANCY.clear)
+
+
+def detect_structures(model) -> Structure | None:
+    """For a described model without a saturated pool: the structure of the vector field's Jacobian (returned) and
+    of the occupancy system's (kept for `newton_system`), both from one probe Jacobian, that of the occupancy
+    system at a generic point (random model leaves and unknowns, as `jsmkt._models.structure.sparsity`). With
+    $G$ the occupancy system and $T$ the static map from cell rows to tail rows, the vector field's Jacobian is
+    $T(G_y + G_c R_y)$, $R$ the stream rates. `None` for any other model (its structure is detected from the vector
+    field)."""
+    from .base import AbstractDescribedModel
+
+    if not isinstance(model, AbstractDescribedModel):
+        return None
+    desc = []
+    jax.eval_shape(lambda: desc.append(model.description()))  # static tables only
+    if pinned_tail(desc[0]) is not None:
+        return None
+    streams = tuple(i for i, d in enumerate(desc[0].dispatches) if d.origin is not None)
+    tail_levels = np.asarray(model.unknown_levels())
+    n, r = tail_levels.size, len(streams)
+    levels = np.concatenate([tail_levels, np.full(r, tail_levels.max())])
+    with _concrete_inside_traces():
+        probe = _probe_model(model)
+        z = jnp.asarray(np.random.default_rng(_PROBE_SEED + 1).uniform(0.7, 0.99, n + r), dtype=jnp.float64)
+        J = np.asarray(_occupancy_jacobian(probe, streams, z))
+    tails = _tail_rows(desc[0]) @ (J[:n, :n] - J[:n, n:] @ J[n:, :n])  # R_y = -(rows of c - R(x))_y
+    occupancy = np.abs(J) > _RELATIVE_ZERO * np.abs(J).max(initial=0.0)
+    tail_pattern = np.abs(tails) > _RELATIVE_ZERO * np.abs(tails).max(initial=0.0)
+    if len(_OCCUPANCY) >= 1024:
+        _OCCUPANCY.clear()
+    _OCCUPANCY[_signature(model)] = (streams, _classified(occupancy, levels))
+    return _classified(tail_pattern, tail_levels)
 
 
 def newton_system(model) -> NewtonSystem:
@@ -161,18 +190,15 @@ def newton_system(model) -> NewtonSystem:
         return hit
     import lineax as lx
 
-    from .base import AbstractDescribedModel
-
-    tails = NewtonSystem(False, (), structure(model))
+    tails = NewtonSystem(False, (), structure(model))  # detects the occupancy system's too, where it applies
     found = tails
-    if isinstance(tails.solver(), lx.LU) and isinstance(model, AbstractDescribedModel):
-        desc = []
-        jax.eval_shape(lambda: desc.append(model.description()))
-        if pinned_tail(desc[0]) is None:
-            streams = _streams_with_origin(model)
-            occupancy = NewtonSystem(True, streams, _occupancy_structure(model, streams))
-            if not isinstance(occupancy.solver(), lx.LU):
-                found = occupancy
+    other = _OCCUPANCY.get(key)
+    if other is None and isinstance(tails.solver(), lx.LU) and detect_structures(model) is not None:
+        other = _OCCUPANCY.get(key)  # its cache was cleared apart from the tail structure's
+    if isinstance(tails.solver(), lx.LU) and other is not None:
+        occupancy = NewtonSystem(True, *other)
+        if not isinstance(occupancy.solver(), lx.LU):
+            found = occupancy
     if len(_CACHE) >= 1024:
         _CACHE.clear()
     _CACHE[key] = found

@@ -53,9 +53,11 @@ class RetrialJSQ(AbstractDescribedModel):
     $E[\text{orbit}] = \lambda g_1(\rho)/(\theta(1 - g_2(\rho)))$. The re-probing retrial stream moves two servers
     per event (a `Partner`: the origin's orbit shrinks, the chosen server gains the customer). Its rate is a
     functional of the whole occupancy ($\theta E[\text{orbit}]$ for linear retrials, $\theta P(\text{orbit} \ge 1)$
-    for constant ones), as is the probability of finding an idle server, so the Jacobian is banded in the orbit
-    levels plus border columns (constant policy, own retrials), or plus a rank-one coupling of every level (linear
-    re-probing: $\theta E[\text{orbit}]$ depends on every tail), which the structure detection reads as dense.
+    for constant ones), as is the probability of finding an idle server. With the constant policy the Jacobian is
+    banded in the orbit levels plus border columns. With the linear policy it is dense in the tails: an own retrial
+    changes a server's status at a rate $j\theta$ that grows with the orbit, and the re-probing stream's rate
+    $\theta E[\text{orbit}]$ depends on every tail; Newton then solves the balance of each cell with the stream's
+    rate as an unknown of its own, a banded system plus a border (`jsmkt._models.newton`).
 
     **Stability.** The mean field needs $\lambda < \mu$. With the constant policy the orbits must also empty
     faster than blocked primaries fill them: $\lambda g_1(\rho) < \theta(1 - g_2(\rho))$ for re-probing

@@ -5,9 +5,10 @@ Newton's method and the implicit adjoint solve with the Jacobian of `vector_fiel
 Each unknown has a *level* (`model.unknown_levels()`); the structure is a `bandwidth` in levels, beyond which
 only a few dense `border` rows and columns (unknowns that couple to every level, such as a total busy fraction)
 have nonzeros. It is read off the sparsity of the Jacobian at a generic point: random entries for the state and
-for every inexact array leaf of the model, so that it depends only on the model's structure (its static fields
-and shapes), never on parameter values, and is the same inside and outside `jit`. It is computed once per model
-structure.
+for every inexact array leaf of the model (and a generic law for every choice number), so that it depends only on
+the model's structure (its static fields and shapes), never on parameter values, and is the same inside and outside
+`jit`. It is computed once per model structure. Newton solves the vector field itself unless its structure calls for
+a dense LU; `jsmkt._models.newton` then looks for an equivalent system with a banded Jacobian.
 
 A family may declare its structure (`declared_structure`), which spares the detection (a compilation of
 `jax.jacfwd` of all `n` columns per model structure). It is never trusted silently: the first time a model
@@ -125,14 +126,19 @@ def structure(model) -> Structure:
     levels = tuple(int(v) for v in model.unknown_levels())
     declared = model.declared_structure()
     if declared is None:
-        pattern = sparsity(model)
-        if pattern.shape[0] != len(levels):
-            raise ValueError(
-                f"{type(model).__name__}.unknown_levels() gives {len(levels)} levels for {pattern.shape[0]} unknowns"
-            )
-        from .. import _linalg  # Lineax, imported where a structure is first found: not by a loaded solve
+        from .newton import detect_structures  # builds on this module
 
-        bandwidth, border = _linalg.classify_sparsity(pattern, np.asarray(levels))
+        shared = detect_structures(model)  # a described model's, with its Newton system's (one probe)
+        if shared is not None:
+            bandwidth, border = shared.bandwidth, shared.border
+        else:
+            pattern = sparsity(model)
+            if pattern.shape[0] != len(levels):
+                raise ValueError(f"{type(model).__name__}.unknown_levels() gives {len(levels)} levels for "
+                                 f"{pattern.shape[0]} unknowns")
+            from .. import _linalg  # Lineax, imported where a structure is first found: not by a loaded solve
+
+            bandwidth, border = _linalg.classify_sparsity(pattern, np.asarray(levels))
     else:
         bandwidth, border = declared
     found = Structure(levels, int(bandwidth), tuple(int(b) for b in border))
@@ -280,7 +286,10 @@ def linear_system_bytes(model, n: int) -> int:
         bandwidth, border = declared
         m = -(-n // model.K)  # unknowns per level
     else:
-        s = structure(model)
+        from .newton import newton_system  # builds on this module
+
+        s = newton_system(model).structure  # that of the system Newton solves
+        n = len(s.levels)
         bandwidth, border = s.bandwidth, s.border
         m = int(np.bincount(np.asarray(s.levels) - min(s.levels)).max())
     b, p = max(int(bandwidth), 1), len(border)
