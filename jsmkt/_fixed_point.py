@@ -26,7 +26,7 @@ from ._models.newton import newton_system
 from ._models.newton import residual as system_residual
 from ._models.newton import state as system_state
 from ._models.newton import unknowns as system_unknowns
-from ._models.structure import check_size
+from ._models.newton import check_size
 from ._solution import RESULTS, FixedPoint, check_values
 
 

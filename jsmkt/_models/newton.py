@@ -26,7 +26,9 @@ At a root $c = R(x)$, so $\dot x = 0$ and $F(y) = 0$: the same fixed point, and 
 theorem applied to $G$) the same derivatives. The Jacobian of $G$ is banded in the levels plus a border: the
 stream rates' rows and columns and the totals a choice reads (the busy fraction). `newton_system` takes it only
 when the tail system's structure would make Newton's step a dense LU and the occupancy system's would not; a
-saturated pool (whose pinned tail has no occupancy row of its own) keeps the tail system.
+saturated pool (whose pinned tail has no occupancy row of its own) keeps the tail system. One probe Jacobian, that
+of the occupancy system, gives both structures (`_detect`). `check_size` refuses a system too large for memory
+before anything of its size is traced.
 """
 
 from typing import NamedTuple
@@ -40,6 +42,7 @@ from jaxtyping import Array, Float
 from .. import _maps
 from .meanfield import drift, stream_rate, transitions
 from .reduced import pinned_tail
+from .structure import _CACHE as _STRUCTURES
 from .structure import (
     _PROBE_SEED,
     _RELATIVE_ZERO,
@@ -47,6 +50,8 @@ from .structure import (
     _concrete_inside_traces,
     _probe_model,
     _signature,
+    _state_size,
+    remember,
     structure,
 )
 
@@ -144,17 +149,12 @@ def _classified(pattern, levels) -> Structure:
     return Structure(tuple(int(v) for v in levels), int(bandwidth), tuple(int(b) for b in border))
 
 
-_OCCUPANCY: dict = {}  # the occupancy system's structure found with the tail system's, by model structure
-_maps.on_clear(_OCCUPANCY.clear)
-
-
-def detect_structures(model) -> Structure | None:
-    """For a described model without a saturated pool: the structure of the vector field's Jacobian (returned) and
-    of the occupancy system's (kept for `newton_system`), both from one probe Jacobian, that of the occupancy
-    system at a generic point (random model leaves and unknowns, as `jsmkt._models.structure.sparsity`). With
-    $G$ the occupancy system and $T$ the static map from cell rows to tail rows, the vector field's Jacobian is
-    $T(G_y + G_c R_y)$, $R$ the stream rates. `None` for any other model (its structure is detected from the vector
-    field)."""
+def _detect(model) -> tuple[Structure, tuple[int, ...], Structure] | None:
+    """For a described model without a saturated pool: the structure of the vector field's Jacobian, and the
+    streams and structure of the occupancy system, both from one probe Jacobian, that of the occupancy system at a
+    generic point (random model leaves and unknowns, as `jsmkt._models.structure.sparsity`). With $G$ the
+    occupancy system and $T$ the static map from cell rows to tail rows, the vector field's Jacobian is
+    $T(G_y + G_c R_y)$, $R$ the stream rates. `None` for any other model."""
     from .base import AbstractDescribedModel
 
     if not isinstance(model, AbstractDescribedModel):
@@ -174,32 +174,73 @@ def detect_structures(model) -> Structure | None:
     tails = _tail_rows(desc[0]) @ (J[:n, :n] - J[:n, n:] @ J[n:, :n])  # R_y = -(rows of c - R(x))_y
     occupancy = np.abs(J) > _RELATIVE_ZERO * np.abs(J).max(initial=0.0)
     tail_pattern = np.abs(tails) > _RELATIVE_ZERO * np.abs(tails).max(initial=0.0)
-    if len(_OCCUPANCY) >= 1024:
-        _OCCUPANCY.clear()
-    _OCCUPANCY[_signature(model)] = (streams, _classified(occupancy, levels))
-    return _classified(tail_pattern, tail_levels)
+    return _classified(tail_pattern, tail_levels), streams, _classified(occupancy, levels)
+
+
+def _is_dense(s: Structure) -> bool:
+    import lineax as lx
+
+    from .. import _linalg
+
+    return isinstance(_linalg.structure_solver(s.levels, s.bandwidth, s.border), lx.LU)
 
 
 def newton_system(model) -> NewtonSystem:
     """The system Newton solves for `model` (module docstring), cached per model structure: the tail system,
     unless it would be solved by dense LU and the model is described (without a saturated pool) and its occupancy
-    system would not."""
+    system would not. For a described model without a declared structure, one probe finds both structures (and
+    keeps the vector field's for `jsmkt._models.structure.structure`)."""
     key = _signature(model)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    import lineax as lx
-
-    tails = NewtonSystem(False, (), structure(model))  # detects the occupancy system's too, where it applies
-    found = tails
-    other = _OCCUPANCY.get(key)
-    if other is None and isinstance(tails.solver(), lx.LU) and detect_structures(model) is not None:
-        other = _OCCUPANCY.get(key)  # its cache was cleared apart from the tail structure's
-    if isinstance(tails.solver(), lx.LU) and other is not None:
-        occupancy = NewtonSystem(True, *other)
-        if not isinstance(occupancy.solver(), lx.LU):
-            found = occupancy
+    tail, found = _STRUCTURES.get(key), None
+    if tail is None and model.declared_structure() is None:
+        found = _detect(model)
+        if found is not None:
+            tail = found[0]
+            remember(model, tail)
+    if tail is None:
+        tail = structure(model)
+    system = NewtonSystem(False, (), tail)
+    if _is_dense(tail):
+        found = _detect(model) if found is None else found
+        if found is not None and not _is_dense(found[2]):
+            system = NewtonSystem(True, found[1], found[2])
     if len(_CACHE) >= 1024:
         _CACHE.clear()
-    _CACHE[key] = found
-    return found
+    _CACHE[key] = system
+    return system
+
+
+def linear_system_bytes(model, n: int) -> int:
+    """About how many bytes Newton's linear system takes for `n` unknowns (the probes and factors of the structure,
+    `2 n^2` floats when dense). A declared structure is read without building anything of size `n` (so that an
+    absurd `K` is refused before it is allocated)."""
+    declared = model.declared_structure()
+    if declared is not None:
+        bandwidth, border = declared
+        m = -(-n // model.K)  # unknowns per level
+    else:
+        s = newton_system(model).structure  # that of the system Newton solves
+        n = len(s.levels)
+        bandwidth, border = s.bandwidth, s.border
+        m = int(np.bincount(np.asarray(s.levels) - min(s.levels)).max())
+    b, p = max(int(bandwidth), 1), len(border)
+    banded = 8 * (5 * n * b * m + 2 * n * p + p * p)
+    return min(banded, 8 * 2 * n * n)
+
+
+_MAX_LINEAR_SYSTEM_BYTES = 2**33  # 8 GiB: Newton's linear system (block diagonals or dense matrix) and its probes
+
+
+def check_size(model, x0=None) -> None:
+    """Refuse, before tracing anything large, a model whose Newton linear system would not fit in memory (its
+    probes and factors, by the Jacobian's structure; `2 n^2` floats for a dense one)."""
+    n = _state_size(model)
+    need = linear_system_bytes(model, n)
+    if need > _MAX_LINEAR_SYSTEM_BYTES:
+        raise ValueError(
+            f"{n} unknowns (K={model.K}): Newton's linear system needs about {need / 2**30:.3g} GiB (limit "
+            f"{_MAX_LINEAR_SYSTEM_BYTES / 2**30:.3g} GiB); lower K or use a service distribution with fewer phases"
+        )

@@ -126,28 +126,29 @@ def structure(model) -> Structure:
     levels = tuple(int(v) for v in model.unknown_levels())
     declared = model.declared_structure()
     if declared is None:
-        from .newton import detect_structures  # builds on this module
+        pattern = sparsity(model)
+        if pattern.shape[0] != len(levels):
+            raise ValueError(
+                f"{type(model).__name__}.unknown_levels() gives {len(levels)} levels for {pattern.shape[0]} unknowns"
+            )
+        from .. import _linalg  # Lineax, imported where a structure is first found: not by a loaded solve
 
-        shared = detect_structures(model)  # a described model's, with its Newton system's (one probe)
-        if shared is not None:
-            bandwidth, border = shared.bandwidth, shared.border
-        else:
-            pattern = sparsity(model)
-            if pattern.shape[0] != len(levels):
-                raise ValueError(f"{type(model).__name__}.unknown_levels() gives {len(levels)} levels for "
-                                 f"{pattern.shape[0]} unknowns")
-            from .. import _linalg  # Lineax, imported where a structure is first found: not by a loaded solve
-
-            bandwidth, border = _linalg.classify_sparsity(pattern, np.asarray(levels))
+        bandwidth, border = _linalg.classify_sparsity(pattern, np.asarray(levels))
     else:
         bandwidth, border = declared
     found = Structure(levels, int(bandwidth), tuple(int(b) for b in border))
     if declared is not None:
         _verify(model, found)
+    remember(model, found)
+    return found
+
+
+def remember(model, found: Structure) -> None:
+    """Keep `found` as the structure of `model`'s Jacobian (detected another way, e.g. with its Newton system's by
+    `jsmkt._models.newton`)."""
     if len(_CACHE) >= 1024:
         _CACHE.clear()
-    _CACHE[key] = found
-    return found
+    _CACHE[_signature(model)] = found
 
 
 _maps.on_clear(_CACHE.clear)
@@ -277,29 +278,6 @@ def linear_solver(model) -> "lx.AbstractLinearSolver":
     return _linalg.structure_solver(s.levels, s.bandwidth, s.border)
 
 
-def linear_system_bytes(model, n: int) -> int:
-    """About how many bytes Newton's linear system takes for `n` unknowns (the probes and factors of the structure,
-    `2 n^2` floats when dense). A declared structure is read without building anything of size `n` (so that an
-    absurd `K` is refused before it is allocated)."""
-    declared = model.declared_structure()
-    if declared is not None:
-        bandwidth, border = declared
-        m = -(-n // model.K)  # unknowns per level
-    else:
-        from .newton import newton_system  # builds on this module
-
-        s = newton_system(model).structure  # that of the system Newton solves
-        n = len(s.levels)
-        bandwidth, border = s.bandwidth, s.border
-        m = int(np.bincount(np.asarray(s.levels) - min(s.levels)).max())
-    b, p = max(int(bandwidth), 1), len(border)
-    banded = 8 * (5 * n * b * m + 2 * n * p + p * p)
-    return min(banded, 8 * 2 * n * n)
-
-
-_MAX_LINEAR_SYSTEM_BYTES = 2**33  # 8 GiB: Newton's linear system (block diagonals or dense matrix) and its probes
-
-
 _STATE_SIZES: dict = {}  # unknowns of the reduced state, by `_maps.signature` of the model
 
 
@@ -315,15 +293,3 @@ def _state_size(model) -> int:
             _STATE_SIZES.clear()
         _STATE_SIZES[key] = n
     return n
-
-
-def check_size(model, x0=None) -> None:
-    """Refuse, before tracing anything large, a model whose Newton linear system would not fit in memory (its
-    probes and factors, by the Jacobian's structure; `2 n^2` floats for a dense one)."""
-    n = _state_size(model)
-    need = linear_system_bytes(model, n)
-    if need > _MAX_LINEAR_SYSTEM_BYTES:
-        raise ValueError(
-            f"{n} unknowns (K={model.K}): Newton's linear system needs about {need / 2**30:.3g} GiB (limit "
-            f"{_MAX_LINEAR_SYSTEM_BYTES / 2**30:.3g} GiB); lower K or use a service distribution with fewer phases"
-        )

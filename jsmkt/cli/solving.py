@@ -215,8 +215,7 @@ def _from_export(model) -> dict[str, Any] | None:
     cannot be exported, or a model too large to solve or of a structure refused (whose error the usual path
     raises)."""
     from .. import _exported
-    from .._models.newton import newton_system
-    from .._models.structure import check_size
+    from .._models.newton import check_size, newton_system
 
     def before_export(model):
         # Once per model structure, which both depend on alone: a file that exists passed them.
