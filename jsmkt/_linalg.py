@@ -613,6 +613,9 @@ def _structure_cost(levels, n: int, bandwidth: int, border) -> int:
     return N * B**3 + N * B**2 * p + p**3 + 2 * p * n
 
 
+_SEARCH_MAX = 512  # unknowns above which a dense pattern is not searched for a border (`classify_sparsity`)
+
+
 def classify_sparsity(pattern, levels) -> tuple[int, tuple[int, ...]]:
     r"""A structure `(bandwidth, border)` (for `structure_solver`, `BlockBanded`, `Bordered`) that covers every
     nonzero of the sparsity pattern `pattern` (`(n, n)` bool, e.g. `jax.jacfwd(f)(x) != 0` at a generic point
@@ -629,6 +632,8 @@ def classify_sparsity(pattern, levels) -> tuple[int, tuple[int, ...]]:
     next, smaller $w$, and the search stops once the border's own cost, $p^3 + 2pn$, exceeds that of the best
     structure found, or the border holds an eighth of the unknowns (where `structure_solver` takes dense LU).
     A diagonal pattern gives `(0, ())` (which the solvers treat as bandwidth 1), a tridiagonal one `(1, ())`.
+    Above `_SEARCH_MAX` unknowns a pattern with at least a quarter of its entries nonzero is taken as dense (the
+    largest level distance, no border) without the search, whose greedy steps each pass over every nonzero.
     """
     pattern, lv = _pattern_levels(pattern, levels)
     levels = tuple(lv.tolist())
@@ -637,6 +642,8 @@ def classify_sparsity(pattern, levels) -> tuple[int, tuple[int, ...]]:
     dist = np.abs(lv[rows] - lv[cols])
     if dist.size == 0:
         return 0, ()
+    if n > _SEARCH_MAX and 4 * rows.size >= n * n:
+        return int(dist.max()), ()
     in_border = np.zeros(n, dtype=bool)
     # ties between equally useful unknowns go to the one with more nonzeros in its row and column
     degree = np.bincount(rows, minlength=n) + np.bincount(cols, minlength=n)

@@ -438,6 +438,21 @@ def test_classify_sparsity_of_a_jacobian():
     assert classify_sparsity(pattern, levels) == (3, (K,))
 
 
+def test_classify_sparsity_takes_a_large_dense_pattern_as_dense():
+    """Above 512 unknowns a pattern with a quarter of its entries nonzero is dense: its largest level distance and
+    no border, at once (the greedy search would pass over its million nonzeros once per border unknown), which
+    `structure_solver` solves by LU. Below, the same kind of pattern is searched: a border covers its dense rows."""
+    for K, expect_border in ((300, False), (200, True)):
+        levels = _levels([2] * K)
+        n = len(levels)
+        pattern = _allowed(levels, 1) | (np.arange(n) < n // 2)[:, None]  # half of the rows dense
+        bandwidth, border = classify_sparsity(pattern, levels)
+        assert structure_violations(pattern, levels, bandwidth, border).shape == (0, 2)
+        assert bool(border) == expect_border
+        if not expect_border:
+            assert bandwidth == K - 1 and isinstance(structure_solver(levels, bandwidth, border), lx.LU)
+
+
 @settings(max_examples=40, deadline=None)
 @given(K=st.integers(3, 14), m=st.integers(1, 2), first_one=st.booleans(), bandwidth=st.integers(0, 4),
        n_border=st.integers(0, 3), seed=st.integers(0, 2**31 - 1))

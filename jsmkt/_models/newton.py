@@ -134,12 +134,16 @@ def _occupancy_jacobian(probe, streams, z):
     return jax.jacfwd(lambda u: occupancy_residual(probe, streams, u))(z)
 
 
-def _tail_rows(desc) -> np.ndarray:
-    """The `(n, n)` 0/1 matrix taking the rows of the cells `1..C-1` to the rows of their tails: the tail of cell
-    `c` sums the cells of its status at its level and above (cell 0, the lowest of its status, is in no tail but
-    its own, which is not an unknown)."""
-    level, status = desc.cells.level[1:], desc.cells.status[1:]
-    return ((status[:, None] == status[None, :]) & (level[None, :] >= level[:, None])).astype(float)
+def _tail_rows(desc, M: np.ndarray) -> np.ndarray:
+    """`M`'s rows, those of the cells `1..C-1`, taken to the rows of their tails: the tail of cell `c` sums the
+    cells of its status at its level and above (cell 0, the lowest of its status, is in no tail but its own, which
+    is not an unknown). A reverse cumulative sum over the levels, per status."""
+    status = desc.cells.status[1:]  # the cells are listed by level, then status
+    out = np.empty_like(M)
+    for s in np.unique(status):
+        rows = np.flatnonzero(status == s)
+        out[rows] = np.cumsum(M[rows][::-1], axis=0)[::-1]
+    return out
 
 
 def _classified(pattern, levels) -> Structure:
@@ -171,7 +175,7 @@ def _detect(model) -> tuple[Structure, tuple[int, ...], Structure] | None:
         probe = _probe_model(model)
         z = jnp.asarray(np.random.default_rng(_PROBE_SEED + 1).uniform(0.7, 0.99, n + r), dtype=jnp.float64)
         J = np.asarray(_occupancy_jacobian(probe, streams, z))
-    tails = _tail_rows(desc[0]) @ (J[:n, :n] - J[:n, n:] @ J[n:, :n])  # R_y = -(rows of c - R(x))_y
+    tails = _tail_rows(desc[0], J[:n, :n] - J[:n, n:] @ J[n:, :n])  # R_y = -(rows of c - R(x))_y
     occupancy = np.abs(J) > _RELATIVE_ZERO * np.abs(J).max(initial=0.0)
     tail_pattern = np.abs(tails) > _RELATIVE_ZERO * np.abs(tails).max(initial=0.0)
     return _classified(tail_pattern, tail_levels), streams, _classified(occupancy, levels)
