@@ -300,7 +300,7 @@ def _tables_plan(model, fast: JSQFastPath | None, service, n: int, n_rep: int, r
     sequential = _generic_sequential()
     cfg = generic.Config(n=n, structure=structure, replace=replace,
                          block=_SEQUENTIAL_BLOCK if sequential else _GENERIC_BLOCK, n_bins=_N_BINS,
-                         sequential=sequential, waiting=waiting)
+                         sequential=sequential, waiting=waiting, exact=_exact_selection(structure))
     hist_lo = _hist_key(t1 * 2.0 ** (1 - _HIST_OCTAVES))
     arrival_rate = float(np.asarray(tables.stream_rate)[np.asarray(tables.arrivals, bool)].sum())
     return _Plan(
@@ -310,6 +310,13 @@ def _tables_plan(model, fast: JSQFastPath | None, service, n: int, n_rep: int, r
         status_names=tables.status_names, m=1,
         reach=None, service=None, arrival_rate=arrival_rate,
     )
+
+
+def _exact_selection(structure: tables_mod.Structure) -> bool:
+    """Whether the generic engine draws the servers' clock events exactly (`generic._block_exact`) rather than
+    uniformised at the largest rate of a cell: for tables without FCFS queues, a pool or a global phase (the
+    retrial families, whose rates grow with the orbit and whose retrials may start at a server)."""
+    return not (structure.fcfs or structure.pool or structure.phases)
 
 
 def _hist_bins(waiting: bool) -> int:
