@@ -126,8 +126,10 @@ class Config(NamedTuple):
         choice number and candidates of the dispatch a clock action starts; with a pool, its draw; with a global
         phase, its move)."""
         s = self.structure
-        if self.exact:  # time, kind, move, choice number, candidates, the clock's server; and the dispatch's
-            return 5 + self.max_d + (2 + self.max_d if s.origins else 0)
+        if self.exact:  # time, clock or stream, move, choice number, candidates, the clock's server, the stream
+            # (and the move of the dispatch a clock action starts, which samples the candidates a clock event leaves
+            # unused)
+            return 6 + self.max_d + int(s.origins)
         return 4 + self.max_d + (2 + self.max_d if s.origins else 0) + int(s.pool) + int(s.phases > 0)
 
 
@@ -226,6 +228,7 @@ class _Prep(NamedTuple):
     move_cum: jax.Array  # ((S + 1) * C * (W - 1),) cumulative move probabilities without the last entry
     phase_cum: jax.Array  # (S + 1, m, m) the phase's thinning tables (`Params.phase_cum`), or a zero
     stream_cum: jax.Array  # (S,) N times the cumulative stream rates (`Config.exact`)
+    quantum: jax.Array  # `Params.quantum`
 
 
 def _prepare(cfg: Config, params: Params) -> _Prep:
@@ -245,7 +248,8 @@ def _prepare(cfg: Config, params: Params) -> _Prep:
     prob = jnp.concatenate([effects, clock[None]], axis=0)  # (S + 1, C, W)
     move_cum = jnp.cumsum(prob, axis=2)[:, :, :-1].reshape(-1)
     phase_cum = params.phase_cum.reshape(S + 1, s.phases, s.phases) if s.phases else params.phase_cum
-    return _Prep(cfg.n * total, kind_cum, d_cum, move_cum, phase_cum, cfg.n * jnp.cumsum(params.stream_rate))
+    return _Prep(cfg.n * total, kind_cum, d_cum, move_cum, phase_cum, cfg.n * jnp.cumsum(params.stream_rate),
+                 params.quantum)
 
 
 class _Draw(NamedTuple):
@@ -298,16 +302,18 @@ def _draw_exact(cfg: Config, prep: _Prep, seed, ctr) -> _Draw:
     words = core._words(seed, ctr, B, cfg.n_words)
     expo = -jnp.log(core._uniform(words[:, 0]))
 
-    def choices(w_d, w_cands):  # the candidates and, per stream, its choice number
-        n_choose = 1 + core._categorical(core._uniform(w_d)[:, None], prep.d_cum[None, :S])
-        return [core._candidates(cfg, w_cands), n_choose]
-
-    cols = choices(words[:, 3], words[:, 4 : 4 + D])
-    uni = [core._uniform(words[:, 2]), core._uniform(words[:, 1]), core._uniform(words[:, 4 + D])]
+    n_choose = 1 + core._categorical(core._uniform(words[:, 3])[:, None], prep.d_cum[None, :S])  # per stream
+    cols = [core._candidates(cfg, words[:, 4 : 4 + D]), n_choose]
+    # The event is the clock's with probability quantum W / (streams + quantum W) (W the total weight): when
+    # U (streams + quantum W) >= streams, i.e. W >= (1 / U - 1) streams / quantum; else it is stream s with
+    # probability stream_rate[s] / sum(stream_rate), drawn from another word.
+    streams = prep.stream_cum[-1:].sum()
+    clock_from = (1.0 / core._uniform(words[:, 1]) - 1.0) * streams / prep.quantum
+    kind = core._categorical(core._uniform(words[:, 5 + D]) * streams, prep.stream_cum[:-1])
+    uni = [core._uniform(words[:, 2]), clock_from, core._uniform(words[:, 4 + D])]
     if s.origins:
-        w2 = words[:, 5 + D :]
-        cols += choices(w2[:, 1], w2[:, 2 : 2 + D])
-        uni.append(core._uniform(w2[:, 0]))
+        uni.append(core._uniform(words[:, 6 + D]))
+    cols.append(kind[:, None])
     table = jnp.concatenate([c.astype(jnp.int32) for c in cols], axis=1)
     return _Draw(expo, jnp.zeros(B, jnp.int32), table, jnp.stack(uni, axis=1))
 
@@ -552,8 +558,13 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
                  masked: bool = False) -> State:
     """The events of the drawn block up to `t_end` for `Config.exact` (module docstring): one loop iteration per
     event, and one more for the dispatch a clock action starts, so that every iteration writes one server, once
-    (a second write of the server array after reads of it made XLA copy the array at every event). `masked`: a
-    loop of a fixed number of iterations (twice `block` with origins), those after `t_end` changing nothing."""
+    (a second write of the server array after reads of it made XLA copy the array at every event). An iteration
+    first applies the move decided by the previous one (carried: the server, its cell, the move's entry, its row,
+    whether it is eligible and whether there is a move at all), then decides the next from the new state: every
+    write then comes before the reads of its array, and the decision, a chain of dependent reads, is computed once
+    (XLA recomputes such a chain inside every fusion that uses its result, which made the loop too large to
+    compile into one kernel). `masked`: a loop of a fixed number of iterations (twice `block` with origins),
+    those after `t_end` changing nothing."""
     s = cfg.structure
     B, D, S, C, W = cfg.block, cfg.max_d, s.n_streams, s.n_cells, s.width
     NP, L, origins = cfg.tree_size, cfg.tree_size.bit_length() - 1, s.origins
@@ -590,16 +601,7 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
             e = e + (u >= one(prep.move_cum, base * (W - 1) + j)).astype(jnp.int32)
         return base * W + e
 
-    def leaf(packed, m):  # a server's clock weight
-        return one(params.weight, one(packed, m).astype(jnp.int32))
-
-    def running(carry):
-        i, pend, t_next = carry[:3]
-        return (pend >= 0) | ((i < B) & (t_next <= t_end))
-
-    # The tree's walks are loops of their own (over its levels), not unrolled: XLA then computes the server a walk
-    # finds once, where it would recompute an unrolled walk inside every fusion that uses its result, and the
-    # event loop stays small enough to compile into one kernel.
+    # The tree's walks are loops of their own (over its levels), not unrolled, which keeps the event loop small.
     def update(tree, n, d):  # add d to the weights above server n's leaf
         def level(j, tree):
             node = lax.shift_right_logical(NP + n, j)
@@ -616,54 +618,59 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
 
         return lax.fori_loop(jnp.int32(0), jnp.int32(L - 1), level, (jnp.ones((), jnp.int32), v))
 
-    def body(carry):
-        i, pend, t_next, packed, tree, rec, taus, n_prev, d_prev = carry
-        active = running(carry) if masked else True
+    def running(i, pend, t_next):
+        return (pend >= 0) | ((i < B) & (t_next <= t_end))
+
+    def decide(i, pend, t_next, packed, tree):
+        """The move of the next iteration: (run, server, its cell, the move's flat entry, row * 2 + eligible)."""
+        run = running(i, pend, t_next)
         ii = jnp.minimum(i, B - 1)
-        disp = pend >= 0  # this iteration is the dispatch of event i, whose clock action came first
-        # The previous iteration's change of weights, applied first: the tree is then only read after it is
-        # written in an iteration (a write after reads of it at other places made XLA copy it at every event).
-        tree = update(tree, n_prev, d_prev)
+        disp = pend >= 0  # the dispatch of event i, whose clock action came first
         total = one(tree, 1)
-        # The row of event i: stream s with probability N stream_rate[s] / rate, else the clock.
-        x = unif(ii, 1) * (prep.stream_cum[-1:].sum() + params.quantum * total.astype(jnp.float64))
-        kind = jnp.zeros((), jnp.int32)
-        for r in range(S):
-            kind = kind + (x >= prep.stream_cum[r]).astype(jnp.int32)
+        # The row of event i: the clock with probability quantum * total / rate (`_draw_exact`: the weight from
+        # which a uniform U falls on the clock, (1 / U - 1) N sum(stream_rate) / quantum), else its stream.
+        kind = jnp.where(total.astype(jnp.float64) >= unif(ii, 1), S, col(ii, D + S))
         # The clock's server: the leaf where the uniform's share of the total weight falls.
         v = jnp.floor(unif(ii, 2) * total.astype(jnp.float64)).astype(jnp.int32)
-        v = jnp.maximum(jnp.minimum(v, total - 1), 0)
-        k, v = descend(tree, v)
+        k, v = descend(tree, jnp.maximum(jnp.minimum(v, total - 1), 0))
         first_leaf = 2 * k - NP
-        n_clock = first_leaf + (v >= leaf(packed, first_leaf)).astype(jnp.int32)
-        # A stream's candidates: those of event i, or of the dispatch its clock action starts.
+        w_first = one(params.weight, one(packed, first_leaf).astype(jnp.int32))
+        n_clock = first_leaf + (v >= w_first).astype(jnp.int32)
+        # A stream's candidates: those of event i, whether its row is the stream or it is the dispatch that its
+        # clock action starts (a clock event samples no candidate itself).
         stream = jnp.where(disp, pend, kind)
-        base = jnp.where(disp, D + S, 0) if origins else 0
-        first = col(ii, base)
+        first = col(ii, 0)
         if D > 1:
-            n_choose = col(ii, base + D + jnp.minimum(stream, S - 1))
-            cands = [first] + [jnp.where(j < n_choose, col(ii, base + j), first) for j in range(1, D)]
+            n_choose = col(ii, D + jnp.minimum(stream, S - 1))
+            cands = [first] + [jnp.where(j < n_choose, col(ii, j), first) for j in range(1, D)]
         else:
             cands = [first]
         row_c = stream * C
         n = jnp.where(stream == S, n_clock, choose(packed, row_c, cands))
         c = one(packed, n).astype(jnp.int32)
-        k_best = one(params.key, row_c + c)
         idx = move(row_c, c, unif(ii, jnp.where(disp, 3, 0) if origins else 0))
+        eligible = one(params.key, row_c + c) < INELIGIBLE
+        return run, n, c, idx, 2 * stream + eligible.astype(jnp.int32)
+
+    def body(carry):
+        (i, pend, t_next, packed, tree, rec, taus), (run, n, c, idx, se) = carry
+        active = run if masked else True
+        stream, ok = se // 2, active & (se % 2 == 1)
+        ii = jnp.minimum(i, B - 1)
+        disp = pend >= 0
         t = one(params.target, idx)
-        ok = active & (k_best < INELIGIBLE)
         goes = ok & (t < C)
         ct = jnp.where(goes, t, c)
         packed = put(packed, n, ct.astype(pd))
-        d = one(params.weight, ct) - one(params.weight, c)
+        tree = update(tree, n, one(params.weight, ct) - one(params.weight, c))
         ct_rec = jnp.where(ok & (t == C), C, ct)
         row = jnp.where(active, ii, B)  # inactive iterations write the scratch row
         # The record of event i: its row's move (the cells from and to, and the row), then, in columns 3..5, the
         # move of the dispatch its clock action starts (and the stream; -1 for none).
         if origins:
-            s2 = jnp.where(~disp & goes & (stream == S), one(params.stream, idx - row_c * W), -1)
+            s2 = jnp.where(~disp & goes & (stream == S), one(params.stream, idx - stream * C * W), -1)
             later = s2 >= 0  # the clock action starts a dispatch: the next iteration runs it
-            rec_row = jnp.stack([c, ct_rec, jnp.where(disp, pend, stream)])
+            rec_row = jnp.stack([c, ct_rec, stream])
             rec_col = jnp.where(disp, 3, 0).astype(jnp.int32)
         else:
             later = jnp.zeros((), bool)
@@ -672,21 +679,21 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         taus = put(taus, row, t_next)
         done = active & ~later  # event i is over
         i2 = i + done.astype(jnp.int32)
-        rate = prep.stream_cum[-1:].sum() + params.quantum * (total + d).astype(jnp.float64)
-        t2 = jnp.where(i2 < B, t_next + one(expo, jnp.minimum(i2, B - 1)) / rate, jnp.inf)  # as `_next_time`
+        t2 = jnp.where(i2 < B, _next_time(prep, params, t_next, tree, one(expo, jnp.minimum(i2, B - 1))), jnp.inf)
         t_next = jnp.where(done, t2, t_next)
         pend = jnp.where(active, jnp.where(later, s2, -1), pend) if origins else pend
-        return i2, pend, t_next, packed, tree, rec, taus, n, d
+        st = (i2, pend, t_next, packed, tree, rec, taus)
+        return st, decide(i2, pend, t_next, packed, tree)
 
     zero = jnp.zeros((), jnp.int32)
     rec = jnp.zeros((B + 1, 6), jnp.int32).at[:, 5].set(-1) if origins else jnp.zeros((B + 1, 3), jnp.int32)
-    carry = (zero, zero - 1, state.next, state.packed, state.tree, rec, jnp.zeros(B + 1, jnp.float64), zero, zero)
+    st = (zero, zero - 1, state.next, state.packed, state.tree, rec, jnp.zeros(B + 1, jnp.float64))
+    carry = (st, decide(*st[:5]))
     if masked:
         carry = lax.fori_loop(0, B * (2 if origins else 1), lambda _, cr: body(cr), carry)
     else:
-        carry = lax.while_loop(running, body, carry)
-    nv, _, _, packed, tree, rec, taus, n_last, d_last = carry
-    tree = update(tree, n_last, d_last)
+        carry = lax.while_loop(lambda cr: cr[1][0], body, carry)
+    nv, _, _, packed, tree, rec, taus = carry[0]
     tau, rec = taus[:B], rec[:B]
     ctr = state.ctr + nv.astype(jnp.uint64)
     t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
@@ -694,7 +701,7 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
     state = state._replace(ctr=ctr, t=t, packed=packed, tree=tree, draw=draw,
                            next=_next_time(prep, params, t, tree, draw.tau[0]))
     kind = rec[:, 2]
-    moves = rec[:, [0, 1, 3, 4, 5]] if origins else rec[:, :2]
+    moves = jnp.concatenate([rec[:, :2], rec[:, 3:]], axis=1) if origins else rec[:, :2]
     return _finish(cfg, params, state, tau, kind, nv, moves, None, hist_base)
 
 
