@@ -12,7 +12,8 @@ r"""The generic event engine: any model family given as `SimTables`, executed se
   no sampled server is eligible, nothing happens to them.
 
 Events form one Poisson process of rate $N\Lambda$, $\Lambda = \sum_s$ `stream_rate[s]` $+ u$: an event is
-stream $s$ with probability `stream_rate[s]` $/\Lambda$, otherwise the clock of a uniformly chosen server. This is
+stream $s$ with probability `stream_rate[s]` $/\Lambda$, otherwise the clock of a uniformly chosen server (tables
+without FCFS queues draw the clocks' events exactly instead, below: `Config.exact`). This is
 the law of the physical system, with $O(D)$ work per event. A move to `OVERFLOW` (beyond the truncation) is
 refused and counted, and the driver raises after the run.
 
@@ -40,6 +41,28 @@ Elsewhere (GPU) the same events are applied by a loop of exactly `block` iterati
 those after `t_end` masked (a vmapped loop whose trip count differs between replications selects every carried
 array at each iteration).
 
+**Exact selection of the clocks (tables without FCFS queues, pool or global phase: `Config.exact`).** Uniformised
+at the largest rate $u$ of a cell, a server whose cell has rate $r_c$ fires a self-loop at rate $u - r_c$: where rates
+grow with the level (orbit retrials at $j\theta$, $u = \mu + K\theta$) most events are self-loops. Instead, each cell
+gets an integer weight $w_c$ with $q w_c \ge r_c$ (`clock_weights`: $q$ at most an eighth of the smallest positive
+rate, so at most one clock event in eight is a self-loop; $w_c = 0$ where nothing happens), and the state holds a
+sum tree of the servers' weights (`State.tree`, integers, so its sums are exact). Events then form a Poisson
+process of the state-dependent rate $\Lambda = N \sum_s$ `stream_rate[s]` $+ qW$, $W$ the total weight, constant
+between events: the next event comes after an exponential time of rate $\Lambda$ (drawn as a unit exponential, its
+rate applied when the event before it is done); it is the clocks' with probability $qW/\Lambda$, else stream $s$
+with probability `stream_rate[s]` / $\sum_s$ `stream_rate[s]`; the clocks' event is server $i$'s with probability
+$w_{c(i)}/W$ (a walk down the tree with a uniform integer below $W$), which takes action $a$ with probability
+$r_{c,a}/(q w_c)$ and stays put otherwise. So server $i$'s action $a$ occurs at rate $r_{c(i),a}$ whatever the other
+servers do, and a stream at its rate: the law of the system, exactly (a uniformisation of the chain whose bound
+follows the state, changing only at events). A server's move changes its weight, and the tree above its leaf (one
+addition per level). A dispatch started by a server's action runs in the next loop iteration, with the random
+numbers of the same event (the candidates and choice number the clock event left unused, and a move uniform of its
+own), so that an iteration writes one server once; and an iteration applies the move the previous one decided
+before deciding its own (`_block_exact`): every write of an array then precedes the reads of it in an iteration,
+and XLA neither copies the server array nor recomputes the decision in every fusion that uses it, which kept the
+event loop of a model with an origin from compiling into one kernel (a copy of the $N$ servers at every event). The
+tree's walks are loops over its levels, so an event costs $O(\log N)$ and the loop's size does not grow with $N$.
+
 **A pool of units** (`tables` module docstring): the state also holds the number of units held and the list of
 the waiting servers (with each server's position in it, so that adding and removing are $O(1)$). After the
 event's move, a server entering a held cell with no unit free is redirected, and a unit freed goes to the waiting
@@ -56,7 +79,8 @@ a sampled server is eligible (the phase's silent moves are a stream with no elig
 phase; the system starts with the phase drawn from `phase_init`.
 
 **Random numbers, chunks, statistics.** Event `e` uses the SplitMix64 words `h(seed, e * W + w)` of
-`core._words`; a pending event past `t_end` keeps its time and words, so chunking does not change the run. Time
+`core._words`; a pending event past `t_end` keeps its time and words, so chunking does not change the run (with
+`exact`, its time is known once the event before it is done, and is kept in the state). Time
 integrals of the cell counts use the same trick as `core`: each move adds $\pm(\tau - a)$ to the two cells it
 moves a server between, and the counts are recounted at the end of a chunk. *Real events* are those that
 changed a server's cell or refused a job; the others are self-loops (of the uniformised clocks, or dispatches
@@ -523,7 +547,9 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             pm2 = (_div(pm, C) * C + ctm.astype(pd)) if fcfs else ctm.astype(pd)
             packed = put(packed, jnp.where(refill, m, n), jnp.where(refill, pm2, pn))
             rec_row += [cm, ctm]
-        if origins:  # the dispatch a clock action starts, after the origin's own move
+        if origins:  # the dispatch a clock action starts, after the origin's own move. (Its second write of the
+            # server array, after reads of the first, makes XLA copy the array at every event; the plan runs tables
+            # with origins on `_block_exact`, which does not.)
             s2 = jnp.where(goes & (row_c == S * C), one(params.stream, c * W + idx - (row_c + c) * W), -1)
             has2 = s2 >= 0
             s2c = jnp.maximum(s2, 0)
