@@ -317,10 +317,11 @@ def _draw(cfg: Config, prep: _Prep, seed, ctr, t) -> _Draw:
 
 
 def _draw_exact(cfg: Config, prep: _Prep, seed, ctr) -> _Draw:
-    """The words of the next `block` events of the exact engine (`_block_exact`), whose times and rows depend on
-    the state: `tau` holds unit exponentials, `kind` is unused, `table` the candidates (unmasked) and the choice
-    number of each stream (then the same for the dispatch a clock action starts), `uni` the uniforms of the move,
-    of the row, of the clock's server (then of the dispatch's move)."""
+    """The state-independent part of the next `block` events of the exact engine (`_block_exact`), whose times
+    and rows depend on the state: `tau` holds unit exponentials, `kind` is unused, `table` the candidates
+    (unmasked), the choice number each stream would draw and the stream of a stream event, `uni` the uniform of the
+    move, the total weight from which the event is the clocks', the uniform of the clocks' server (and that of the
+    move of the dispatch a clock action starts)."""
     s = cfg.structure
     B, D, S = cfg.block, cfg.max_d, s.n_streams
     words = core._words(seed, ctr, B, cfg.n_words)
