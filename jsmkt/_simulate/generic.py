@@ -636,14 +636,14 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
 
         return lax.fori_loop(jnp.int32(1), jnp.int32(L + 1), level, tree)
 
-    def descend(tree, v):  # the node at the last level above the leaves where v falls, and v within it
+    def descend(tree, v, levels):  # the node `levels` levels down where v falls, and v within it
         def level(_, kv):
             k, v = kv
             w_left = one(tree, 2 * k)
             right = v >= w_left
             return 2 * k + right.astype(jnp.int32), jnp.where(right, v - w_left, v)
 
-        return lax.fori_loop(jnp.int32(0), jnp.int32(L - 1), level, (jnp.ones((), jnp.int32), v))
+        return lax.fori_loop(jnp.int32(0), levels, level, (jnp.ones((), jnp.int32), v))
 
     def running(i, pend, t_next):
         return (pend >= 0) | ((i < B) & (t_next <= t_end))
@@ -659,7 +659,8 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         kind = jnp.where(total.astype(jnp.float64) >= unif(ii, 1), S, col(ii, D + S))
         # The clock's server: the leaf where the uniform's share of the total weight falls.
         v = jnp.floor(unif(ii, 2) * total.astype(jnp.float64)).astype(jnp.int32)
-        k, v = descend(tree, jnp.maximum(jnp.minimum(v, total - 1), 0))
+        # (not walked for a dispatch, which needs no clock)
+        k, v = descend(tree, jnp.maximum(jnp.minimum(v, total - 1), 0), jnp.where(disp, 0, L - 1).astype(jnp.int32))
         first_leaf = 2 * k - NP
         w_first = one(params.weight, one(packed, first_leaf).astype(jnp.int32))
         n_clock = first_leaf + (v >= w_first).astype(jnp.int32)
