@@ -91,7 +91,8 @@ def main():
         t0 = time.perf_counter()
         run(model, args.n, 1.0, 0)
         print(f"  first call {name}: {time.perf_counter() - t0:.2f} s")
-    print(f"\nExact engine (sum tree of rate bounds), {args.time:g} time units, median of {args.repeats} interleaved runs")
+    print(f"\nExact engine (sum tree of rate bounds), {args.time:g} time units, median of {args.repeats} "
+          "interleaved runs")
     rates = table(timed(models, args.n, args.time, args.repeats))
     ratio = rates["reprobe"] / rates["own"]
     print(f"  re-probing / own-orbit real events per second: {ratio:.2f}  (target >= 0.5: "

@@ -64,7 +64,9 @@ def _generic_sequential() -> bool:
     vmapped over replications with loops of a fixed number of iterations (elsewhere). XLA's CPU backend compiles
     its event loop into one kernel while the loop body is small: up to `_GENERIC_ONE_KERNEL_MAX_D` sampled servers
     for JSQ(d) with PH service (checked by the tests); above, the loop runs op by op, still one event at a
-    time."""
+    time. (XLA hoists a loop into one kernel when an iteration accesses under 1 KiB by its cost analysis, its
+    `xla_cpu_small_while_loop_byte_threshold`; the exact engine's loop, `_exact_selection`, fits for the retrial
+    family's examples, up to 3 sampled servers, also checked by the tests.)"""
     return jax.default_backend() == "cpu"
 
 
