@@ -649,7 +649,8 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         return (pend >= 0) | ((i < B) & (t_next <= t_end))
 
     def decide(i, pend, t_next, packed, tree):
-        """The move of the next iteration: (run, server, its cell, the move's flat entry, row * 2 + eligible)."""
+        """The move of the next iteration: (run, server, its cell, the move's flat entry, 4 row + 2 (it starts a
+        dispatch) + (the cell is eligible))."""
         run = running(i, pend, t_next)
         ii = jnp.minimum(i, B - 1)
         disp = pend >= 0  # the dispatch of event i, whose clock action came first
@@ -678,12 +679,18 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         c = one(packed, n).astype(jnp.int32)
         idx = move(row_c, c, unif(ii, jnp.where(disp, 3, 0) if origins else 0))
         eligible = one(params.key, row_c + c) < INELIGIBLE
-        return run, n, c, idx, 2 * stream + eligible.astype(jnp.int32)
+        if not origins:
+            return run, n, c, idx, 4 * stream + eligible.astype(jnp.int32)
+        # Whether the move starts a dispatch (decided here, where the move's reads are made anyway: the loop's
+        # results that depend on it would each recompute them).
+        t = one(params.target, idx)
+        starts = eligible & (t < C) & (stream == S) & (one(params.stream, idx - S * C * W) >= 0)
+        return run, n, c, idx, 4 * stream + 2 * starts.astype(jnp.int32) + eligible.astype(jnp.int32)
 
     def body(carry):
         (i, pend, t_next, packed, tree, rec, taus), (run, n, c, idx, se) = carry
         active = run if masked else True
-        stream, ok = se // 2, active & (se % 2 == 1)
+        stream, ok = se // 4, active & (se % 2 == 1)
         ii = jnp.minimum(i, B - 1)
         disp = pend >= 0
         t = one(params.target, idx)
@@ -696,8 +703,8 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         # The record of event i: its row's move (the cells from and to, and the row), then, in columns 3..5, the
         # move of the dispatch its clock action starts (and the stream; -1 for none).
         if origins:
-            s2 = jnp.where(~disp & goes & (stream == S), one(params.stream, idx - stream * C * W), -1)
-            later = s2 >= 0  # the clock action starts a dispatch: the next iteration runs it
+            s2 = one(params.stream, idx - S * C * W)
+            later = active & (se % 4 >= 2)  # the clock action starts a dispatch: the next iteration runs it
             rec_row = jnp.stack([c, ct_rec, stream])
             rec_col = jnp.where(disp, 3, 0).astype(jnp.int32)
         else:
