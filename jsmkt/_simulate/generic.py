@@ -649,9 +649,8 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         return (pend >= 0) | ((i < B) & (t_next <= t_end))
 
     def decide(i, pend, t_next, packed, tree):
-        """The move of the next iteration: (run, server, its cell, the move's flat entry, 4 row + 2 (it starts a
+        """The move of the next iteration: (server, its cell, the move's flat entry, 4 row + 2 (it starts a
         dispatch) + (the cell is eligible))."""
-        run = running(i, pend, t_next)
         ii = jnp.minimum(i, B - 1)
         disp = pend >= 0  # the dispatch of event i, whose clock action came first
         total = one(tree, 1)
@@ -680,16 +679,16 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         idx = move(row_c, c, unif(ii, jnp.where(disp, 3, 0) if origins else 0))
         eligible = one(params.key, row_c + c) < INELIGIBLE
         if not origins:
-            return run, n, c, idx, 4 * stream + eligible.astype(jnp.int32)
+            return n, c, idx, 4 * stream + eligible.astype(jnp.int32)
         # Whether the move starts a dispatch (decided here, where the move's reads are made anyway: the loop's
         # results that depend on it would each recompute them).
         t = one(params.target, idx)
         starts = eligible & (t < C) & (stream == S) & (one(params.stream, idx - S * C * W) >= 0)
-        return run, n, c, idx, 4 * stream + 2 * starts.astype(jnp.int32) + eligible.astype(jnp.int32)
+        return n, c, idx, 4 * stream + 2 * starts.astype(jnp.int32) + eligible.astype(jnp.int32)
 
     def body(carry):
-        (i, pend, t_next, packed, tree, rec, taus), (run, n, c, idx, se) = carry
-        active = run if masked else True
+        (i, pend, t_next, packed, tree, rec, taus), (n, c, idx, se) = carry
+        active = running(i, pend, t_next) if masked else True
         stream, ok = se // 4, active & (se % 2 == 1)
         ii = jnp.minimum(i, B - 1)
         disp = pend >= 0
@@ -727,7 +726,7 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
     if masked:
         carry = lax.fori_loop(0, B * (2 if origins else 1), lambda _, cr: body(cr), carry)
     else:
-        carry = lax.while_loop(lambda cr: cr[1][0], body, carry)
+        carry = lax.while_loop(lambda cr: running(*cr[0][:3]), body, carry)
     nv, _, _, packed, tree, rec, taus = carry[0]
     tau, rec = taus[:B], rec[:B]
     ctr = state.ctr + nv.astype(jnp.uint64)
