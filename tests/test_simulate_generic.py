@@ -383,8 +383,8 @@ def _run_hlo(tables, max_d_replace=True, sequential=True) -> str:
     tables = tm.check_tables(tables)
     structure = tm.Structure(tables)
     cfg = generic.Config(n=97, structure=structure, replace=max_d_replace, block=16, n_bins=64,
-                         sequential=sequential)
-    params = generic.params_of(structure, tables, 0)
+                         sequential=sequential, exact=plan._exact_selection(structure))
+    params = generic.params_of(structure, tables, 0, 97)
     init, run = driver._compiled(cfg)
     states = init(params, jr.split(jr.PRNGKey(0), 3))
     return run.lower(params, states, jnp.asarray(1.0)).compile().as_text()
@@ -526,3 +526,110 @@ def test_batch_jsq_mean_field_n1000(getkey):
     _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci, EQ, allowance=5 / N * EQ, what="E[Q]")
     for k in range(1, 7):
         _assert_close(res, res.tails[k], res.tails_ci[k], s[k], allowance=3 / N, what=f"s_{k}")
+
+
+# --- the exact engine (tables without FCFS queues: the retrial families) ----------------------------------------
+
+
+def _mm1_retrial_law(lam, theta, mu, top):
+    """Stationary law of one M/M/1 retrial queue with linear retrials, from its generator on the states (orbit j,
+    busy b), j <= top, solved numerically: (j, 0) -> (j, 1) at rate lam, (j, 1) -> (j + 1, 1) at lam (a blocked
+    arrival joins the orbit), (j, 1) -> (j, 0) at mu, (j, 0) -> (j - 1, 1) at j theta (a retrial served)."""
+    size = 2 * (top + 1)
+    Q = np.zeros((size, size))
+    for j in range(top + 1):
+        idle, busy = 2 * j, 2 * j + 1
+        Q[idle, busy] += lam
+        Q[busy, idle] += mu
+        if j < top:
+            Q[busy, busy + 2] += lam
+        if j > 0:
+            Q[idle, idle - 1] += j * theta
+    Q -= np.diag(Q.sum(axis=1))
+    A = np.vstack([Q.T, np.ones(size)])
+    p = np.linalg.lstsq(A, np.concatenate([np.zeros(size), [1.0]]), rcond=None)[0]
+    return p.reshape(top + 1, 2)
+
+
+def test_exact_engine_m_m_1_retrial_queues(getkey):
+    """Own-orbit retrials with d1 = 1: each server is an M/M/1 retrial queue with linear retrials (rate j theta
+    for an orbit of j), whose rates grow with the orbit: the engine draws each server's events from the sum tree
+    of their rate bounds. The mean orbit, busy fraction and orbit tails agree with the stationary law of one
+    queue's generator, and (almost) every event is real."""
+    lam, theta = 0.6, 1.0
+    model = jsmkt.RetrialJSQ(lam, theta, d1=1, retrial="own", K=30)
+    p = _mm1_retrial_law(lam, theta, 1.0, 80)
+    res = jsmkt.simulate(model, 20, 1500.0, key=getkey(), n_replications=8, max_queue=30)
+    orbit = p.sum(axis=1)
+    _assert_close(res, res.metrics["mean_orbit_size"], res.metrics_ci["mean_orbit_size"],
+                  float(np.arange(orbit.size) @ orbit), what="E[orbit]")
+    _assert_close(res, res.mean_queue_length, res.mean_queue_length_ci,
+                  float(np.arange(orbit.size) @ orbit + p[:, 1].sum()), what="E[customers]")
+    _assert_close(res, res.throughput, res.throughput_ci, lam, what="throughput")
+    for k in (1, 2, 4):
+        _assert_close(res, res.tails[k], res.tails_ci[k], float(orbit[k:].sum()), what=f"P(orbit >= {k})")
+    assert res.real_events >= 0.875 * res.events, (res.real_events, res.events)
+
+
+def test_exact_engine_agrees_with_uniformisation(getkey, monkeypatch):
+    """Re-probing retrials (a dispatch started by the retrying server, real choice numbers): the exact engine and
+    uniformisation at the largest rate of a cell, the engine's other path, give the same occupancy within their
+    confidence intervals; uniformisation spends most of its events on self-loops, the exact engine (almost)
+    none."""
+    model = jsmkt.RetrialJSQ(0.7, 1.0, d1=1.5, d2=2.5, K=16)  # an example of the family
+    runs = {}
+    for exact in (True, False):
+        monkeypatch.setattr(plan, "_exact_selection", lambda s, e=exact: e and not (s.fcfs or s.pool or s.phases))
+        runs[exact] = jsmkt.simulate(model, 20, 800.0, key=getkey(), n_replications=4, max_queue=16)
+    a, b = runs[True], runs[False]
+    _assert_agree(a, b, a.mean_queue_length, b.mean_queue_length, a.mean_queue_length_ci, b.mean_queue_length_ci,
+                  "L")
+    for k in (1, 2, 3):
+        _assert_agree(a, b, a.tails[k], b.tails[k], a.tails_ci[k], b.tails_ci[k], f"s_{k}")
+    for name in ("prob_blocked", "mean_orbit_size"):
+        _assert_agree(a, b, a.metrics[name], b.metrics[name], a.metrics_ci[name], b.metrics_ci[name], name)
+    assert a.real_events >= 0.875 * a.events and b.real_events < 0.5 * b.events, (a, b)
+
+
+def test_retrial_examples_events_are_real(getkey):
+    """At least 7 events in 8 of the retrial family's examples are real: the exact engine draws a server's clock
+    at an integer multiple of a quantum at most an eighth of the smallest positive rate of a cell (at most one in
+    eight clock events a self-loop), and every stream event of a retrial model moves a server."""
+    for name, model in jsmkt.RetrialJSQ.examples().items():
+        res = jsmkt.simulate(model, 50, 100.0, key=getkey(), n_replications=2, max_queue=model.K)
+        assert res.real_events >= 0.875 * res.events, (name, res.real_events, res.events)
+
+
+def test_exact_engine_runs_do_not_depend_on_chunks_or_form(getkey, monkeypatch):
+    """The exact engine's event times depend on the state (the total rate bound after the last event): a pending
+    event keeps its time across chunk boundaries, so the whole-run averages depend neither on n_batches nor on the
+    progress bar's sub-chunks, and the vmapped form (a loop of fixed length per block, run off a CPU) applies the
+    same events as the one-event-at-a-time form."""
+    model = jsmkt.RetrialJSQ(0.7, 1.0, d1=2, d2=2, K=12)
+    kw = dict(key=getkey(), max_queue=12)
+    runs = [jsmkt.simulate(model, 30, 150.0, n_batches=5, **kw), jsmkt.simulate(model, 30, 150.0, n_batches=13, **kw),
+            jsmkt.simulate(model, 30, 150.0, n_batches=5, progress=True, **kw)]
+    monkeypatch.setattr(plan, "_generic_sequential", lambda: False)
+    runs.append(jsmkt.simulate(model, 30, 150.0, n_batches=5, **kw))
+    a = runs[0]
+    for b in runs[1:]:
+        assert (a.events, a.real_events) == (b.events, b.real_events)
+        np.testing.assert_allclose(a.cell_fractions, b.cell_fractions, rtol=1e-9, atol=1e-12)
+        assert a.throughput == pytest.approx(b.throughput, rel=1e-12)
+
+
+@pytest.mark.default_xla
+@cpu_only
+def test_exact_event_loop_is_one_kernel_without_copies():
+    """Performance guard: the exact engine's event loop (the retrial family's examples: own retrials, and
+    re-probing ones, whose retrial starts a dispatch, both with up to 3 sampled servers) compiles into a single
+    kernel, and copies neither the server array nor the sum tree."""
+    for name, model in jsmkt.RetrialJSQ.examples().items():
+        hlo = _run_hlo(model_tables(model, model.K))
+        small = [line for line in hlo.splitlines() if 'xla_cpu_small_call="true"' in line and " call(" in line]
+        assert any("s32[97]" in line.split(" call(")[0] for line in small), f"{name}: the event loop is not one kernel"
+        bodies = re.split(r"\n(?=%\S+ )|\nENTRY", hlo)
+        in_loops = [b for b in bodies if ("while" in b.split("\n", 1)[0] or "region" in b.split("\n", 1)[0])]
+        copies = [line for b in in_loops for line in b.splitlines()
+                  if re.search(r"s32\[(97|128)\]\S* copy\(", line)]
+        assert not copies, (name, copies)

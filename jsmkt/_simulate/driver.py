@@ -126,7 +126,10 @@ def simulate(
     replications. General service is simulated by completion times fixed when each job arrives (FCFS), a server
     being brought up to date when an arrival samples it ($O(d)$ work per event). The generic engine uniformises
     the servers' clocks and the dispatch streams ($O(D)$ work per event; on a CPU one event at a time, elsewhere
-    vmapped over replications). All are exact: see `jsmkt._simulate.core` and `jsmkt._simulate.generic`. With
+    vmapped over replications); for tables without FCFS queues (the retrial family, whose rates grow with the
+    orbit) it draws each server's events at the server's own rate instead, from a sum tree of the servers' rate
+    bounds ($O(D + \log N)$ work per event, at most one clock event in eight a self-loop). All are exact: see
+    `jsmkt._simulate.core` and `jsmkt._simulate.generic`. With
     several JAX devices (GPUs, or a CPU's cores exposed as devices by `jsmkt.use_cpu_cores()` before JAX's first
     computation, as `jsmkt simulate` does) the replications are split evenly among as many devices as divide
     their number, and run in parallel; each replication's run does not depend on the split. Each new

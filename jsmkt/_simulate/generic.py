@@ -12,7 +12,8 @@ r"""The generic event engine: any model family given as `SimTables`, executed se
   no sampled server is eligible, nothing happens to them.
 
 Events form one Poisson process of rate $N\Lambda$, $\Lambda = \sum_s$ `stream_rate[s]` $+ u$: an event is
-stream $s$ with probability `stream_rate[s]` $/\Lambda$, otherwise the clock of a uniformly chosen server. This is
+stream $s$ with probability `stream_rate[s]` $/\Lambda$, otherwise the clock of a uniformly chosen server (tables
+without FCFS queues draw the clocks' events exactly instead, below: `Config.exact`). This is
 the law of the physical system, with $O(D)$ work per event. A move to `OVERFLOW` (beyond the truncation) is
 refused and counted, and the driver raises after the run.
 
@@ -40,6 +41,28 @@ Elsewhere (GPU) the same events are applied by a loop of exactly `block` iterati
 those after `t_end` masked (a vmapped loop whose trip count differs between replications selects every carried
 array at each iteration).
 
+**Exact selection of the clocks (tables without FCFS queues, pool or global phase: `Config.exact`).** Uniformised
+at the largest rate $u$ of a cell, a server whose cell has rate $r_c$ fires a self-loop at rate $u - r_c$: where rates
+grow with the level (orbit retrials at $j\theta$, $u = \mu + K\theta$) most events are self-loops. Instead, each cell
+gets an integer weight $w_c$ with $q w_c \ge r_c$ (`clock_weights`: $q$ at most an eighth of the smallest positive
+rate, so at most one clock event in eight is a self-loop; $w_c = 0$ where nothing happens), and the state holds a
+sum tree of the servers' weights (`State.tree`, integers, so its sums are exact). Events then form a Poisson
+process of the state-dependent rate $\Lambda = N \sum_s$ `stream_rate[s]` $+ qW$, $W$ the total weight, constant
+between events: the next event comes after an exponential time of rate $\Lambda$ (drawn as a unit exponential, its
+rate applied when the event before it is done); it is the clocks' with probability $qW/\Lambda$, else stream $s$
+with probability `stream_rate[s]` / $\sum_s$ `stream_rate[s]`; the clocks' event is server $i$'s with probability
+$w_{c(i)}/W$ (a walk down the tree with a uniform integer below $W$), which takes action $a$ with probability
+$r_{c,a}/(q w_c)$ and stays put otherwise. So server $i$'s action $a$ occurs at rate $r_{c(i),a}$ whatever the other
+servers do, and a stream at its rate: the law of the system, exactly (a uniformisation of the chain whose bound
+follows the state, changing only at events). A server's move changes its weight, and the tree above its leaf (one
+addition per level). A dispatch started by a server's action runs in the next loop iteration, with the random
+numbers of the same event (the candidates and choice number the clock event left unused, and a move uniform of its
+own), so that an iteration writes one server once; and an iteration applies the move the previous one decided
+before deciding its own (`_block_exact`): every write of an array then precedes the reads of it in an iteration,
+and XLA neither copies the server array nor recomputes the decision in every fusion that uses it, which kept the
+event loop of a model with an origin from compiling into one kernel (a copy of the $N$ servers at every event). The
+tree's walks are loops over its levels, so an event costs $O(\log N)$ and the loop's size does not grow with $N$.
+
 **A pool of units** (`tables` module docstring): the state also holds the number of units held and the list of
 the waiting servers (with each server's position in it, so that adding and removing are $O(1)$). After the
 event's move, a server entering a held cell with no unit free is redirected, and a unit freed goes to the waiting
@@ -56,7 +79,8 @@ a sampled server is eligible (the phase's silent moves are a stream with no elig
 phase; the system starts with the phase drawn from `phase_init`.
 
 **Random numbers, chunks, statistics.** Event `e` uses the SplitMix64 words `h(seed, e * W + w)` of
-`core._words`; a pending event past `t_end` keeps its time and words, so chunking does not change the run. Time
+`core._words`; a pending event past `t_end` keeps its time and words, so chunking does not change the run (with
+`exact`, its time is known once the event before it is done, and is kept in the state). Time
 integrals of the cell counts use the same trick as `core`: each move adds $\pm(\tau - a)$ to the two cells it
 moves a server between, and the counts are recounted at the end of a chunk. *Real events* are those that
 changed a server's cell or refused a job; the others are self-loops (of the uniformised clocks, or dispatches
@@ -86,6 +110,14 @@ class Config(NamedTuple):
     sequential: bool  # one event per loop iteration, replication after replication (CPU); else vmapped
     waiting: bool = False  # also a histogram of waiting times (the time to reach the head of the queue)
     hist_groups: int = 1  # histograms returned per batch of replications (`core.run_chunk`)
+    # the clock's events are drawn server by server from a sum tree of integer rate bounds (`_block_exact`), rather
+    # than uniformised at the largest rate of a cell; no FCFS queues, pool or global phase
+    exact: bool = False
+
+    @property
+    def tree_size(self) -> int:
+        """Leaves of the sum tree of `exact` (a power of 2, at least 2 and `n`); its internal nodes are 1..size-1."""
+        return max(2, 1 << (self.n - 1).bit_length())
 
     @property
     def hist_size(self) -> int:
@@ -118,6 +150,10 @@ class Config(NamedTuple):
         choice number and candidates of the dispatch a clock action starts; with a pool, its draw; with a global
         phase, its move)."""
         s = self.structure
+        if self.exact:  # time, clock or stream, move, choice number, candidates, the clock's server, the stream
+            # (and the move of the dispatch a clock action starts, which samples the candidates a clock event leaves
+            # unused)
+            return 6 + self.max_d + int(s.origins)
         return 4 + self.max_d + (2 + self.max_d if s.origins else 0) + int(s.pool) + int(s.phases > 0)
 
 
@@ -146,6 +182,26 @@ class Params(NamedTuple):
     # phase and always fires. A zero otherwise.
     phase_cum: jax.Array
     phase_init: jax.Array  # (m,) law of the phase at time 0 (a one otherwise)
+    # `Config.exact`: the clock's rate bound of each cell is quantum * weight[c] (`clock_weights`); zeros otherwise
+    weight: jax.Array  # (C,) int32
+    quantum: jax.Array  # float64
+
+
+def clock_weights(tables, n: int) -> tuple[float, np.ndarray]:
+    r"""The quantum $q$ and integer weights $w_c$ of the exact engine's clock (`Config.exact`) for `n` servers:
+    $q w_c \ge r_c$, the total rate of the actions of cell $c$ ($w_c = 0$ where $r_c = 0$), with $q$ an eighth of
+    the smallest positive $r_c$, so that $r_c / (q w_c) > 7/8$ (at most one clock event in eight is a self-loop),
+    unless the weights of `n` servers would then not fit 31 bits: $q$ is then the largest $r_c$ over
+    $2^{30} / n$ rounded down to a power of 2."""
+    r = float(tables.u) * np.asarray(tables.act_prob, np.float64).sum(axis=1)
+    pos = r[r > 0]
+    if not pos.size:
+        return 1.0, np.zeros(r.size, np.int32)
+    top = 2.0 ** min(20, int(np.floor(np.log2(2.0**30 / max(n, 1)))))
+    q = max(float(pos.min()) / 8.0, float(pos.max()) / top)
+    w = np.ceil(r / q)
+    w = np.where(q * w < r, w + 1, w)  # rounding: the bound must hold in floating point
+    return q, w.astype(np.int32)
 
 
 def pool_units(tables, n: int) -> int:
@@ -156,6 +212,7 @@ def pool_units(tables, n: int) -> int:
 def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
     """`Params` of checked `tables` with `structure` (their integer part), for `n` servers (the pool's size)."""
     S, C = structure.n_streams, structure.n_cells
+    quantum, weight = clock_weights(tables, n)
     key = np.concatenate([structure.key.reshape(-1), np.zeros(C, np.int32)])
     phase_cum, phase_init = np.zeros(1), np.ones(1)
     if structure.phases:
@@ -184,6 +241,7 @@ def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
                                         np.where(structure.pool_promote >= 0, structure.pool_promote, np.arange(C))),
                                jnp.int32),
         phase_cum=jnp.asarray(phase_cum, jnp.float64), phase_init=jnp.asarray(phase_init, jnp.float64),
+        weight=jnp.asarray(weight, jnp.int32), quantum=jnp.asarray(quantum, jnp.float64),
     )
 
 
@@ -193,6 +251,8 @@ class _Prep(NamedTuple):
     d_cum: jax.Array  # (S + 1, max_d - 1) thresholds of the choice number per row (clock: always 1)
     move_cum: jax.Array  # ((S + 1) * C * (W - 1),) cumulative move probabilities without the last entry
     phase_cum: jax.Array  # (S + 1, m, m) the phase's thinning tables (`Params.phase_cum`), or a zero
+    stream_cum: jax.Array  # (S,) N times the cumulative stream rates (`Config.exact`)
+    quantum: jax.Array  # `Params.quantum`
 
 
 def _prepare(cfg: Config, params: Params) -> _Prep:
@@ -203,14 +263,17 @@ def _prepare(cfg: Config, params: Params) -> _Prep:
     kind_cum = jnp.cumsum(params.stream_rate) / total
     d_cum = jnp.cumsum(params.choice, axis=1)[:, :-1]
     d_cum = jnp.concatenate([d_cum, jnp.full((1, cfg.max_d - 1), 2.0)], axis=0)
-    clock = jnp.concatenate(
-        [params.act_prob, (1.0 - jnp.sum(params.act_prob, axis=1))[:, None], jnp.zeros((C, W - A - 1))], axis=1
-    )
+    act = params.act_prob
+    if cfg.exact:  # cell c's clock fires at rate quantum * weight[c]: its actions' probabilities scale up
+        bound = params.quantum * params.weight.astype(jnp.float64)
+        act = act * jnp.where(bound > 0, params.u / jnp.where(bound > 0, bound, 1.0), 0.0)[:, None]
+    clock = jnp.concatenate([act, (1.0 - jnp.sum(act, axis=1))[:, None], jnp.zeros((C, W - A - 1))], axis=1)
     effects = jnp.concatenate([params.eff_prob, jnp.zeros((S, C, W - E))], axis=2)
     prob = jnp.concatenate([effects, clock[None]], axis=0)  # (S + 1, C, W)
     move_cum = jnp.cumsum(prob, axis=2)[:, :, :-1].reshape(-1)
     phase_cum = params.phase_cum.reshape(S + 1, s.phases, s.phases) if s.phases else params.phase_cum
-    return _Prep(cfg.n * total, kind_cum, d_cum, move_cum, phase_cum)
+    return _Prep(cfg.n * total, kind_cum, d_cum, move_cum, phase_cum, cfg.n * jnp.cumsum(params.stream_rate),
+                 params.quantum)
 
 
 class _Draw(NamedTuple):
@@ -225,6 +288,8 @@ class _Draw(NamedTuple):
 
 
 def _draw(cfg: Config, prep: _Prep, seed, ctr, t) -> _Draw:
+    if cfg.exact:
+        return _draw_exact(cfg, prep, seed, ctr)
     s = cfg.structure
     B, D, S, C = cfg.block, cfg.max_d, s.n_streams, s.n_cells
     words = core._words(seed, ctr, B, cfg.n_words)
@@ -251,6 +316,33 @@ def _draw(cfg: Config, prep: _Prep, seed, ctr, t) -> _Draw:
     return _Draw(tau, kind, table, jnp.stack(uni, axis=1))
 
 
+def _draw_exact(cfg: Config, prep: _Prep, seed, ctr) -> _Draw:
+    """The state-independent part of the next `block` events of the exact engine (`_block_exact`), whose times
+    and rows depend on the state: `tau` holds unit exponentials, `kind` is unused, `table` the candidates
+    (unmasked), the choice number each stream would draw and the stream of a stream event, `uni` the uniform of the
+    move, the total weight from which the event is the clocks', the uniform of the clocks' server (and that of the
+    move of the dispatch a clock action starts)."""
+    s = cfg.structure
+    B, D, S = cfg.block, cfg.max_d, s.n_streams
+    words = core._words(seed, ctr, B, cfg.n_words)
+    expo = -jnp.log(core._uniform(words[:, 0]))
+
+    n_choose = 1 + core._categorical(core._uniform(words[:, 3])[:, None], prep.d_cum[None, :S])  # per stream
+    cols = [core._candidates(cfg, words[:, 4 : 4 + D]), n_choose]
+    # The event is the clock's with probability quantum W / (streams + quantum W) (W the total weight): when
+    # U (streams + quantum W) >= streams, i.e. W >= (1 / U - 1) streams / quantum; else it is stream s with
+    # probability stream_rate[s] / sum(stream_rate), drawn from another word.
+    streams = prep.stream_cum[-1:].sum()
+    clock_from = (1.0 / core._uniform(words[:, 1]) - 1.0) * streams / prep.quantum
+    kind = core._categorical(core._uniform(words[:, 5 + D]) * streams, prep.stream_cum[:-1])
+    uni = [core._uniform(words[:, 2]), clock_from, core._uniform(words[:, 4 + D])]
+    if s.origins:
+        uni.append(core._uniform(words[:, 6 + D]))
+    cols.append(kind[:, None])
+    table = jnp.concatenate([c.astype(jnp.int32) for c in cols], axis=1)
+    return _Draw(expo, jnp.zeros(B, jnp.int32), table, jnp.stack(uni, axis=1))
+
+
 class State(NamedTuple):
     """One replication (a batch of them: a leading axis on every field)."""
 
@@ -274,6 +366,27 @@ class State(NamedTuple):
     # scratch, where a write that is not to happen goes)
     pool: tuple | None
     phase: jax.Array | None  # int32 phase of the global Markov phase (None without one)
+    # `Config.exact`: (tree_size,) int32 sum tree of the servers' clock weights (node k the sum of nodes 2k and
+    # 2k + 1, the leaves tree_size + i the weights of server i, not stored; node 1 the total), and the time of the
+    # next event (pending); None otherwise
+    tree: jax.Array | None = None
+    next: jax.Array | None = None
+
+
+def _tree_of(cfg: Config, params: Params, packed) -> jax.Array:
+    """The sum tree (`State.tree`) of the clock weights of the servers in cells `packed`."""
+    level = jnp.zeros(cfg.tree_size, jnp.int32).at[: cfg.n].set(params.weight[packed.astype(jnp.int32)])
+    nodes = []
+    while level.size > 1:
+        level = level.reshape(-1, 2).sum(axis=1, dtype=jnp.int32)
+        nodes.insert(0, level)
+    return jnp.concatenate([jnp.zeros(1, jnp.int32)] + nodes)
+
+
+def _next_time(prep: _Prep, params: Params, t, tree, expo):
+    """Time of the exact engine's next event after `t`: its unit exponential over the total rate, the streams' and
+    the clocks' bounds (node 1 of the tree)."""
+    return t + expo / (prep.stream_cum[-1:].sum() + params.quantum * tree[1].astype(jnp.float64))
 
 
 @core._broadcasting
@@ -286,17 +399,22 @@ def init_state(cfg: Config, params: Params, key) -> State:
     zero = jnp.zeros((), jnp.float64)
     ctr = jnp.zeros((), jnp.uint64)
     i64 = jnp.zeros((), jnp.int64)
+    prep = _prepare(cfg, params)
+    packed = jnp.full(cfg.n, cfg.structure.empty_cell, cfg.packed_dtype)
+    draw = _draw(cfg, prep, seed, ctr, zero)
+    tree = _tree_of(cfg, params, packed) if cfg.exact else None
     return State(
         seed=seed, ctr=ctr, t=zero, a=zero,
-        packed=jnp.full(cfg.n, cfg.structure.empty_cell, cfg.packed_dtype),
+        packed=packed,
         ring=jnp.zeros(cfg.ring_size, jnp.float64) if cfg.structure.fcfs else None,
-        draw=_draw(cfg, _prepare(cfg, params), seed, ctr, zero),
+        draw=draw,
         acc=jnp.zeros(cfg.n_cells, jnp.float64), soj_sum=zero, n_jobs=i64,
         hist=jnp.zeros(cfg.hist_size, jnp.int64), events=i64, real=i64, accepted=i64, overflow=i64, blocks=i64,
         pool=(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(cfg.n + 1, jnp.int32),
               jnp.zeros(cfg.n + 1, jnp.int32)) if cfg.structure.pool else None,
         phase=(jr.choice(keys[2], cfg.structure.phases, p=params.phase_init).astype(jnp.int32)
                if cfg.structure.phases else None),
+        tree=tree, next=_next_time(prep, params, zero, tree, draw.tau[0]) if cfg.exact else None,
     )
 
 
@@ -430,7 +548,9 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
             pm2 = (_div(pm, C) * C + ctm.astype(pd)) if fcfs else ctm.astype(pd)
             packed = put(packed, jnp.where(refill, m, n), jnp.where(refill, pm2, pn))
             rec_row += [cm, ctm]
-        if origins:  # the dispatch a clock action starts, after the origin's own move
+        if origins:  # the dispatch a clock action starts, after the origin's own move. (Its second write of the
+            # server array, after reads of the first, makes XLA copy the array at every event; the plan runs tables
+            # with origins on `_block_exact`, which does not.)
             s2 = jnp.where(goes & (row_c == S * C), one(params.stream, c * W + idx - (row_c + c) * W), -1)
             has2 = s2 >= 0
             s2c = jnp.maximum(s2, 0)
@@ -459,6 +579,165 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
     state = state._replace(ctr=ctr, t=t, packed=packed, ring=ring if fcfs else None, pool=pl, phase=ph,
                            draw=_draw(cfg, prep, state.seed, ctr, t))
     return _finish(cfg, params, state, tau, kind, nv, rec, arrived, hist_base)
+
+
+def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, hist_base=0,
+                 masked: bool = False) -> State:
+    """The events of the drawn block up to `t_end` for `Config.exact` (module docstring): one loop iteration per
+    event, and one more for the dispatch a clock action starts, so that every iteration writes one server, once
+    (a second write of the server array after reads of it made XLA copy the array at every event). An iteration
+    first applies the move decided by the previous one (carried: the server, its cell, the move's entry, its row,
+    whether the cell is eligible and whether the move starts a dispatch), then decides the next from the new
+    state: every write then comes before the reads of its array, and the decision, a chain of dependent reads, is
+    computed once (XLA recomputes such a chain inside every fusion that uses its result, which made the loop too
+    large to compile into one kernel: XLA's CPU backend does so below 1 KiB accessed per iteration by its cost
+    analysis). `masked`: a loop of a fixed number of iterations (twice `block` with origins), those after `t_end`
+    changing nothing."""
+    s = cfg.structure
+    B, D, S, C, W = cfg.block, cfg.max_d, s.n_streams, s.n_cells, s.width
+    NP, L, origins = cfg.tree_size, cfg.tree_size.bit_length() - 1, s.origins
+    expo, _, table, uni = state.draw
+    pd = cfg.packed_dtype
+
+    def one(x, i):
+        return lax.dynamic_slice(x, (i,), (1,))[0]
+
+    def put(x, i, v):
+        return lax.dynamic_update_slice(x, v.astype(x.dtype)[None], (i,))
+
+    def col(i, c):
+        return lax.dynamic_slice(table, (i, jnp.asarray(c, i.dtype)), (1, 1))[0, 0]
+
+    def unif(i, c):
+        return lax.dynamic_slice(uni, (i, jnp.asarray(c, i.dtype)), (1, 1))[0, 0]
+
+    def choose(packed, row_c, cands):  # as in `_block`
+        best = cands[0]
+        if len(cands) == 1:
+            return best
+        k_best = one(params.key, row_c + one(packed, best).astype(jnp.int32))
+        for c in cands[1:]:
+            k_c = one(params.key, row_c + one(packed, c).astype(jnp.int32))
+            better = k_c < k_best
+            best, k_best = jnp.where(better, c, best), jnp.where(better, k_c, k_best)
+        return best
+
+    def move(row_c, c, u):
+        base = row_c + c
+        e = jnp.zeros((), jnp.int32)
+        for j in range(W - 1):
+            e = e + (u >= one(prep.move_cum, base * (W - 1) + j)).astype(jnp.int32)
+        return base * W + e
+
+    # The tree's walks are loops of their own (over its levels), not unrolled, which keeps the event loop small.
+    def update(tree, n, d):  # add d to the weights above server n's leaf
+        def level(j, tree):
+            node = lax.shift_right_logical(NP + n, j)
+            return put(tree, node, one(tree, node) + d)
+
+        return lax.fori_loop(jnp.int32(1), jnp.int32(L + 1), level, tree)
+
+    def descend(tree, v, levels):  # the node `levels` levels down where v falls, and v within it
+        def level(_, kv):
+            k, v = kv
+            w_left = one(tree, 2 * k)
+            right = v >= w_left
+            return 2 * k + right.astype(jnp.int32), jnp.where(right, v - w_left, v)
+
+        return lax.fori_loop(jnp.int32(0), levels, level, (jnp.ones((), jnp.int32), v))
+
+    def running(i, pend, t_next):
+        return (pend >= 0) | ((i < B) & (t_next <= t_end))
+
+    def decide(i, pend, t_next, packed, tree):
+        """The move of the next iteration: (server, its cell, the move's flat entry, 4 row + 2 (it starts a
+        dispatch) + (the cell is eligible))."""
+        ii = jnp.minimum(i, B - 1)
+        disp = pend >= 0  # the dispatch of event i, whose clock action came first
+        total = one(tree, 1)
+        # The row of event i: the clock with probability quantum * total / rate (`_draw_exact`: the weight from
+        # which a uniform U falls on the clock, (1 / U - 1) N sum(stream_rate) / quantum), else its stream.
+        kind = jnp.where(total.astype(jnp.float64) >= unif(ii, 1), S, col(ii, D + S))
+        # The clock's server: the leaf where the uniform's share of the total weight falls.
+        v = jnp.floor(unif(ii, 2) * total.astype(jnp.float64)).astype(jnp.int32)
+        # (not walked for a dispatch, which needs no clock)
+        k, v = descend(tree, jnp.maximum(jnp.minimum(v, total - 1), 0), jnp.where(disp, 0, L - 1).astype(jnp.int32))
+        first_leaf = 2 * k - NP
+        w_first = one(params.weight, one(packed, first_leaf).astype(jnp.int32))
+        n_clock = first_leaf + (v >= w_first).astype(jnp.int32)
+        # A stream's candidates: those of event i, whether its row is the stream or it is the dispatch that its
+        # clock action starts (a clock event samples no candidate itself).
+        stream = jnp.where(disp, pend, kind)
+        first = col(ii, 0)
+        if D > 1:
+            n_choose = col(ii, D + jnp.minimum(stream, S - 1))
+            cands = [first] + [jnp.where(j < n_choose, col(ii, j), first) for j in range(1, D)]
+        else:
+            cands = [first]
+        row_c = stream * C
+        n = jnp.where(stream == S, n_clock, choose(packed, row_c, cands))
+        c = one(packed, n).astype(jnp.int32)
+        idx = move(row_c, c, unif(ii, jnp.where(disp, 3, 0) if origins else 0))
+        eligible = one(params.key, row_c + c) < INELIGIBLE
+        if not origins:
+            return n, c, idx, 4 * stream + eligible.astype(jnp.int32)
+        # Whether the move starts a dispatch (decided here, where the move's reads are made anyway: the loop's
+        # results that depend on it would each recompute them).
+        t = one(params.target, idx)
+        starts = eligible & (t < C) & (stream == S) & (one(params.stream, idx - S * C * W) >= 0)
+        return n, c, idx, 4 * stream + 2 * starts.astype(jnp.int32) + eligible.astype(jnp.int32)
+
+    def body(carry):
+        (i, pend, t_next, packed, tree, rec, taus), (n, c, idx, se) = carry
+        active = running(i, pend, t_next) if masked else True
+        stream, ok = se // 4, active & (se % 2 == 1)
+        ii = jnp.minimum(i, B - 1)
+        disp = pend >= 0
+        t = one(params.target, idx)
+        goes = ok & (t < C)
+        ct = jnp.where(goes, t, c)
+        packed = put(packed, n, ct.astype(pd))
+        tree = update(tree, n, one(params.weight, ct) - one(params.weight, c))
+        ct_rec = jnp.where(ok & (t == C), C, ct)
+        row = jnp.where(active, ii, B)  # inactive iterations write the scratch row
+        # The record of event i: its row's move (the cells from and to, and the row), then, in columns 3..5, the
+        # move of the dispatch its clock action starts (and the stream; -1 for none).
+        if origins:
+            s2 = one(params.stream, idx - S * C * W)
+            later = active & (se % 4 >= 2)  # the clock action starts a dispatch: the next iteration runs it
+            rec_row = jnp.stack([c, ct_rec, stream])
+            rec_col = jnp.where(disp, 3, 0).astype(jnp.int32)
+        else:
+            later = jnp.zeros((), bool)
+            rec_row, rec_col = jnp.stack([c, ct_rec, stream]), jnp.zeros_like(row)
+        rec = lax.dynamic_update_slice(rec, rec_row.astype(jnp.int32)[None], (row, rec_col))
+        taus = put(taus, row, t_next)
+        done = active & ~later  # event i is over
+        i2 = i + done.astype(jnp.int32)
+        t2 = jnp.where(i2 < B, _next_time(prep, params, t_next, tree, one(expo, jnp.minimum(i2, B - 1))), jnp.inf)
+        t_next = jnp.where(done, t2, t_next)
+        pend = jnp.where(active, jnp.where(later, s2, -1), pend) if origins else pend
+        st = (i2, pend, t_next, packed, tree, rec, taus)
+        return st, decide(i2, pend, t_next, packed, tree)
+
+    zero = jnp.zeros((), jnp.int32)
+    rec = jnp.zeros((B + 1, 6), jnp.int32).at[:, 5].set(-1) if origins else jnp.zeros((B + 1, 3), jnp.int32)
+    st = (zero, zero - 1, state.next, state.packed, state.tree, rec, jnp.zeros(B + 1, jnp.float64))
+    carry = (st, decide(*st[:5]))
+    if masked:
+        carry = lax.fori_loop(0, B * (2 if origins else 1), lambda _, cr: body(cr), carry)
+    else:
+        carry = lax.while_loop(lambda cr: running(*cr[0][:3]), body, carry)
+    nv, _, _, packed, tree, rec, taus = carry[0]
+    tau, rec = taus[:B], rec[:B]
+    ctr = state.ctr + nv.astype(jnp.uint64)
+    t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
+    draw = _draw(cfg, prep, state.seed, ctr, t)
+    state = state._replace(ctr=ctr, t=t, packed=packed, tree=tree, draw=draw,
+                           next=_next_time(prep, params, t, tree, draw.tau[0]))
+    kind = rec[:, 2]
+    moves = jnp.concatenate([rec[:, :2], rec[:, 3:]], axis=1) if origins else rec[:, :2]
+    return _finish(cfg, params, state, tau, kind, nv, moves, None, hist_base)
 
 
 def _finish(cfg: Config, params: Params, state: State, tau, kind, nv, rec, arrived, hist_base) -> State:
@@ -517,6 +796,9 @@ def _finish(cfg: Config, params: Params, state: State, tau, kind, nv, rec, arriv
 
 def _chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_base=0, hist_base=0) -> State:
     """Advance one replication to `t_end`, one event at a time."""
+    if cfg.exact:
+        return lax.while_loop(lambda st: st.next <= t_end,
+                              lambda st: _block_exact(cfg, params, prep, t_end, st, hist_base), state)
     return lax.while_loop(
         lambda st: st.draw.tau[0] <= t_end,
         lambda st: _block(cfg, params, prep, t_end, st, ring_base, hist_base),
@@ -566,6 +848,12 @@ def run_chunk(cfg: Config, params: Params, states: State, t_end) -> tuple[State,
     prep = _prepare(cfg, params)
     if cfg.sequential:
         states = _sequential_batch(cfg, params, prep, t_end, states)
+    elif cfg.exact:
+        states = lax.while_loop(
+            lambda st: jnp.any(st.next <= t_end),
+            jax.vmap(lambda st: _block_exact(cfg, params, prep, t_end, st, masked=True)),
+            states,
+        )
     else:
         states = lax.while_loop(
             lambda st: jnp.any(st.draw.tau[:, 0] <= t_end),

@@ -64,7 +64,9 @@ def _generic_sequential() -> bool:
     vmapped over replications with loops of a fixed number of iterations (elsewhere). XLA's CPU backend compiles
     its event loop into one kernel while the loop body is small: up to `_GENERIC_ONE_KERNEL_MAX_D` sampled servers
     for JSQ(d) with PH service (checked by the tests); above, the loop runs op by op, still one event at a
-    time."""
+    time. (XLA hoists a loop into one kernel when an iteration accesses under 1 KiB by its cost analysis, its
+    `xla_cpu_small_while_loop_byte_threshold`; the exact engine's loop, `_exact_selection`, fits for the retrial
+    family's examples, up to 3 sampled servers, also checked by the tests.)"""
     return jax.default_backend() == "cpu"
 
 
@@ -300,7 +302,7 @@ def _tables_plan(model, fast: JSQFastPath | None, service, n: int, n_rep: int, r
     sequential = _generic_sequential()
     cfg = generic.Config(n=n, structure=structure, replace=replace,
                          block=_SEQUENTIAL_BLOCK if sequential else _GENERIC_BLOCK, n_bins=_N_BINS,
-                         sequential=sequential, waiting=waiting)
+                         sequential=sequential, waiting=waiting, exact=_exact_selection(structure))
     hist_lo = _hist_key(t1 * 2.0 ** (1 - _HIST_OCTAVES))
     arrival_rate = float(np.asarray(tables.stream_rate)[np.asarray(tables.arrivals, bool)].sum())
     return _Plan(
@@ -310,6 +312,13 @@ def _tables_plan(model, fast: JSQFastPath | None, service, n: int, n_rep: int, r
         status_names=tables.status_names, m=1,
         reach=None, service=None, arrival_rate=arrival_rate,
     )
+
+
+def _exact_selection(structure: tables_mod.Structure) -> bool:
+    """Whether the generic engine draws the servers' clock events exactly (`generic._block_exact`) rather than
+    uniformised at the largest rate of a cell: for tables without FCFS queues, a pool or a global phase (the
+    retrial families, whose rates grow with the orbit and whose retrials may start at a server)."""
+    return not (structure.fcfs or structure.pool or structure.phases)
 
 
 def _hist_bins(waiting: bool) -> int:
