@@ -258,7 +258,9 @@ class FoundFixedPoint(NamedTuple):
     - `stability`: its `jsmkt.Stability`;
     - `tails`: $s_0..s_K$ (NumPy);
     - `hits`: how many solves reached it, `by_ode` of them through the ODE's steady state (then Newton) and
-      `by_newton` by Newton from the raw start."""
+      `by_newton` by Newton from the raw start;
+    - `min_occupancy`: the smallest entry of its occupancy vector (`model.occupancy`), negative for a root of the
+      drift outside the state space."""
 
     value: Any
     stability: Stability
@@ -266,6 +268,7 @@ class FoundFixedPoint(NamedTuple):
     hits: int
     by_ode: int
     by_newton: int
+    min_occupancy: float
 
 
 class FixedPointSearch(NamedTuple):
@@ -274,14 +277,16 @@ class FixedPointSearch(NamedTuple):
     - `fixed_points`: the distinct fixed points inside the state space, clustered to 1e-8 (max-norm), by
       increasing mean queue length (sum of the tails);
     - `n_starts`: starts tried (random ones, the empty and the full system), each by both routes;
-    - `n_failed`: solves that reached no fixed point (no convergence, or a truncation too small);
-    - `n_outside`: solves that converged to a root of the truncated drift outside the state space (a negative
-      occupancy), which are not fixed points of the model."""
+    - `outside`: the distinct roots of the drift outside the state space (an occupancy below -1e-9, or one
+      that does not sum to 1), which are not states of the model: spurious roots of the truncated polynomial
+      system, or the fixed point of published equations whose solution is no distribution (`min_occupancy` says
+      by how much);
+    - `n_failed`: solves that reached no root (no convergence, or a truncation too small)."""
 
     fixed_points: tuple[FoundFixedPoint, ...]
+    outside: tuple[FoundFixedPoint, ...]
     n_starts: int
     n_failed: int
-    n_outside: int
 
     @property
     def n_fixed_points(self) -> int:
@@ -365,10 +370,11 @@ def find_fixed_points(
     there), which finds the attracting fixed points and their basins; (b) Newton from the raw start, which also
     converges to unstable fixed points (saddles, repellers) whose basin of Newton's iteration holds a start.
     There is no deflation: a fixed point is found when some start lies in its basin of Newton's iteration, which
-    the random starts make likely for isolated roots, not certain. Converged solves are kept when inside the state
-    space (every occupancy at least -1e-9), clustered, and returned with their `jsmkt.stability`.
+    the random starts make likely for isolated roots, not certain. Converged solves are clustered and returned
+    with their `jsmkt.stability`: those inside the state space (every occupancy at least -1e-9, summing to 1) as
+    `fixed_points`, the others as `outside`.
 
-    **Returns:** a `jsmkt.FixedPointSearch` (`fixed_points`, `n_starts`, `n_failed`, `n_outside`).
+    **Returns:** a `jsmkt.FixedPointSearch` (`fixed_points`, `outside`, `n_starts`, `n_failed`).
     """
     from ._fixed_point import solve_fixed_point
 
@@ -398,25 +404,31 @@ def find_fixed_points(
     flat = values.reshape(values.shape[0], -1)
     safe = np.where(ok.reshape((-1,) + (1,) * (values.ndim - 1)), values, 0.0)
     occupancy = np.asarray(_occupancy_all(model, jnp.asarray(safe)))
-    inside = ok & np.all(occupancy >= -_STATE_TOL, axis=1) & (np.abs(occupancy.sum(axis=1) - 1.0) <= 1e-8)
-    clusters: list[list[int]] = []
-    for i in np.flatnonzero(inside):
+    low = np.min(occupancy, axis=1)
+    inside = (low >= -_STATE_TOL) & (np.abs(occupancy.sum(axis=1) - 1.0) <= 1e-8)
+
+    def distinct(members) -> list[FoundFixedPoint]:
+        clusters: list[list[int]] = []
+        for i in members:
+            for cl in clusters:
+                if np.max(np.abs(flat[i] - flat[cl[0]])) <= cluster_tol:
+                    cl.append(i)
+                    break
+            else:
+                clusters.append([i])
+        out = []
         for cl in clusters:
-            if np.max(np.abs(flat[i] - flat[cl[0]])) <= cluster_tol:
-                cl.append(i)
-                break
-        else:
-            clusters.append([i])
-    found = []
-    for cl in clusters:
-        y = jnp.asarray(values[cl[0]])
-        tails = np.asarray(model.tails(y))
-        found.append(FoundFixedPoint(
-            value=y, stability=stability(model, y), tails=tails, hits=len(cl),
-            by_ode=int(sum(i < n_total for i in cl)), by_newton=int(sum(i >= n_total for i in cl))))
-    found.sort(key=lambda p: float(np.sum(p.tails[1:])))
-    return FixedPointSearch(fixed_points=tuple(found), n_starts=n_total, n_failed=int(np.sum(~ok)),
-                            n_outside=int(np.sum(ok & ~inside)))
+            y = jnp.asarray(values[cl[0]])
+            out.append(FoundFixedPoint(
+                value=y, stability=stability(model, y), tails=np.asarray(model.tails(y)), hits=len(cl),
+                by_ode=int(sum(i < n_total for i in cl)), by_newton=int(sum(i >= n_total for i in cl)),
+                min_occupancy=float(low[cl[0]])))
+        out.sort(key=lambda p: float(np.sum(p.tails[1:])))
+        return out
+
+    return FixedPointSearch(fixed_points=tuple(distinct(np.flatnonzero(ok & inside))),
+                            outside=tuple(distinct(np.flatnonzero(ok & ~inside))), n_starts=n_total,
+                            n_failed=int(np.sum(~ok)))
 
 
 # --- convergence ---------------------------------------------------------------------------------------------------------

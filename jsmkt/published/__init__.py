@@ -79,6 +79,7 @@ __all__ = [
     "ph_fixed_point",
     "ph_fixed_point_residuals",
     "ph_sojourn_time",
+    "published_equations",
     "register_as_published",
 ]
 
@@ -382,3 +383,4 @@ from .bmap import bmap_fixed_point_residuals as bmap_fixed_point_residuals  # no
 from .framework import FrameworkAsPublished as FrameworkAsPublished  # noqa: E402
 from .framework import framework_batch_service as framework_batch_service  # noqa: E402
 from .framework import framework_bmap as framework_bmap  # noqa: E402
+from .equations import published_equations as published_equations  # noqa: E402
