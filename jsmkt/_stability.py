@@ -133,11 +133,12 @@ def stability(model: AbstractSupermarketModel, fixed_point: FixedPoint | PyTree[
     largest real part, whose condition number $\kappa = \|w\|\|v\|/|w^H v|$ bounds how far rounding can move it.
 
     **The verdict.** The spectral abscissa $\alpha$ is known to within
-    $\tau = \kappa\,(16\,n\,\varepsilon\,\|J\|_F + \|f(y)\|_\infty)$: the first term is the backward error of the
-    QR algorithm ($\varepsilon$ the float64 unit roundoff, $n$ the number of unknowns) turned into an error of the
-    eigenvalue by its condition number; the second, the residual of the drift at the given point, is how far the
-    Jacobian's point is from a true fixed point (a fixed point solved to rounding has a residual near
-    $\varepsilon$). The verdict is `stable` when $\alpha < -\tau$, `unstable` when $\alpha > \tau$, and
+    $\tau = \kappa\,(16\,n\,\varepsilon\,\max(\|J\|_F, r) + \|f(y)\|_\infty)$: the first term is the backward error
+    of the QR algorithm ($\varepsilon$ the float64 unit roundoff, $n$ the number of unknowns; $r$ =
+    `model.rate_scale()`, the model's unit of rates, so that a zero Jacobian still has a tolerance) turned into an
+    error of the eigenvalue by its condition number; the second, the residual of the drift at the given point, is
+    how far the Jacobian's point is from a true fixed point (a fixed point solved to rounding has a residual near
+    $\varepsilon$; at a point that is no fixed point the verdict is that of the linearisation there). The verdict is `stable` when $\alpha < -\tau$, `unstable` when $\alpha > \tau$, and
     `inconclusive` otherwise (a zero eigenvalue to working accuracy: a bifurcation point, a conservation law left
     in the state, or an eigenvalue too ill-conditioned to place). `margin` is $|\alpha|/\tau$. The verdict is
     that of the linearisation: for a hyperbolic fixed point (no eigenvalue on the imaginary axis) it decides
@@ -175,7 +176,8 @@ def stability(model: AbstractSupermarketModel, fixed_point: FixedPoint | PyTree[
     n = J.shape[0]
     abscissa = float(eigenvalues[0].real) if n else -math.inf
     residual = float(np.max(np.abs(f), initial=0.0))
-    tol = cond * (_ROUNDING_FACTOR * n * _EPS * float(np.linalg.norm(J)) + residual)
+    scale = max(float(np.linalg.norm(J)), float(model.rate_scale()))
+    tol = cond * (_ROUNDING_FACTOR * n * _EPS * scale + residual)
     verdict = "stable" if abscissa < -tol else "unstable" if abscissa > tol else "inconclusive"
     return Stability(
         fixed_point=y, jacobian=J, eigenvalues=eigenvalues, spectral_abscissa=abscissa,
