@@ -292,6 +292,7 @@ class FixedPointSearch(NamedTuple):
 
     @property
     def n_fixed_points(self) -> int:
+        """The number of distinct fixed points found inside the state space."""
         return len(self.fixed_points)
 
 

@@ -207,3 +207,29 @@ def test_cli_stability_errors_are_one_line(tmp_path, capsys, spec, argv, message
     assert main(["stability", str(spec), *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_convergence_experiment_quick(tmp_path):
+    """`experiments/convergence/compute.py --quick` and `plot.py --quick`: JSQ(2) unique and stable with the fitted
+    rate within 1 % of -abscissa and the bound held; every case has one fixed point inside the state space."""
+    import importlib.util
+    import sys
+
+    folder = EXAMPLES.parent / "experiments" / "convergence"
+    sys.path.insert(0, str(folder.parent))
+    modules = {}
+    for name in ("compute", "plot"):
+        spec = importlib.util.spec_from_file_location(f"convergence_{name}", folder / f"{name}.py")
+        modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[name])
+    assert modules["compute"].main(["--quick", "--out", str(tmp_path)]) == 0
+    assert modules["plot"].main(["--quick", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "convergence.json").read_text())["rows"]
+    assert {(r["family"], r["variant"]) for r in rows} >= {("jsq", "exact"), ("jsq-ph", "published")}
+    for r in rows:
+        assert r["n_fixed_points"] == 1 and r["verdict"] == "stable", r
+        assert abs(r["rate_ratio"] - 1.0) < 0.01, r
+    assert all(r["bound_held"] for r in rows if r["family"] == "jsq")
+    for name in ("spectra", "distance", "rates"):
+        assert (tmp_path / f"{name}.png").is_file()
