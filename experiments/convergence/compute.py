@@ -43,10 +43,10 @@ EXAMPLES = _common.REPO / "examples"
 # Groups: (family label, spec (TOML table), the parameter varied and its values, whether it has a published ODE).
 # The ranges are those of the papers' numerical sections: Mitzenmacher's table (d = 2, 3, 5; lam up to 0.99), Li &
 # Lui's (d = 2, 3; lam in 0.5..0.95; Erlang-2, H2 of SCV 4, Coxian-2 of SCV 2), the framework paper's BMAP and
-# batch-service examples over their loads, the retrial paper's lam in 0.05..0.9 (theta = 1), the repairable-server
-# models I-IV at their example parameters over lam, and the batch-arrival and class examples.
+# batch-service examples over their loads, the retrial paper's lam in 0.05..0.9 (here 0.3 and 0.8, theta = 0.5: its example spec), the repairable-server
+# models I-IV at their example parameters (lam 0.5 and 0.7 for model I), and the batch-arrival and class examples.
 FULL = dict(
-    starts=16, t_max=5000.0, n_times=400, seed=0,
+    starts=8, t_max=5000.0, n_times=400, seed=0,
     groups=[
         ("jsq", {"model": "jsq", "d": 2}, "lam", [0.5, 0.8, 0.9, 0.95, 0.99], True),
         ("jsq", {"model": "jsq", "d": 3}, "lam", [0.5, 0.8, 0.9, 0.95, 0.99], True),
@@ -61,11 +61,11 @@ FULL = dict(
          [0.5, 0.9], True),
         ("jsq-bmap", "jsq_bmap.toml", "mu", [1.13, 0.8071428571428572, 0.7, 0.6277777777777778], True),
         ("jsq-batch-service", "jsq_batch_service.toml", "lam", [0.6, 1.2, 1.35], True),
-        ("retrial", "retrial_reprobe.toml", "lam", [0.3, 0.6, 0.8, 0.9], False),
-        ("repairable", "repairable_model_I.toml", "lam", [0.5, 0.7, 0.8], False),
-        ("repairable", "repairable_model_II.toml", "lam", [0.5, 0.7, 0.8], False),
-        ("repairable", "repairable_model_III.toml", "lam", [0.5, 0.7], False),
-        ("repairable", "repairable_model_IV.toml", "lam", [0.5, 0.7], False),
+        ("retrial", "retrial_reprobe.toml", "lam", [0.3, 0.8], False),
+        ("repairable", "repairable_model_I.toml", "lam", [0.5, 0.7], False),
+        ("repairable", "repairable_model_II.toml", "lam", [0.7], False),
+        ("repairable", "repairable_model_III.toml", "lam", [0.7], False),
+        ("repairable", "repairable_model_IV.toml", "lam", [0.7], False),
         ("jsq-batch", "jsq2_batch.toml", "batch_rate", [0.3, 0.6], False),
         ("jsq-classes", "jsq_classes.toml", None, [None], False),
     ],

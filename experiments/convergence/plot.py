@@ -56,6 +56,7 @@ def spectra(rows, curves):
         ax.set_ylabel("Im λ")
         ax.legend(fontsize=6)
     fig.suptitle("Spectrum of the drift's Jacobian at the fixed point (reduced coordinates)")
+    fig.tight_layout()
     return fig
 
 
@@ -79,6 +80,7 @@ def distance(rows, curves):
         ax.set_ylabel("max |y(t) − y*|")
         ax.legend(fontsize=6)
     fig.suptitle("Distance to the fixed point from the empty system")
+    fig.tight_layout()
     return fig
 
 
