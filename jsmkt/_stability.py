@@ -31,9 +31,8 @@ from ._models.base import AbstractSupermarketModel
 from ._solution import RESULTS, FixedPoint
 
 
-VERDICTS = ("stable", "unstable", "inconclusive")
 _EPS = float(np.finfo(np.float64).eps)
-_ROUNDING_FACTOR = 16.0  # the backward error of LAPACK's QR algorithm, in units of n * eps * ||J||_F
+_ROUNDING_FACTOR = 16.0  # the backward error of LAPACK's QR algorithm, in units of n * eps * max(||J||_F, rate scale)
 _CLUSTER_TOL = 1e-8  # fixed points closer than this (max-norm, reduced coordinates) are one
 _STATE_TOL = 1e-9  # an occupancy entry below -_STATE_TOL (or a total off 1 by more) is outside the state space
 
@@ -386,8 +385,12 @@ def find_fixed_points(
     if isinstance(n_starts, bool) or not isinstance(n_starts, (int, np.integer)) or n_starts < 0:
         raise ValueError(f"n_starts={n_starts!r} must be an integer >= 0 (random starts; the empty and the full "
                          "system are added)")
-    if not (isinstance(cluster_tol, (int, float)) and cluster_tol > 0):
+    if isinstance(cluster_tol, bool) or not (isinstance(cluster_tol, (int, float)) and cluster_tol > 0):
         raise ValueError(f"cluster_tol={cluster_tol!r} must be a positive number")
+    try:
+        jax.random.key_data(key)
+    except (TypeError, ValueError):
+        raise ValueError(f"key={key!r} must be a JAX random key, e.g. jax.random.key(0)") from None
     model.check_values()
     if tail_tol is None:
         import inspect

@@ -158,6 +158,8 @@ def test_stability_refuses_failed_and_misshapen_fixed_points():
         jsmkt.stability(model, jnp.full(K, jnp.nan))
     with pytest.raises(ValueError, match=r"n_starts=-1 must be an integer >= 0"):
         jsmkt.find_fixed_points(model, -1, key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"key=3 must be a JAX random key"):
+        jsmkt.find_fixed_points(model, 4, key=3)
     with pytest.raises(ValueError, match=r"has no published ODE in jsmkt"):
         jsmkt.published.published_equations(next(iter(jsmkt.RetrialJSQ.examples().values())))
 
