@@ -53,8 +53,11 @@ def _point(p) -> dict[str, Any]:
     """A fixed point (or a root outside the state space) found by the search, for the output."""
     import numpy as np
 
+    # Inside the state space the tails are probabilities, clipped at 0 as `jsmkt solve` prints them; a root outside
+    # it keeps its signs.
+    tail = np.maximum(p.tails, 0.0) if p.min_occupancy >= 0 else np.asarray(p.tails)
     return {**_stability_dict(p.stability), "mean_queue_length": float(np.sum(p.tails[1:])),
-            "tail": _trim(np.abs(p.tails)) if p.min_occupancy < 0 else _trim(np.maximum(p.tails, 0.0)),
+            "tail": [float(v) for v in tail[:len(_trim(np.abs(tail)))]],
             "min_occupancy": float(p.min_occupancy), "hits": p.hits, "by_ode": p.by_ode, "by_newton": p.by_newton}
 
 
@@ -96,6 +99,7 @@ def _cmd_stability(args) -> int:
         "condition": float(st.condition),
         "leading_eigenvalues": [[float(z.real), float(z.imag)] for z in st.eigenvalues[order]],
         "tail_mass_at_K": float(fp.tail_mass),
+        "min_occupancy": float(np.min(np.asarray(target.occupancy(fp.value)))),
         "n_fixed_points": search.n_fixed_points,
         "starts": search.n_starts,
         "failed_solves": search.n_failed,
@@ -130,6 +134,9 @@ def _print_stability(out: dict[str, Any], header: str) -> None:
     print(f"  relaxation time    {_time(out['relaxation_time'])}")
     print(f"  verdict            {out['verdict']}" + (f" (margin {out['margin']:.3g} tolerances)"
                                                        if out["margin"] is not None else ""))
+    if out["min_occupancy"] < -1e-9:
+        print(f"  note: this fixed point lies outside the state space (an occupancy of {out['min_occupancy']:.3g}): "
+              "it is no distribution of servers")
     eig = ", ".join(f"{re:.6g}" + (f"{im:+.6g}i" if im else "") for re, im in out["leading_eigenvalues"])
     print(f"  leading eigenvalues: {eig}")
     print(f"  fixed points found: {out['n_fixed_points']} from {out['starts']} starts, each integrated then polished "
