@@ -99,6 +99,13 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._solution import FixedPoint as FixedPoint
     from ._solution import Trajectory as Trajectory
     from ._spec import SpecError as SpecError
+    from ._stability import Convergence as Convergence
+    from ._stability import FixedPointSearch as FixedPointSearch
+    from ._stability import FoundFixedPoint as FoundFixedPoint
+    from ._stability import Stability as Stability
+    from ._stability import convergence as convergence
+    from ._stability import find_fixed_points as find_fixed_points
+    from ._stability import stability as stability
     from ._spec import dump_model_spec as dump_spec  # noqa: F401  (public under another name)
     from ._spec import load_model_spec as load_spec  # noqa: F401
     from ._spec import loads_model_spec as loads_spec  # noqa: F401

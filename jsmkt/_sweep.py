@@ -442,6 +442,10 @@ def _scalar_metric(model, name: str):
         return lambda m, fp: getattr(_metrics, name)(m, fp)
     if name in model.observables():
         return lambda m, fp: _metrics.family_metrics(m, fp)[name]
+    if name == "spectral_abscissa":  # of the drift's Jacobian at the fixed point; eigenvalues on the host CPU
+        from ._stability import abscissa_metric
+
+        return abscissa_metric
     return None
 
 
@@ -451,7 +455,8 @@ def _check_metrics(model, metrics, fam) -> None:
     from . import _sensitivity
     from ._fixed_point import solve_fixed_point
 
-    names = list(_sensitivity.METRICS) + [n for n in model.observables() if n not in _sensitivity.METRICS]
+    names = list(_sensitivity.METRICS) + [n for n in model.observables() if n not in _sensitivity.METRICS] \
+        + ["spectral_abscissa"]
     for name in metrics:
         fn = _scalar_metric(model, name) if isinstance(name, str) else None
         if fn is None:
@@ -926,7 +931,9 @@ def sweep(spec_or_model, grid: Mapping[str, Any], *, metrics: Sequence[str] = ("
       `service.scv`, `theta`; `mean`, `scv` short for the service's). Values are read as TOML reads them: an
       integer `d` is a fixed choice number, a real one (`2.0`, `2.5`) randomised.
     - `metrics`: names of scalar metrics (`mean_sojourn_time`, `mean_queue_length`, `mean_waiting_time`,
-      `prob_wait`, `utilisation`, `throughput`, ... and the family's own: `mean_orbit_size`, `availability`, ...).
+      `prob_wait`, `utilisation`, `throughput`, ... and the family's own: `mean_orbit_size`, `availability`, ...;
+      `spectral_abscissa`, of the drift's Jacobian at the fixed point, `jsmkt.stability`: its eigenvalues are
+      computed on the host CPU through `jax.pure_callback`, a batch at a time).
     - `grad`: parameters (TOML paths) to differentiate every metric by: real parameters only (a rate, a real `d`,
       a service's mean, or its SCV where the service is given by mean and SCV). A parameter not on the grid is
       differentiated at the spec's value.

@@ -10,9 +10,10 @@ jsmkt simulate SPEC.toml --servers N --time T [--warmup W] [--replications R] [-
 jsmkt sensitivity SPEC.toml [--wrt lam,theta] [--metric NAME] [--format table|json] [--plot FILE]
 jsmkt sweep SPEC.toml --grid NAME=VALUES ... [--metric NAME] [--grad NAMES] [--percentiles P,...] [--out PATH]
             [--scheduler ADDRESS] [--chunk-size N] [--cpu-devices K] [--progress] [--format table|json]
+jsmkt stability SPEC.toml [--starts N] [--seed S] [--as-published] [--auto-K] [--format table|json]
 jsmkt plot SWEEP.zarr --y NAME [--x AXIS] [--hue AXIS] [--heatmap NAME] [--sel NAME=VALUE] [--log] [--out FILE]
 ```
-The package has one module per command (`solve`, `transient`, `simulate`, `sensitivity`, `sweep`, `plot`, each with
+The package has one module per command (`solve`, `transient`, `simulate`, `sensitivity`, `sweep`, `plot`, `stability`, each with
 its `_cmd_NAME`), the parser (`parser`), the one solve path that chooses K (`solving`), the spec and its overrides
 (`spec`), the grid options (`grid`), printed output (`output`), plots (`plots`), the compilation cache (`cache`) and
 `main`/`run` (`app`). No module here names

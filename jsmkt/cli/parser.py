@@ -4,7 +4,7 @@ option readers."""
 
 import argparse
 
-from . import capacity, plot, sensitivity, simulate, solve, sweep, transient
+from . import capacity, plot, sensitivity, simulate, solve, stability, sweep, transient
 from .cache import CACHE_ENV
 from .grid import percentile_list as _percentile_list
 
@@ -148,5 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_parser(sub, common)
     plot.add_parser(sub, common)
     capacity.add_parser(sub, common)
+    stability.add_parser(sub, common)
     return p
 

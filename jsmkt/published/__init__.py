@@ -44,7 +44,8 @@ Classic exponential JSQ(d) (Vvedenskaya et al. 1996; Mitzenmacher 2001):
 
 `as_published(model)` gives the papers' fixed point of a model of any family with an as-published form (`JSQd`,
 `JSQdPH`, `JSQdBMAP`, `JSQdBatchService`; `register_as_published` adds one), as `jsmkt solve --as-published`
-prints it.
+prints it. `published_equations(model)` gives the papers' ODE of a model of those families as a model (the one
+`jsmkt stability --as-published` linearises).
 """
 
 import equinox as eqx
@@ -79,6 +80,7 @@ __all__ = [
     "ph_fixed_point",
     "ph_fixed_point_residuals",
     "ph_sojourn_time",
+    "published_equations",
     "register_as_published",
 ]
 
@@ -382,3 +384,33 @@ from .bmap import bmap_fixed_point_residuals as bmap_fixed_point_residuals  # no
 from .framework import FrameworkAsPublished as FrameworkAsPublished  # noqa: E402
 from .framework import framework_batch_service as framework_batch_service  # noqa: E402
 from .framework import framework_bmap as framework_bmap  # noqa: E402
+
+
+def published_equations(model) -> AbstractSupermarketModel:
+    """The papers' ODE for `model`'s family, as published, at `model`'s truncation `K`: a model whose
+    `vector_field` is the published right-hand side, which `jsmkt stability --as-published` linearises and searches
+    for fixed points.
+
+    - `JSQd`: the classic ODE of Vvedenskaya et al. and Mitzenmacher is the exact mean field of the stated system, so
+      the model itself is returned;
+    - `JSQdPH`: Li & Lui's ODE (1)–(3), `JSQdPHAsPublished`;
+    - `JSQdBMAP`: the framework paper's ODE (11)–(13), `JSQdBMAPAsPublished`;
+    - `JSQdBatchService`: the framework's ODE (6) with Section 4's blocks, `framework_batch_service`.
+
+    **Raises:** `ValueError` naming the family when it has no published ODE in jsmkt, or for a randomised choice
+    number (the papers have integer `d` only)."""
+    from .._models.batch_service import JSQdBatchService
+    from .._models.bmap import JSQdBMAP
+
+    kind = type(model)
+    if kind is JSQd:
+        _fixed_d(model)
+        return model
+    if kind is JSQdPH:
+        return JSQdPHAsPublished(model.lam, model.service, _fixed_d(model), model.K)
+    if kind is JSQdBMAP:
+        return JSQdBMAPAsPublished(model.bmap, _fixed_d(model), model.mu, model.K)
+    if kind is JSQdBatchService:
+        return framework_batch_service(model.lam, model.service, model.service_batch_sizes, _fixed_d(model), model.K)
+    raise ValueError(f"{kind.__name__} has no published ODE in jsmkt (the families with one: JSQd, JSQdPH, JSQdBMAP, "
+                     "JSQdBatchService); use the exact mean field")
