@@ -46,11 +46,19 @@ from ._choice import (
 from ._errors import error_if, is_concrete
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
 from ._models.meanfield import check_modulation
-from ._refined_terms import jump_second_moment, modulated_displacements, modulation_noise, origin_drift_correction
+from ._refined_terms import (
+    jump_second_moment,
+    modulated_displacements,
+    modulation_noise,
+    origin_drift_correction,
+    tensor_lyapunov3,
+    third_jump_moment,
+)
 from ._solution import FixedPoint, failed, nan_where
 
 
 _MAX_DENSE_BYTES = 2**33  # 8 GiB for the dense n x n matrices (about four alive at once)
+_ORDER2_BYTES_PER_N3 = 160  # order 2: about ten n x n x n arrays alive at once, two of them complex
 _SMITH_STEPS = 40  # doublings: sums 2**40 terms of the Stein series (contraction factor up to 1 - 2e-11 resolved)
 
 
@@ -183,7 +191,7 @@ def _with_sampling_eps(model: AbstractSupermarketModel, eps: Array) -> AbstractS
 
 
 class RefinedMeanField(eqx.Module):
-    r"""Refined mean field of a model at its fixed point: $E[Y^N] = y^* + V/N + o(1/N)$ and
+    r"""Refined mean field of a model at its fixed point: $E[Y^N] = y^* + V/N + A/N^2 + o(1/N^2)$ and
     $N\,\mathrm{Cov}(Y^N) \to W$.
 
     **Attributes:**
@@ -192,26 +200,39 @@ class RefinedMeanField(eqx.Module):
     - `correction`: $V$, the $1/N$ coefficient of the mean, same structure as `value`.
     - `covariance`: $W$, the limit of $N\,\mathrm{Cov}(Y^N)$ on the flattened reduced state, shape `(n, n)`.
     - `model`: the model.
+    - `correction2`: $A$, the $1/N^2$ coefficient of the mean, same structure as `value` (`order=2` of
+      `refined_mean_field`); `None` at order 1.
 
-    `V` depends on how the finite system samples (`sampling` of `refined_mean_field`); `W` does not.
+    `V` and `A` depend on how the finite system samples (`sampling` of `refined_mean_field`); `W` does not.
     """
 
     value: PyTree[Array]
     correction: PyTree[Array]
     covariance: Float[Array, "n n"]
     model: AbstractSupermarketModel
+    correction2: PyTree[Array] | None = None
+
+    @property
+    def order(self) -> int:
+        """1 or 2: the order in $1/N$ of `state`."""
+        return 1 if self.correction2 is None else 2
 
     def state(self, n_servers) -> PyTree[Array]:
-        """$y^* + V/N$: the expected reduced state with `n_servers` servers, to order $1/N$. Linear metrics
-        (`tails`, `mean_queue_length`) of this state are their refined values; for other metrics use
-        `expectation`."""
+        """The expected reduced state with `n_servers` servers: $y^* + V/N$ at order 1, $y^* + V/N + A/N^2$ at
+        order 2. Linear metrics (`tails`, `mean_queue_length`) of this state are their refined values; for other
+        metrics use `expectation` (order 1)."""
         n = _check_n(n_servers)
-        return jax.tree_util.tree_map(lambda a, b: a + b / n, self.value, self.correction)
+        if self.correction2 is None:
+            return jax.tree_util.tree_map(lambda a, b: a + b / n, self.value, self.correction)
+        return jax.tree_util.tree_map(lambda a, b, c: a + b / n + c / (n * n), self.value, self.correction,
+                                      self.correction2)
 
     def expectation(self, fn: Callable[[PyTree[Array]], Array], n_servers) -> Array:
         r"""$E[\varphi(Y^N)]$ to order $1/N$: $\varphi(y^*) + (D\varphi\,V + \frac12 D^2\varphi : W)/N$ for a
         smooth `fn` $= \varphi$ of the reduced state (scalar or array valued), e.g.
-        `lambda y: jsmkt.prob_wait(model, y)`."""
+        `lambda y: jsmkt.prob_wait(model, y)`. Order 1 also for an order-2 expansion (the $1/N^2$ term of a
+        nonlinear $\varphi$ needs the third moments and $W$'s own $1/N$ term, which are not kept); for a linear
+        $\varphi$ use `fn(rmf.state(N))`, which is of order 2 there."""
         n = _check_n(n_servers)
         flat, unravel = ravel_pytree(self.value)
         phi = lambda z: fn(unravel(z))  # noqa: E731
@@ -222,7 +243,7 @@ class RefinedMeanField(eqx.Module):
     def std(self, fn: Callable[[PyTree[Array]], Array], n_servers) -> Array:
         r"""Standard deviation of $\varphi(Y^N)$ in steady state to leading order,
         $\sqrt{D\varphi\, W\, D\varphi^\top / N}$: the spread of the time-varying occupancy around its mean, not
-        a confidence interval. An array-valued `fn` gives the standard deviation of each entry (one Jacobian), e.g.
+        a confidence interval; of order 1 at either order of the expansion. An array-valued `fn` gives the standard deviation of each entry (one Jacobian), e.g.
         `rmf.std(lambda y: jsmkt.tails(model, y), N)` for every level at once."""
         n = _check_n(n_servers)
         flat, unravel = ravel_pytree(self.value)
@@ -234,8 +255,8 @@ class RefinedMeanField(eqx.Module):
         return jnp.sqrt(jnp.maximum(var, 0.0) / n).reshape(shape)
 
 
-def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacement") -> RefinedMeanField:
-    r"""The refined mean field (the $1/N$ expansion of the steady state) at a solved fixed point.
+def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacement", order: int = 1) -> RefinedMeanField:
+    r"""The refined mean field (the $1/N$ or $1/N^2$ expansion of the steady state) at a solved fixed point.
 
     **Arguments:**
 
@@ -244,6 +265,10 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
       (the mean-field model: its rates are exactly $N$ times the mean-field ones) or `"without_replacement"`
       ($D$ distinct servers: all $D$ have at least $k$ jobs with probability
       $\prod_{i<D}(s_k - i/N)/(1 - i/N)$, which adds the $1/N$ term of the drift to the bias `V`).
+    - `order`: 1 (`value`, `correction`, `covariance`) or 2 (also `correction2`, the $1/N^2$ term $A$ of the mean,
+      and `state` includes it; the equations are in `_refine2`'s docstring). Order 2 costs $O(n^4)$ work and
+      about $160\,n^3$ bytes, and is not available for a modulating phase or for streams that start at a server
+      (retrials, pushes), whose $1/N^2$ terms are not derived here.
 
     **Returns:** a `RefinedMeanField`; e.g. `jsmkt.tails(model, rmf.state(100))` are the expected tails with 100
     servers to order $1/N$, and `rmf.expectation(fn, 100)` the expectation of any smooth function of the state.
@@ -266,6 +291,10 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
     if sampling not in ("with_replacement", "without_replacement"):
         raise ValueError(f"sampling={sampling!r} must be 'with_replacement' or 'without_replacement'")
     n = sum(int(np.size(a)) for a in jax.tree_util.tree_leaves(fixed_point.value))
+    if isinstance(order, bool) or order not in (1, 2):
+        raise ValueError(f"order={order!r} must be 1 (the 1/N term) or 2 (the 1/N and 1/N^2 terms)")
+    if order == 2:
+        _check_order2(fixed_point.model, n)
     if 32 * n * n > _MAX_DENSE_BYTES:
         raise ValueError(
             f"the reduced state has {n} entries (K={fixed_point.model.K}): the refined mean field's dense n x n "
@@ -274,13 +303,16 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
     bad = failed(fixed_point)
     if bad is True:  # nothing to expand around: NaN, as every metric of a failed fixed point
         y = jax.tree_util.tree_map(lambda a: jnp.full(jnp.shape(a), jnp.nan), fixed_point.value)
-        return RefinedMeanField(y, y, jnp.full((n, n), jnp.nan), fixed_point.model)
+        return RefinedMeanField(y, y, jnp.full((n, n), jnp.nan), fixed_point.model, y if order == 2 else None)
     if concrete:
-        _maps.before_compiling("jsmkt.refined_mean_field", ("refine", _maps.signature(fixed_point.model), sampling))
-    out = _refine(fixed_point.model, fixed_point.value, sampling == "with_replacement")
+        _maps.before_compiling("jsmkt.refined_mean_field",
+                               ("refine" if order == 1 else "refine2", _maps.signature(fixed_point.model), sampling))
+    refine = _refine if order == 1 else _refine2
+    out = refine(fixed_point.model, fixed_point.value, sampling == "with_replacement")
     if bad is not False:  # traced: a failed entry's expansion is NaN (the model's own leaves stay as they are)
-        value, correction, covariance = nan_where(bad, (out.value, out.correction, out.covariance))
-        out = RefinedMeanField(value, correction, covariance, out.model)
+        value, correction, covariance, correction2 = nan_where(
+            bad, (out.value, out.correction, out.covariance, out.correction2))
+        out = RefinedMeanField(value, correction, covariance, out.model, correction2)
     if concrete and not all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree_util.tree_leaves(out)):
         raise ValueError(
             "the refined mean field is not finite: the Jacobian of the drift at the fixed point is not stable "
@@ -325,3 +357,120 @@ def _refine(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) ->
         bias = bias + mod_bias
     V = jnp.linalg.solve(A, -bias)
     return RefinedMeanField(value=y, correction=unravel(V), covariance=W, model=model)
+
+
+def _check_order2(model: AbstractSupermarketModel, n: int) -> None:
+    """Refuse, by name, what `_refine2` does not expand: too large a state, a modulating phase, streams with an
+    origin."""
+    if _ORDER2_BYTES_PER_N3 * n**3 > _MAX_DENSE_BYTES:
+        raise ValueError(
+            f"order=2: the reduced state has {n} entries (K={model.K}); the 1/N^2 term's n x n x n arrays need about "
+            f"{_ORDER2_BYTES_PER_N3 * n**3 / 2**30:.3g} GiB (limit {_MAX_DENSE_BYTES / 2**30:.3g} GiB); lower K or "
+            "use order=1"
+        )
+    if isinstance(model, AbstractDescribedModel):
+        desc = model.description()
+        if check_modulation(desc) is not None:
+            raise ValueError(f"order=2 is not available for {type(model).__name__}: its modulating phase's 1/N^2 "
+                             "terms are not derived; use order=1")
+        origins = [d.name for d in desc.dispatches if d.origin is not None]
+        if origins:
+            raise ValueError(f"order=2 is not available for {type(model).__name__}: its streams {origins} start at "
+                             "a server, and their 1/N^2 drift is not derived; use order=1")
+
+
+def _contract_third(fn: Callable, z: Float[Array, " n"], M: Float[Array, "n n n"]) -> Array:
+    r"""$D^3 f(z) : M = \sum_{klm} M_{klm}\,\partial_k\partial_l\partial_m f(z)$, as $\sum_k \partial_k\,
+    [D^2 f(z) : M_{k\cdot\cdot}]$: $n^2$ nested forward-mode products."""
+    eye = jnp.eye(z.shape[0], dtype=z.dtype)
+
+    def slab(Mk, e):
+        return jax.jvp(lambda u: _contract_hessian(fn, u, Mk), (z,), (e,))[1]
+
+    return jnp.sum(jax.vmap(slab, in_axes=(0, 1), out_axes=-1)(M, eye), axis=-1)
+
+
+@eqx.filter_jit
+def _refine2(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -> RefinedMeanField:
+    r"""The expansion to order $1/N^2$ (Gast, Bortolussi & Tribastone, *Size expansions of mean field
+    approximation: transient and steady-state analysis*, 2019), by the moment equations of the $N$-server chain.
+
+    With $e = Y^N - y^*$, the finite-N drift $f + f_1/N + f_2/N^2$ ($f_1, f_2$: sampling without replacement,
+    the $\varepsilon$-derivatives of the drift with $\varepsilon = 1/N$), the jump moments $Q + Q_1/N$ and $T$
+    ($T = \sum \beta\,\ell^{\otimes 3}$), and the stationarity of $E[e]$, $E[e^{\otimes 2}]$ and
+    $E[e^{\otimes 3}]$ under the generator, write $E[e] = V/N + A/N^2$, $E[ee^\top] = W/N + W_2/N^2$,
+    $E[e^{\otimes 3}] = M/N^2$ and $E[e^{\otimes 4}] = 3\,\mathrm{sym}(W\otimes W)/N^2$ (Gaussian at leading
+    order), all to the order written. With $J = Df(y^*)$, $g(z) = D^2 f(z) : W$, $B = Dg(y^*)$ and $w_a$ the
+    columns of $W$:
+
+    $$J W + W J^\top + Q = 0, \qquad J V + \tfrac12 g + f_1 = 0,$$
+
+    $$\textstyle\sum_l (J_{il}M_{ljk} + J_{jl}M_{ilk} + J_{kl}M_{ijl}) + P_{ijk} + P_{ikj} + P_{jki} + T_{ijk} = 0,
+    \quad P_{abc} = \tfrac12 W_{ab}\,g_c + D^2 f_c[w_a, w_b] + W_{ab} f_{1,c} + V_c Q_{ab} + DQ_{ab}[w_c],$$
+
+    $$J W_2 + W_2 J^\top + H + H^\top + DQ[V] + \tfrac12 D^2Q : W + Q_1 = 0,
+    \quad H_{ij} = \tfrac12 D^2 f_j : M_{i\cdot\cdot} + \tfrac12 (W B^\top)_{ij} + V_i f_{1,j} + (W Df_1^\top)_{ij},$$
+
+    $$J A + \tfrac12 D^2 f : W_2 + \tfrac16 D^3 f : M + \tfrac18 D^2 g : W + Df_1\,V + \tfrac12 D^2 f_1 : W + f_2
+    = 0.$$
+
+    ($\tfrac18 D^2g : W$ is $\tfrac1{24} D^4 f : E[e^{\otimes 4}]$; $\tfrac12 W B^\top$ is
+    $\tfrac16 D^3 f_j : E[e_i e^{\otimes 3}]$.) The Hessian of $f$ is one $n^3$ array; third and fourth
+    derivatives enter only contracted ($D^3 f : M$, $D^2 g : W$, $B$), by nested forward-mode products; no array
+    has $n^4$ entries. $M$ solves a three-way Lyapunov equation (`jsmkt._refined_terms.tensor_lyapunov3`).
+    Time in units of `rate_scale()`, as in `_refine` (every equation is homogeneous in the rates)."""
+    flat, unravel = ravel_pytree(y)
+    scale = model.rate_scale()
+    zero = jnp.zeros((), flat.dtype)
+    one = jnp.ones((), flat.dtype)
+
+    def sampled(eps):
+        return model if replace else _with_sampling_eps(model, eps)
+
+    def f_eps(z, eps):
+        return ravel_pytree(sampled(eps).vector_field(None, unravel(z)))[0] / scale
+
+    def Q_eps(z, eps):
+        return _jump_covariance(sampled(eps), unravel(z)) / scale
+
+    f = lambda z: f_eps(z, zero)  # noqa: E731
+    Qf = lambda z: Q_eps(z, zero)  # noqa: E731
+    J = jax.jacfwd(f)(flat)
+    Q = Qf(flat)
+    W = lyapunov(J, Q)
+    g = lambda z: _contract_hessian(f, z, W)  # noqa: E731
+    g0 = g(flat)
+    n = flat.size
+    if replace:
+        f1 = lambda z: jnp.zeros_like(z)  # noqa: E731
+        f2 = Q1 = 0.0
+    else:
+        f1 = lambda z: jax.jvp(lambda e: f_eps(z, e), (zero,), (one,))[1]  # noqa: E731
+        f2 = 0.5 * jax.jvp(lambda e: jax.jvp(lambda u: f_eps(flat, u), (e,), (one,))[1], (zero,), (one,))[1]
+        Q1 = jax.jvp(lambda e: Q_eps(flat, e), (zero,), (one,))[1]
+    f10 = f1(flat)
+    V = jnp.linalg.solve(J, -(0.5 * g0 + f10))
+
+    x = model.occupancy(y)
+    Rm = jax.jacfwd(lambda v: ravel_pytree(model.reduce(v))[0])(x)
+    T = third_jump_moment(model.transitions(x), x, Rm) / scale
+    Hf = jax.jacfwd(jax.jacfwd(f))(flat)  # (n, n, n): Hf[c, k, l] = d_k d_l f_c
+    DQ = jax.vmap(lambda w: jax.jvp(Qf, (flat,), (w,))[1])(W)  # DQ[c] = DQ[w_c]
+    P = (W[:, :, None] * (0.5 * g0 + f10)[None, None, :] + jnp.einsum("ckl,ka,lb->abc", Hf, W, W)
+         + Q[:, :, None] * V[None, None, :] + jnp.einsum("cab->abc", DQ))
+    R = P + jnp.einsum("ikj->ijk", P) + jnp.einsum("jki->ijk", P) + T
+    M = tensor_lyapunov3(J, R)
+
+    B = jax.jacfwd(g)(flat)
+    Df1 = jnp.zeros((n, n), flat.dtype) if replace else jax.jacfwd(f1)(flat)
+    H = 0.5 * jnp.einsum("jkl,ikl->ij", Hf, M) + 0.5 * W @ B.T + jnp.outer(V, f10) + W @ Df1.T
+    DQV = jax.jvp(Qf, (flat,), (V,))[1]
+    S = H + H.T + DQV + 0.5 * _contract_hessian(Qf, flat, W) + Q1
+    W2 = lyapunov(J, S)
+
+    rhs = (0.5 * jnp.einsum("ckl,kl->c", Hf, W2) + _contract_third(f, flat, M) / 6.0
+           + _contract_hessian(g, flat, W) / 8.0 + f2)
+    if not replace:
+        rhs = rhs + Df1 @ V + 0.5 * _contract_hessian(f1, flat, W)
+    A2 = jnp.linalg.solve(J, -rhs)
+    return RefinedMeanField(value=y, correction=unravel(V), covariance=W, model=model, correction2=unravel(A2))

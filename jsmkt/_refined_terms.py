@@ -113,3 +113,73 @@ def modulated_displacements(desc: Description, x: Float[Array, " C"]) -> Float[A
                             environment=None)
         rows.append(drift(transitions(one, x), x))
     return jnp.stack(rows)
+
+
+def third_jump_moment(classes: list[TransitionClass], x: Float[Array, " C"],
+                      Rm: Float[Array, "n C"]) -> Float[Array, "n n n"]:
+    r"""$T = \sum_{\text{jumps}} \text{flow}\;r\otimes r\otimes r$ in reduced coordinates, $r = R\ell$ the reduced
+    jump ($R$ = `Rm`, the linear reduction). For a class with a partner the pair $(i, j)$ jumps by $r_i + r'_j$
+    with flow $a_i b_j$, and $\sum_{ij} a_i b_j (r_i + r'_j)^{\otimes 3} = B\sum_i a_i r_i^{\otimes 3} +
+    A\sum_j b_j r_j'^{\otimes 3} + \mathrm{sym}(G_a\otimes v) + \mathrm{sym}(G_b\otimes u)$ with $A = \sum a$,
+    $B = \sum b$, $u = \sum a_i r_i$, $v = \sum b_j r'_j$, $G_a = \sum a_i r_i r_i^\top$, $G_b$ alike and
+    $\mathrm{sym}(G\otimes v)_{pqr} = G_{pq}v_r + G_{pr}v_q + G_{qr}v_p$ (the convention of
+    `jump_second_moment`). $n^3$ floats."""
+    n = Rm.shape[0]
+    T = jnp.zeros((n, n, n), x.dtype)
+
+    def cube(a, r):
+        return jnp.einsum("ai,bi,ci->abc", r * a[None, :], r, r)
+
+    def sym(G, v):
+        return G[:, :, None] * v[None, None, :] + G[:, None, :] * v[None, :, None] + G[None, :, :] * v[:, None, None]
+
+    for tc in classes:
+        a = tc.rate * x[tc.source]
+        r = Rm[:, np.asarray(tc.target)] - Rm[:, np.asarray(tc.source)]
+        if tc.partner is None:
+            T = T + cube(a, r)
+            continue
+        p = tc.partner
+        b = p.prob
+        rp = Rm[:, np.asarray(p.target)] - Rm[:, np.asarray(p.source)]
+        T = T + jnp.sum(b) * cube(a, r) + jnp.sum(a) * cube(b, rp)
+        T = T + sym((r * a[None, :]) @ r.T, rp @ b) + sym((rp * b[None, :]) @ rp.T, r @ a)
+    return T
+
+
+def tensor_lyapunov3(A: Float[Array, "n n"], R: Float[Array, "n n n"]) -> Float[Array, "n n n"]:
+    r"""Solve $\sum_l (A_{il} M_{ljk} + A_{jl} M_{ilk} + A_{kl} M_{ijl}) + R_{ijk} = 0$ for a stable $A$: the
+    three-way Lyapunov equation of the third moments.
+
+    Complex Schur form $A = U T U^*$ ($T$ upper triangular): with $\tilde R = R \times_1 U^* \times_2 U^*
+    \times_3 U^*$ the operator becomes triangular in each index, and $X = M \times_1 U^* \times_2 U^* \times_3 U^*$
+    is found by back substitution, $X_a$ from $(T + T_{aa} I) X_a + X_a T^\top = -\tilde R_a - \sum_{p>a} T_{ap}
+    X_p$ and each row $X_{ab}$ of that from the triangular system $(T + (T_{aa} + T_{bb}) I)\, X_{ab} = \dots$
+    ($n^2$ triangular solves, $O(n^4)$ work, $n^3$ memory; a unitary basis, so no eigenvector conditioning
+    enters). The Schur decomposition runs on the CPU backend only."""
+    n = A.shape[0]
+    T, U = jax.scipy.linalg.schur(A.astype(jnp.complex128), output="complex")
+    Uh = U.conj().T
+
+    def mode_product(X, B):  # X x_1 B x_2 B x_3 B
+        X = jnp.tensordot(B, X, axes=(1, 0))
+        X = jnp.einsum("bj,ajc->abc", B, X)
+        return jnp.einsum("ck,abk->abc", B, X)
+
+    Rt = mode_product(R.astype(T.dtype), Uh)
+    eye = jnp.eye(n, dtype=T.dtype)
+
+    def outer(i, X):
+        a = n - 1 - i
+        rhs = -Rt[a] - jnp.tensordot(T[a], X, axes=1)  # X_p = 0 for p <= a so far
+
+        def inner(j, Y):
+            b = n - 1 - j
+            rb = rhs[b] - T[b] @ Y  # Y_q = 0 for q <= b so far
+            yb = jax.scipy.linalg.solve_triangular(T + (T[a, a] + T[b, b]) * eye, rb, lower=False)
+            return Y.at[b].set(yb)
+
+        return X.at[a].set(jax.lax.fori_loop(0, n, inner, jnp.zeros((n, n), T.dtype)))
+
+    X = jax.lax.fori_loop(0, n, outer, jnp.zeros((n, n, n), T.dtype))
+    return mode_product(X, U).real

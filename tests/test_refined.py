@@ -304,3 +304,67 @@ def test_jump_covariance_memory_is_quadratic_in_the_state_size():
         pytest.skip("this backend gives no memory analysis")
     n = y.size
     assert analysis.temp_size_in_bytes < 8 * n * n * 8
+
+
+# --- order 2: the 1/N^2 term ---------------------------------------------------------------------------------------
+
+
+def test_order2_equals_rmftool_on_jsq2():
+    """A (and V, W) against rmftool 0.5's order-2 expansion of JSQ(2) (tests/data/make_rmftool_order2.py: its
+    symbolic derivatives and its moment solver, an implementation that shares nothing with jsmkt's)."""
+    import json
+    import pathlib
+
+    ref = json.loads((pathlib.Path(__file__).parent / "data" / "rmftool_order2_jsq2.json").read_text())
+    for case in ref["cases"]:
+        model = jsmkt.JSQd(case["lam"], d=2, K=case["K"])
+        rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model, tail_tol=1e-3), order=2)
+        assert rmf.order == 2
+        for got, want in ((rmf.value, case["pi"]), (rmf.correction, case["V"]), (rmf.covariance, case["W"]),
+                          (rmf.correction2, case["A"])):
+            want = np.asarray(want)
+            np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-8 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("sampling", ["with_replacement", "without_replacement"])
+def test_order2_against_exact_small_systems(sampling):
+    """The exact stationary laws of JSQ(2) with N = 5..30 servers and buffer K = 3 (lam = 0.5,
+    `_exact_finite_n_tails`): the error of y* + V/N + A/N^2 falls like N^-3 (fitted log-log slope in
+    [-3.5, -2.5]; about -2 at order 1), and a fit of N^2 (E[s] - y* - V/N) = A + b/N + c/N^2 over N = 20..50
+    recovers A."""
+    lam, d, K = 0.5, 2, 3
+    model = jsmkt.JSQd(lam, d=d, K=K)
+    fp = jsmkt.solve_fixed_point(model, tail_tol=1e-2)
+    rmf = jsmkt.refined_mean_field(fp, sampling, order=2)
+    y, V, A = (np.asarray(a) for a in (fp.value, rmf.correction, rmf.correction2))
+    exact = {N: _exact_finite_n_tails(N, K, lam, d, sampling == "with_replacement")[1:]
+             for N in (5, 7, 10, 14, 20, 25, 30, 40, 50)}
+    Ns = np.array([5, 7, 10, 14, 20, 30])
+    err1 = [np.abs(exact[N] - y - V / N).sum() for N in Ns]
+    err2 = [np.abs(exact[N] - np.asarray(rmf.state(int(N)))).sum() for N in Ns]
+    slope = lambda e: np.polyfit(np.log(Ns), np.log(e), 1)[0]  # noqa: E731
+    assert -2.3 < slope(err1) < -1.7
+    assert -3.5 < slope(err2) < -2.5
+    assert np.all(np.asarray(err2) < np.asarray(err1))
+    Nf = np.array([20, 25, 30, 40, 50])
+    G = np.stack([N**2 * (exact[N] - y - V / N) for N in Nf])
+    fit = np.linalg.lstsq(np.stack([np.ones(len(Nf)), 1 / Nf, 1 / Nf**2], 1), G, rcond=None)[0][0]
+    np.testing.assert_allclose(fit, A, atol=3e-3 * np.abs(A).max())
+
+
+def test_order2_state_and_arguments():
+    """state(N) = y* + V/N + A/N^2 at order 2 (y* + V/N at order 1); the 1/N^2 term of the busy fraction is zero
+    (work conservation) for a PH family too; bad orders and models without a derived 1/N^2 term are refused."""
+    model = jsmkt.JSQdPH(0.85, jsmkt.coxian2(1.0, 2.0), d=2, K=20)
+    fp = jsmkt.solve_fixed_point(model)
+    r1 = jsmkt.refined_mean_field(fp)
+    r2 = jsmkt.refined_mean_field(fp, order=2)
+    assert r1.order == 1 and r1.correction2 is None
+    y, V, A = (np.asarray(a) for a in (fp.value, r2.correction, r2.correction2))
+    np.testing.assert_allclose(np.asarray(r2.state(10)), y + V / 10 + A / 100, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(np.asarray(r1.state(10)), y + V / 10, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(np.asarray(r1.correction), V, atol=1e-12)
+    assert abs(float(jnp.sum(r2.correction2[0]))) < 1e-9 and float(jnp.max(jnp.abs(r2.correction2))) > 1e-2
+    for bad in (0, 3, True, "2"):
+        with pytest.raises(ValueError, match=f"order={bad!r} must be 1"):
+            jsmkt.refined_mean_field(fp, order=bad)
