@@ -368,3 +368,34 @@ def test_order2_state_and_arguments():
     for bad in (0, 3, True, "2"):
         with pytest.raises(ValueError, match=f"order={bad!r} must be 1"):
             jsmkt.refined_mean_field(fp, order=bad)
+
+
+def test_cli_solve_servers_order2(tmp_path, capsys):
+    """`jsmkt solve --servers N --order 2`: the refined tails are s + V/N + A/N^2 with A from
+    `refined_mean_field(fp, order=2)`; `--order 2` without `--servers` is refused by name."""
+    import json
+
+    from jsmkt.cli import main
+
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.9\nd = 2\nK = 12\n')
+
+    def run(argv):
+        code = main(argv)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = run(["solve", str(spec), "--format", "json", "--servers", "10", "--order", "2"])
+    assert code == 0, err
+    res = json.loads(out)
+    r = res["refined"]
+    assert r["order"] == 2
+    model = jsmkt.JSQd(0.9, d=2, K=12)
+    A = np.asarray(jsmkt.tails(model, jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model), order=2).correction2))
+    np.testing.assert_allclose(r["tail_correction2"][1:], A[1: len(r["tail"])], rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(r["tail"], np.array(res["tail"]) + np.array(r["tail_correction"]) / 10
+                               + np.array(r["tail_correction2"]) / 100, rtol=1e-12, atol=1e-300)
+    code, out, _ = run(["solve", str(spec), "--servers", "10", "--order", "2"])
+    assert code == 0 and "order 1/N^2" in out and "1/N^2 coefficient" in out
+    code, _, err = run(["solve", str(spec), "--order", "2"])
+    assert code == 2 and "--order 2" in err and "--servers" in err
