@@ -474,3 +474,126 @@ def _refine2(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -
         rhs = rhs + Df1 @ V + 0.5 * _contract_hessian(f1, flat, W)
     A2 = jnp.linalg.solve(J, -rhs)
     return RefinedMeanField(value=y, correction=unravel(V), covariance=W, model=model, correction2=unravel(A2))
+
+
+class RefinedTrajectory(eqx.Module):
+    r"""The transient refined mean field from a deterministic start: $E[Y^N(t)] = y(t) + V(t)/N + o(1/N)$ and
+    $N\,\mathrm{Cov}(Y^N(t)) \to W(t)$ (`jsmkt.refined_transient`).
+
+    **Attributes:**
+
+    - `ts`: the save times, shape `(T,)`.
+    - `value`: $y(t)$, the mean-field trajectory (reduced state, leading time axis).
+    - `correction`: $V(t)$, the $1/N$ coefficient of the mean, shaped like `value`.
+    - `covariance`: $W(t)$ on the flattened reduced state, shape `(T, n, n)`.
+    - `model`: the model.
+    """
+
+    ts: Array
+    value: PyTree[Array]
+    correction: PyTree[Array]
+    covariance: Array
+    model: AbstractSupermarketModel
+
+    def state(self, n_servers) -> PyTree[Array]:
+        """$y(t) + V(t)/N$ at every save time: the expected reduced state with `n_servers` servers, to order
+        $1/N$."""
+        n = _check_n(n_servers)
+        return jax.tree_util.tree_map(lambda a, b: a + b / n, self.value, self.correction)
+
+
+def refined_transient(
+    model: AbstractSupermarketModel,
+    t1: float,
+    x0: PyTree[Array] | None = None,
+    *,
+    ts: ArrayLike | None = None,
+    sampling: str = "with_replacement",
+    rtol: float = 1e-8,
+    atol: float = 1e-10,
+    max_steps: int = 100_000,
+) -> RefinedTrajectory:
+    r"""The $1/N$ expansion of the transient of the $N$-server system started at the reduced state `x0` (every
+    server's state given, so $V(0) = 0$ and $W(0) = 0$; default: the empty system), along the mean-field
+    trajectory $y(t)$ (Gast, Bortolussi & Tribastone 2019, transient regime):
+
+    $$\dot y = f(y),\qquad \dot V = Df(y)\,V + \tfrac12 D^2 f(y) : W + f_1(y),\qquad
+    \dot W = Df(y)\,W + W\,Df(y)^\top + Q(y),$$
+
+    with $Q$ the jump covariance and $f_1$ the $1/N$ term of the finite-N drift (as in `refined_mean_field`: sampling
+    without replacement, streams that start at a server). As $t \to \infty$, $V(t)$ and $W(t)$ tend to the
+    steady-state `correction` and `covariance` of `refined_mean_field`.
+
+    **Arguments:** `model`, `t1`, `x0` and `ts` as in `jsmkt.integrate` (default `ts`: `t1` only); `sampling` as in
+    `refined_mean_field`; `rtol`, `atol`, `max_steps` for the step-size controller of the explicit solver
+    (`diffrax.Tsit5`: the augmented state has $n^2 + 2n$ entries, too many for an implicit solver's Jacobian).
+
+    **Returns:** a `RefinedTrajectory`. Not available for a modulating phase (refused by name)."""
+    from ._integrate import _real, _state_arg
+
+    if not isinstance(model, AbstractSupermarketModel):
+        raise ValueError(f"model={model!r} is not a jsmkt model (JSQd, JSQdPH, ...)")
+    if sampling not in ("with_replacement", "without_replacement"):
+        raise ValueError(f"sampling={sampling!r} must be 'with_replacement' or 'without_replacement'")
+    t1 = _real("t1", t1, "time")
+    rtol, atol = _real("rtol", rtol), _real("atol", atol)
+    x0 = _state_arg(x0)
+    if x0 is not None:
+        model.check_state(x0)
+    model.check_values()
+    if isinstance(model, AbstractDescribedModel) and check_modulation(model.description()) is not None:
+        raise ValueError(f"refined_transient is not available for {type(model).__name__}: its modulating phase's "
+                         "transient 1/N terms are not derived")
+    ts = jnp.asarray([t1] if ts is None else ts, dtype=float)
+    tc = np.asarray(ts)
+    if ts.ndim != 1 or not (np.all(np.isfinite(tc)) and np.all(np.diff(tc) >= 0) and tc[0] >= 0 and tc[-1] <= t1):
+        raise ValueError(f"ts={tc.tolist()!r} must be a 1-d array of finite, non-decreasing times in [0, t1={t1:g}]")
+    y0 = model.initial_state() if x0 is None else x0
+    n = sum(int(np.size(a)) for a in jax.tree_util.tree_leaves(y0))
+    if 32 * n * n > _MAX_DENSE_BYTES:
+        raise ValueError(f"the reduced state has {n} entries (K={model.K}): W(t) needs dense n x n matrices; lower K")
+    out = _refined_transient(model, y0, t1, ts, sampling == "with_replacement", rtol, atol, int(max_steps))
+    if not all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree_util.tree_leaves((out.value, out.covariance))):
+        raise RuntimeError(f"jsmkt.refined_transient: the integration failed (t1={t1:g}, max_steps={max_steps})")
+    return out
+
+
+@eqx.filter_jit
+def _refined_transient(model, y0, t1, ts, replace, rtol, atol, max_steps):
+    import diffrax as dfx
+
+    flat0, unravel = ravel_pytree(y0)
+    n = flat0.size
+    f = lambda z: ravel_pytree(model.vector_field(None, unravel(z)))[0]  # noqa: E731
+    desc = model.description() if isinstance(model, AbstractDescribedModel) else None
+    has_origin = desc is not None and any(d.origin is not None for d in desc.dispatches)
+
+    def f1(z):
+        out = jnp.zeros_like(z)
+        if not replace:
+            f_eps = lambda eps: ravel_pytree(_with_sampling_eps(model, eps).vector_field(None, unravel(z)))[0]  # noqa: E731
+            zero = jnp.zeros((), z.dtype)
+            out = out + jax.jvp(f_eps, (zero,), (jnp.ones_like(zero),))[1]
+        if has_origin:
+            yz = unravel(z)
+            out = out + ravel_pytree(model.reduce(origin_drift_correction(desc, model.occupancy(yz))))[0]
+        return out
+
+    def rhs(t, state, args):
+        z, V, W = state
+        fz, JV = jax.jvp(f, (z,), (V,))
+        JW = jax.vmap(lambda w: jax.jvp(f, (z,), (w,))[1], in_axes=1, out_axes=1)(W)
+        dW = JW + JW.T + _jump_covariance(model, unravel(z))
+        dV = JV + 0.5 * _contract_hessian(f, z, W) + f1(z)
+        return fz, dV, 0.5 * (dW + dW.T)
+
+    state0 = (flat0, jnp.zeros(n, flat0.dtype), jnp.zeros((n, n), flat0.dtype))
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(rhs), dfx.Tsit5(), t0=0.0, t1=t1, dt0=None, y0=state0, saveat=dfx.SaveAt(ts=ts),
+        stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol), max_steps=max_steps, throw=False,
+    )
+    z, V, W = sol.ys
+    bad = sol.result != dfx.RESULTS.successful
+    z, V, W = (jnp.where(bad, jnp.nan, a) for a in (z, V, W))
+    return RefinedTrajectory(ts=ts, value=jax.vmap(unravel)(z), correction=jax.vmap(unravel)(V), covariance=W,
+                             model=model)

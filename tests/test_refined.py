@@ -201,11 +201,11 @@ def test_without_replacement_lowers_the_bias():
         jsmkt.refined_mean_field(fp, "sometimes")
 
 
-def _exact_finite_n_tails(N, K, lam, d, replace):
-    """E[s_k], k = 0..K, of JSQ(d) with N exponential servers (rate 1) from the exact stationary law of the Markov
-    chain on the counts c_0..c_K of servers with k jobs (arrivals to a queue of K jobs are lost). An arrival finds
-    all d sampled servers with >= k jobs with probability (m/N)^d with replacement, C(m, d)/C(N, d) without,
-    m = number of such servers."""
+def _finite_n_chain(N, K, lam, d, replace):
+    """The Markov chain of JSQ(d) with N exponential servers (rate 1) on the counts c_0..c_K of servers with k jobs
+    (arrivals to a queue of K jobs are lost): `(C, G)`, the states (rows of counts) and the generator (CSR, rows =
+    from). An arrival finds all d sampled servers with >= k jobs with probability (m/N)^d with replacement,
+    C(m, d)/C(N, d) without, m = number of such servers."""
     import itertools
     from math import comb
 
@@ -239,11 +239,29 @@ def _exact_finite_n_tails(N, K, lam, d, replace):
                 rows.append(i), cols.append(index[tuple(n)]), rates.append(float(c[k]))
     n = len(states)
     G = sp.csr_matrix((rates, (rows, cols)), shape=(n, n))
-    G = (G - sp.diags(np.asarray(G.sum(axis=1)).ravel())).T.tocsc()
+    return np.array(states, dtype=float), (G - sp.diags(np.asarray(G.sum(axis=1)).ravel())).tocsr()
+
+
+def _exact_finite_n_tails(N, K, lam, d, replace):
+    """E[s_k], k = 0..K, from the exact stationary law of `_finite_n_chain`."""
+    import scipy.sparse.linalg as spla
+
+    C, G = _finite_n_chain(N, K, lam, d, replace)
+    G = G.T.tocsc()
     pi = np.concatenate([[1.0], spla.spsolve(G[1:, 1:], -G[1:, 0].toarray().ravel())])
     pi /= pi.sum()
-    C = np.array(states, dtype=float)
     return pi @ (np.cumsum(C[:, ::-1], axis=1)[:, ::-1] / N)
+
+
+def _exact_finite_n_transient_tails(N, K, lam, d, replace, ts):
+    """E[s_k(t)], k = 0..K, at the times `ts` from N empty servers: the Kolmogorov forward equations of
+    `_finite_n_chain`, p(t) = p(0) exp(G t) (SciPy's `expm_multiply`)."""
+    import scipy.sparse.linalg as spla
+
+    C, G = _finite_n_chain(N, K, lam, d, replace)
+    p0 = (C[:, 0] == N).astype(float)
+    P = spla.expm_multiply(G.T.tocsc(), p0, start=0.0, stop=float(ts[-1]), num=len(ts), endpoint=True)
+    return P @ (np.cumsum(C[:, ::-1], axis=1)[:, ::-1] / N)
 
 
 @pytest.mark.parametrize("sampling", ["with_replacement", "without_replacement"])
@@ -399,3 +417,30 @@ def test_cli_solve_servers_order2(tmp_path, capsys):
     assert code == 0 and "order 1/N^2" in out and "1/N^2 coefficient" in out
     code, _, err = run(["solve", str(spec), "--order", "2"])
     assert code == 2 and "--order 2" in err and "--servers" in err
+
+
+@pytest.mark.parametrize("sampling", ["with_replacement", "without_replacement"])
+def test_refined_transient_against_the_kolmogorov_equations(sampling):
+    """From N empty servers (JSQ(2), lam = 0.5, K = 3): N (E[s(t)] - y(t)) from the exact transient law (forward
+    equations, N = 10..30), fitted as V(t) + b/N, recovers V(t) at t = 1..4; V(t) and W(t) tend to the steady
+    state's V and W."""
+    lam, d, K = 0.5, 2, 3
+    model = jsmkt.JSQd(lam, d=d, K=K)
+    ts = np.linspace(0.0, 4.0, 5)
+    tr = jsmkt.refined_transient(model, 4.0, ts=ts, sampling=sampling)
+    y, V = np.asarray(tr.value), np.asarray(tr.correction)
+    assert np.all(V[0] == 0.0) and np.all(np.asarray(tr.covariance[0]) == 0.0)
+    Ns = np.array([10, 14, 20, 30])
+    gaps = np.stack([N * (_exact_finite_n_transient_tails(int(N), K, lam, d, sampling == "with_replacement", ts)[:, 1:]
+                          - y) for N in Ns])  # (N, t, k)
+    X = np.stack([np.ones(len(Ns)), 1.0 / Ns], axis=1)
+    fit = np.linalg.lstsq(X, gaps.reshape(len(Ns), -1), rcond=None)[0][0].reshape(V.shape)
+    np.testing.assert_allclose(fit[1:], V[1:], atol=0.03 * np.abs(V).max())
+    assert np.abs(V).max() > 0.02
+    # the order-1 transient is closer to the exact law than the mean field
+    exact30 = _exact_finite_n_transient_tails(30, K, lam, d, sampling == "with_replacement", ts)[:, 1:]
+    assert np.abs(exact30 - np.asarray(tr.state(30))).max() < 0.3 * np.abs(exact30 - y).max()
+    late = jsmkt.refined_transient(model, 300.0, sampling=sampling)
+    rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model, tail_tol=1e-2), sampling)
+    np.testing.assert_allclose(np.asarray(late.correction[-1]), np.asarray(rmf.correction), atol=1e-7)
+    np.testing.assert_allclose(np.asarray(late.covariance[-1]), np.asarray(rmf.covariance), atol=1e-7)
