@@ -444,3 +444,21 @@ def test_refined_transient_against_the_kolmogorov_equations(sampling):
     rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model, tail_tol=1e-2), sampling)
     np.testing.assert_allclose(np.asarray(late.correction[-1]), np.asarray(rmf.correction), atol=1e-7)
     np.testing.assert_allclose(np.asarray(late.covariance[-1]), np.asarray(rmf.covariance), atol=1e-7)
+
+
+def test_order2_and_transient_refuse_what_they_do_not_expand():
+    """A modulating phase (BMAP arrivals) and streams that start at a server (retrials) have 1/N^2 terms that are
+    not derived: order 2 refuses them by name (before any solve), and the transient refuses a modulating phase."""
+    from jsmkt._refined import _check_order2
+    from jsmkt._spec import FAMILIES
+
+    bmap = next(iter(FAMILIES["jsq-bmap"].examples().values()))
+    retrial = next(iter(FAMILIES["retrial"].examples().values()))
+    with pytest.raises(ValueError, match="modulating phase"):
+        _check_order2(bmap, 10)
+    with pytest.raises(ValueError, match=r"streams \['retrial'\] start at a server"):
+        _check_order2(retrial, 10)
+    with pytest.raises(ValueError, match="n x n x n arrays"):
+        _check_order2(jsmkt.JSQd(0.5, d=2, K=10), 600)
+    with pytest.raises(ValueError, match="modulating phase"):
+        jsmkt.refined_transient(bmap, 1.0)
