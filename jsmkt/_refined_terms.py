@@ -147,6 +147,28 @@ def third_jump_moment(classes: list[TransitionClass], x: Float[Array, " C"],
     return T
 
 
+def _complex_schur(A: Float[Array, "n n"], host: bool | None = None):
+    """`(T, U)` with `A = U T U*`, `T` upper triangular (complex). JAX implements the Schur decomposition on the CPU
+    backend only: elsewhere (or with `host=True`) SciPy's runs on the host through `jax.pure_callback`."""
+    A = jax.lax.stop_gradient(A).astype(jnp.complex128)
+    if host is None:
+        host = jax.default_backend() != "cpu"
+    if not host:
+        return jax.scipy.linalg.schur(A, output="complex")
+
+    def schur(a):
+        import scipy.linalg
+
+        a = np.asarray(a)
+        out = [scipy.linalg.schur(m, output="complex") for m in a.reshape(-1, *a.shape[-2:])]
+        T = np.stack([t for t, _ in out]).reshape(a.shape).astype(a.dtype)
+        U = np.stack([u for _, u in out]).reshape(a.shape).astype(a.dtype)
+        return T, U
+
+    shape = jax.ShapeDtypeStruct(A.shape, A.dtype)
+    return jax.pure_callback(schur, (shape, shape), A, vmap_method="expand_dims")
+
+
 def tensor_lyapunov3(A: Float[Array, "n n"], R: Float[Array, "n n n"]) -> Float[Array, "n n n"]:
     r"""Solve $\sum_l (A_{il} M_{ljk} + A_{jl} M_{ilk} + A_{kl} M_{ijl}) + R_{ijk} = 0$ for a stable $A$: the
     three-way Lyapunov equation of the third moments.
@@ -156,9 +178,10 @@ def tensor_lyapunov3(A: Float[Array, "n n"], R: Float[Array, "n n n"]) -> Float[
     is found by back substitution, $X_a$ from $(T + T_{aa} I) X_a + X_a T^\top = -\tilde R_a - \sum_{p>a} T_{ap}
     X_p$ and each row $X_{ab}$ of that from the triangular system $(T + (T_{aa} + T_{bb}) I)\, X_{ab} = \dots$
     ($n^2$ triangular solves, $O(n^4)$ work, $n^3$ memory; a unitary basis, so no eigenvector conditioning
-    enters). The Schur decomposition runs on the CPU backend only."""
+    enters). The Schur decomposition is JAX's on the CPU backend, SciPy's through a host callback elsewhere
+    (`_complex_schur`); it is not differentiated."""
     n = A.shape[0]
-    T, U = jax.scipy.linalg.schur(A.astype(jnp.complex128), output="complex")
+    T, U = _complex_schur(A)
     Uh = U.conj().T
 
     def mode_product(X, B):  # X x_1 B x_2 B x_3 B

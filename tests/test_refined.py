@@ -462,3 +462,22 @@ def test_order2_and_transient_refuse_what_they_do_not_expand():
         _check_order2(jsmkt.JSQd(0.5, d=2, K=10), 600)
     with pytest.raises(ValueError, match="modulating phase"):
         jsmkt.refined_transient(bmap, 1.0)
+
+
+def test_three_way_lyapunov_against_kronecker_solve():
+    """`tensor_lyapunov3` against the (n^3 x n^3) Kronecker-sum system; the Schur form by JAX (CPU) and by SciPy
+    through the host callback (other backends) agree."""
+    from jsmkt._refined_terms import _complex_schur, tensor_lyapunov3
+
+    rng = np.random.default_rng(1)
+    n = 5
+    A = rng.normal(size=(n, n)) - 3.0 * np.eye(n) * (1 + np.arange(n))  # stable, non-normal
+    R = rng.normal(size=(n, n, n))
+    M = np.asarray(tensor_lyapunov3(jnp.asarray(A), jnp.asarray(R)))
+    eye = np.eye(n)
+    L = np.kron(np.kron(A, eye), eye) + np.kron(np.kron(eye, A), eye) + np.kron(np.kron(eye, eye), A)
+    np.testing.assert_allclose(M, np.linalg.solve(L, -R.reshape(-1)).reshape(n, n, n), rtol=1e-10, atol=1e-13)
+    for host in (False, True):
+        T, U = _complex_schur(jnp.asarray(A), host)
+        np.testing.assert_allclose(np.asarray(U @ T @ U.conj().T), A, atol=1e-12)
+        assert float(jnp.max(jnp.abs(jnp.tril(T, -1)))) == 0.0
