@@ -169,6 +169,7 @@ def _complex_schur(A: Float[Array, "n n"], host: bool | None = None):
     return jax.pure_callback(schur, (shape, shape), A, vmap_method="expand_dims")
 
 
+@jax.custom_jvp
 def tensor_lyapunov3(A: Float[Array, "n n"], R: Float[Array, "n n n"]) -> Float[Array, "n n n"]:
     r"""Solve $\sum_l (A_{il} M_{ljk} + A_{jl} M_{ilk} + A_{kl} M_{ijl}) + R_{ijk} = 0$ for a stable $A$: the
     three-way Lyapunov equation of the third moments.
@@ -179,7 +180,8 @@ def tensor_lyapunov3(A: Float[Array, "n n"], R: Float[Array, "n n n"]) -> Float[
     X_p$ and each row $X_{ab}$ of that from the triangular system $(T + (T_{aa} + T_{bb}) I)\, X_{ab} = \dots$
     ($n^2$ triangular solves, $O(n^4)$ work, $n^3$ memory; a unitary basis, so no eigenvector conditioning
     enters). The Schur decomposition is JAX's on the CPU backend, SciPy's through a host callback elsewhere
-    (`_complex_schur`); it is not differentiated."""
+    (`_complex_schur`). Differentiated implicitly (`jax.custom_jvp`): the tangent solves the same equation with
+    $R$ replaced by $\dot R + \dot A \cdot M$ (the operator with $\dot A$ in place of $A$, applied to $M$)."""
     n = A.shape[0]
     T, U = _complex_schur(A)
     Uh = U.conj().T
@@ -206,3 +208,17 @@ def tensor_lyapunov3(A: Float[Array, "n n"], R: Float[Array, "n n n"]) -> Float[
 
     X = jax.lax.fori_loop(0, n, outer, jnp.zeros((n, n, n), T.dtype))
     return mode_product(X, U).real
+
+
+def _apply3(A, M):
+    """$\sum_l (A_{il} M_{ljk} + A_{jl} M_{ilk} + A_{kl} M_{ijl})$."""
+    return (jnp.einsum("il,ljk->ijk", A, M) + jnp.einsum("jl,ilk->ijk", A, M)
+            + jnp.einsum("kl,ijl->ijk", A, M))
+
+
+@tensor_lyapunov3.defjvp
+def _tensor_lyapunov3_jvp(primals, tangents):
+    A, R = primals
+    dA, dR = tangents
+    M = tensor_lyapunov3(A, R)
+    return M, tensor_lyapunov3(A, dR + _apply3(dA, M))
