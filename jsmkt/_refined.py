@@ -51,6 +51,7 @@ from ._refined_terms import (
     modulated_displacements,
     modulation_noise,
     origin_drift_correction,
+    origin_shifted_moments,
     tensor_lyapunov3,
     third_jump_moment,
 )
@@ -267,8 +268,8 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
       $\prod_{i<D}(s_k - i/N)/(1 - i/N)$, which adds the $1/N$ term of the drift to the bias `V`).
     - `order`: 1 (`value`, `correction`, `covariance`) or 2 (also `correction2`, the $1/N^2$ term $A$ of the mean,
       and `state` includes it; the equations are in `_refine2`'s docstring). Order 2 costs $O(n^4)$ work and
-      about $160\,n^3$ bytes, and is not available for a modulating phase or for streams that start at a server
-      (retrials, pushes), whose $1/N^2$ terms are not derived here.
+      about $160\,n^3$ bytes, and is not available for a modulating phase (BMAP arrivals), whose $1/N^2$ terms
+      are not derived here.
 
     **Returns:** a `RefinedMeanField`; e.g. `jsmkt.tails(model, rmf.state(100))` are the expected tails with 100
     servers to order $1/N$, and `rmf.expectation(fn, 100)` the expectation of any smooth function of the state.
@@ -360,8 +361,7 @@ def _refine(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) ->
 
 
 def _check_order2(model: AbstractSupermarketModel, n: int) -> None:
-    """Refuse, by name, what `_refine2` does not expand: too large a state, a modulating phase, streams with an
-    origin."""
+    """Refuse, by name, what `_refine2` does not expand: too large a state, a modulating phase."""
     if _ORDER2_BYTES_PER_N3 * n**3 > _MAX_DENSE_BYTES:
         raise ValueError(
             f"order=2: the reduced state has {n} entries (K={model.K}); the 1/N^2 term's n x n x n arrays need about "
@@ -373,10 +373,6 @@ def _check_order2(model: AbstractSupermarketModel, n: int) -> None:
         if check_modulation(desc) is not None:
             raise ValueError(f"order=2 is not available for {type(model).__name__}: its modulating phase's 1/N^2 "
                              "terms are not derived; use order=1")
-        origins = [d.name for d in desc.dispatches if d.origin is not None]
-        if origins:
-            raise ValueError(f"order=2 is not available for {type(model).__name__}: its streams {origins} start at "
-                             "a server, and their 1/N^2 drift is not derived; use order=1")
 
 
 def _contract_third(fn: Callable, z: Float[Array, " n"], M: Float[Array, "n n n"]) -> Array:
@@ -396,7 +392,9 @@ def _refine2(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -
     approximation: transient and steady-state analysis*, 2019), by the moment equations of the $N$-server chain.
 
     With $e = Y^N - y^*$, the finite-N drift $f + f_1/N + f_2/N^2$ ($f_1, f_2$: sampling without replacement,
-    the $\varepsilon$-derivatives of the drift with $\varepsilon = 1/N$), the jump moments $Q + Q_1/N$ and $T$
+    the $\varepsilon$-derivatives of the drift with $\varepsilon = 1/N$; and streams that start at a server, whose
+    chooser sees the occupancy after the origin's move, `jsmkt._refined_terms.origin_shifted_moments`), the jump
+    moments $Q + Q_1/N$ and $T$
     ($T = \sum \beta\,\ell^{\otimes 3}$), and the stationarity of $E[e]$, $E[e^{\otimes 2}]$ and
     $E[e^{\otimes 3}]$ under the generator, write $E[e] = V/N + A/N^2$, $E[ee^\top] = W/N + W_2/N^2$,
     $E[e^{\otimes 3}] = M/N^2$ and $E[e^{\otimes 4}] = 3\,\mathrm{sym}(W\otimes W)/N^2$ (Gaussian at leading
@@ -424,14 +422,27 @@ def _refine2(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -
     zero = jnp.zeros((), flat.dtype)
     one = jnp.ones((), flat.dtype)
 
+    desc = model.description() if isinstance(model, AbstractDescribedModel) else None
+    has_origin = desc is not None and any(d.origin is not None for d in desc.dispatches)
+    x = model.occupancy(y)
+    Rm = jax.jacfwd(lambda v: ravel_pytree(model.reduce(v))[0])(x)
+
     def sampled(eps):
         return model if replace else _with_sampling_eps(model, eps)
 
+    def origin_shift(z, eps):  # the origins' chooser after the origin's move, minus its mean-field value
+        m, xz = sampled(eps), model.occupancy(unravel(z))
+        f_e, q_e = origin_shifted_moments(m, xz, Rm, eps)
+        f_0, q_0 = origin_shifted_moments(m, xz, Rm, jnp.zeros_like(eps))
+        return (f_e - f_0) / scale, (q_e - q_0) / scale
+
     def f_eps(z, eps):
-        return ravel_pytree(sampled(eps).vector_field(None, unravel(z)))[0] / scale
+        out = ravel_pytree(sampled(eps).vector_field(None, unravel(z)))[0] / scale
+        return out + origin_shift(z, eps)[0] if has_origin else out
 
     def Q_eps(z, eps):
-        return _jump_covariance(sampled(eps), unravel(z)) / scale
+        out = _jump_covariance(sampled(eps), unravel(z)) / scale
+        return out + origin_shift(z, eps)[1] if has_origin else out
 
     f = lambda z: f_eps(z, zero)  # noqa: E731
     Qf = lambda z: Q_eps(z, zero)  # noqa: E731
@@ -441,7 +452,8 @@ def _refine2(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -
     g = lambda z: _contract_hessian(f, z, W)  # noqa: E731
     g0 = g(flat)
     n = flat.size
-    if replace:
+    exact = replace and not has_origin  # the finite-N rates are N times the mean-field ones
+    if exact:
         f1 = lambda z: jnp.zeros_like(z)  # noqa: E731
         f2 = Q1 = 0.0
     else:
@@ -451,8 +463,6 @@ def _refine2(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -
     f10 = f1(flat)
     V = jnp.linalg.solve(J, -(0.5 * g0 + f10))
 
-    x = model.occupancy(y)
-    Rm = jax.jacfwd(lambda v: ravel_pytree(model.reduce(v))[0])(x)
     T = third_jump_moment(model.transitions(x), x, Rm) / scale
     Hf = jax.jacfwd(jax.jacfwd(f))(flat)  # (n, n, n): Hf[c, k, l] = d_k d_l f_c
     DQ = jax.vmap(lambda w: jax.jvp(Qf, (flat,), (w,))[1])(W)  # DQ[c] = DQ[w_c]
@@ -462,7 +472,7 @@ def _refine2(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -
     M = tensor_lyapunov3(J, R)
 
     B = jax.jacfwd(g)(flat)
-    Df1 = jnp.zeros((n, n), flat.dtype) if replace else jax.jacfwd(f1)(flat)
+    Df1 = jnp.zeros((n, n), flat.dtype) if exact else jax.jacfwd(f1)(flat)
     H = 0.5 * jnp.einsum("jkl,ikl->ij", Hf, M) + 0.5 * W @ B.T + jnp.outer(V, f10) + W @ Df1.T
     DQV = jax.jvp(Qf, (flat,), (V,))[1]
     S = H + H.T + DQV + 0.5 * _contract_hessian(Qf, flat, W) + Q1
@@ -470,7 +480,7 @@ def _refine2(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -
 
     rhs = (0.5 * jnp.einsum("ckl,kl->c", Hf, W2) + _contract_third(f, flat, M) / 6.0
            + _contract_hessian(g, flat, W) / 8.0 + f2)
-    if not replace:
+    if not exact:
         rhs = rhs + Df1 @ V + 0.5 * _contract_hessian(f1, flat, W)
     A2 = jnp.linalg.solve(J, -rhs)
     return RefinedMeanField(value=y, correction=unravel(V), covariance=W, model=model, correction2=unravel(A2))

@@ -222,3 +222,35 @@ def _tensor_lyapunov3_jvp(primals, tangents):
     dA, dR = tangents
     M = tensor_lyapunov3(A, R)
     return M, tensor_lyapunov3(A, dR + _apply3(dA, M))
+
+
+def origin_shifted_moments(model, x: Float[Array, " C"], Rm: Float[Array, "n C"], eps: Float[Array, ""]):
+    r"""The drift and jump second moment (reduced coordinates) of the streams that start at a server when their
+    chooser sees the occupancy after the origin's move, $x + \varepsilon\,\delta_i$ ($\delta_i$ the origin cell
+    $i$'s move, $\varepsilon = 1/N$): event $(i, j)$ (origin $i$ at flow $a_i$, chosen server $j$) has probability
+    $b_j(x + \varepsilon\delta_i)$ and reduced jump $r_i + r'_j$. Returns `(drift, second_moment)`, shapes `(n,)`
+    and `(n, n)`; their $\varepsilon$-derivatives at 0 are the $1/N$ and $1/N^2$ terms of the finite-N drift and
+    the $1/N$ term of the jump covariance (`jsmkt._refined._refine2`). The first derivative of the drift is
+    `origin_drift_correction` (reduced). `model` is a described model; one `transitions` per origin cell."""
+    desc = model.description()
+    names = {d.name for d in desc.dispatches if d.origin is not None}
+    n = Rm.shape[0]
+    drift_out = jnp.zeros(n, x.dtype)
+    second = jnp.zeros((n, n), x.dtype)
+    for k, tc in enumerate(model.transitions(x)):
+        if tc.name not in names or tc.partner is None:
+            continue
+        src, tgt = np.asarray(tc.source), np.asarray(tc.target)
+        a = tc.rate * x[src]
+        deltas = jnp.zeros((src.size, x.shape[0]), x.dtype)
+        deltas = deltas.at[np.arange(src.size), tgt].add(1.0).at[np.arange(src.size), src].add(-1.0)
+        probs = jax.vmap(lambda dlt, k=k: model.transitions(x + eps * dlt)[k].partner.prob)(deltas)  # (i, j)
+        p = tc.partner
+        r = Rm[:, tgt] - Rm[:, src]  # (n, i)
+        rp = Rm[:, np.asarray(p.target)] - Rm[:, np.asarray(p.source)]  # (n, j)
+        w = a[:, None] * probs  # flow of the pair (i, j)
+        drift_out = drift_out + r @ jnp.sum(w, axis=1) + rp @ jnp.sum(w, axis=0)
+        cross = r @ w @ rp.T
+        second = (second + (r * jnp.sum(w, axis=1)[None, :]) @ r.T + (rp * jnp.sum(w, axis=0)[None, :]) @ rp.T
+                  + cross + cross.T)
+    return drift_out, second

@@ -447,8 +447,8 @@ def test_refined_transient_against_the_kolmogorov_equations(sampling):
 
 
 def test_order2_and_transient_refuse_what_they_do_not_expand():
-    """A modulating phase (BMAP arrivals) and streams that start at a server (retrials) have 1/N^2 terms that are
-    not derived: order 2 refuses them by name (before any solve), and the transient refuses a modulating phase."""
+    """A modulating phase (BMAP arrivals) has 1/N^2 terms that are not derived: order 2 refuses it by name (before
+    any solve), and so does the transient; retrials (streams that start at a server) are expanded."""
     from jsmkt._refined import _check_order2
     from jsmkt._spec import FAMILIES
 
@@ -456,8 +456,7 @@ def test_order2_and_transient_refuse_what_they_do_not_expand():
     retrial = next(iter(FAMILIES["retrial"].examples().values()))
     with pytest.raises(ValueError, match="modulating phase"):
         _check_order2(bmap, 10)
-    with pytest.raises(ValueError, match=r"streams \['retrial'\] start at a server"):
-        _check_order2(retrial, 10)
+    _check_order2(retrial, 10)
     with pytest.raises(ValueError, match="n x n x n arrays"):
         _check_order2(jsmkt.JSQd(0.5, d=2, K=10), 600)
     with pytest.raises(ValueError, match="modulating phase"):
@@ -498,3 +497,24 @@ def test_order2_gradient_and_vmap():
         jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=2, K=10)), order=2).correction2)(jnp.array([0.5, 0.7]))
     one = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(jsmkt.JSQd(0.5, d=2, K=10)), order=2).correction2
     np.testing.assert_allclose(np.asarray(batch[0]), np.asarray(one), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("sampling", ["with_replacement", "without_replacement"])
+def test_order2_retrials(sampling):
+    """Streams that start at a server (a retrial family's first example): order 2's 1/N term from the shifted
+    chooser (`origin_shifted_moments`) equals order 1's (`origin_drift_correction`), and the 1/N^2 term of the busy
+    fraction is zero (every job is served: the utilisation is the load at every N) while A itself is not."""
+    from jax.flatten_util import ravel_pytree
+
+    from jsmkt._spec import FAMILIES
+
+    model = next(iter(FAMILIES["retrial"].examples().values()))
+    fp = jsmkt.solve_fixed_point(model)
+    r1 = jsmkt.refined_mean_field(fp, sampling)
+    r2 = jsmkt.refined_mean_field(fp, sampling, order=2)
+    np.testing.assert_allclose(ravel_pytree(r2.correction)[0], ravel_pytree(r1.correction)[0], atol=1e-12)
+    shifted = jax.tree_util.tree_map(lambda a, b: a + b, fp.value, r2.correction2)
+    util = float(jsmkt.utilisation(model, fp.value))
+    assert util == pytest.approx(float(model.load()), rel=1e-12)
+    assert abs(float(jsmkt.utilisation(model, shifted)) - util) < 1e-12
+    assert float(jnp.max(jnp.abs(ravel_pytree(r2.correction2)[0]))) > 0.1
