@@ -244,7 +244,8 @@ class RefinedMeanField(eqx.Module):
     def std(self, fn: Callable[[PyTree[Array]], Array], n_servers) -> Array:
         r"""Standard deviation of $\varphi(Y^N)$ in steady state to leading order,
         $\sqrt{D\varphi\, W\, D\varphi^\top / N}$: the spread of the time-varying occupancy around its mean, not
-        a confidence interval; of order 1 at either order of the expansion. An array-valued `fn` gives the standard deviation of each entry (one Jacobian), e.g.
+        a confidence interval; of order 1 at either order of the expansion. An array-valued `fn` gives the
+        standard deviation of each entry (one Jacobian), e.g.
         `rmf.std(lambda y: jsmkt.tails(model, y), N)` for every level at once."""
         n = _check_n(n_servers)
         flat, unravel = ravel_pytree(self.value)
@@ -581,7 +582,9 @@ def _refined_transient(model, y0, t1, ts, replace, rtol, atol, max_steps):
     def f1(z):
         out = jnp.zeros_like(z)
         if not replace:
-            f_eps = lambda eps: ravel_pytree(_with_sampling_eps(model, eps).vector_field(None, unravel(z)))[0]  # noqa: E731
+            def f_eps(eps):
+                return ravel_pytree(_with_sampling_eps(model, eps).vector_field(None, unravel(z)))[0]
+
             zero = jnp.zeros((), z.dtype)
             out = out + jax.jvp(f_eps, (zero,), (jnp.ones_like(zero),))[1]
         if has_origin:
