@@ -85,6 +85,8 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._optimise import optimise as optimise
     from ._refined import RefinedMeanField as RefinedMeanField
     from ._refined import refined_mean_field as refined_mean_field
+    from ._refined import RefinedTrajectory as RefinedTrajectory
+    from ._refined import refined_transient as refined_transient
     from ._sensitivity import Sensitivity as Sensitivity
     from ._sensitivity import sensitivity as sensitivity
     from ._simulate import GeneralService as GeneralService

@@ -201,11 +201,11 @@ def test_without_replacement_lowers_the_bias():
         jsmkt.refined_mean_field(fp, "sometimes")
 
 
-def _exact_finite_n_tails(N, K, lam, d, replace):
-    """E[s_k], k = 0..K, of JSQ(d) with N exponential servers (rate 1) from the exact stationary law of the Markov
-    chain on the counts c_0..c_K of servers with k jobs (arrivals to a queue of K jobs are lost). An arrival finds
-    all d sampled servers with >= k jobs with probability (m/N)^d with replacement, C(m, d)/C(N, d) without,
-    m = number of such servers."""
+def _finite_n_chain(N, K, lam, d, replace):
+    """The Markov chain of JSQ(d) with N exponential servers (rate 1) on the counts c_0..c_K of servers with k jobs
+    (arrivals to a queue of K jobs are lost): `(C, G)`, the states (rows of counts) and the generator (CSR, rows =
+    from). An arrival finds all d sampled servers with >= k jobs with probability (m/N)^d with replacement,
+    C(m, d)/C(N, d) without, m = number of such servers."""
     import itertools
     from math import comb
 
@@ -239,11 +239,29 @@ def _exact_finite_n_tails(N, K, lam, d, replace):
                 rows.append(i), cols.append(index[tuple(n)]), rates.append(float(c[k]))
     n = len(states)
     G = sp.csr_matrix((rates, (rows, cols)), shape=(n, n))
-    G = (G - sp.diags(np.asarray(G.sum(axis=1)).ravel())).T.tocsc()
+    return np.array(states, dtype=float), (G - sp.diags(np.asarray(G.sum(axis=1)).ravel())).tocsr()
+
+
+def _exact_finite_n_tails(N, K, lam, d, replace):
+    """E[s_k], k = 0..K, from the exact stationary law of `_finite_n_chain`."""
+    import scipy.sparse.linalg as spla
+
+    C, G = _finite_n_chain(N, K, lam, d, replace)
+    G = G.T.tocsc()
     pi = np.concatenate([[1.0], spla.spsolve(G[1:, 1:], -G[1:, 0].toarray().ravel())])
     pi /= pi.sum()
-    C = np.array(states, dtype=float)
     return pi @ (np.cumsum(C[:, ::-1], axis=1)[:, ::-1] / N)
+
+
+def _exact_finite_n_transient_tails(N, K, lam, d, replace, ts):
+    """E[s_k(t)], k = 0..K, at the times `ts` from N empty servers: the Kolmogorov forward equations of
+    `_finite_n_chain`, p(t) = p(0) exp(G t) (SciPy's `expm_multiply`)."""
+    import scipy.sparse.linalg as spla
+
+    C, G = _finite_n_chain(N, K, lam, d, replace)
+    p0 = (C[:, 0] == N).astype(float)
+    P = spla.expm_multiply(G.T.tocsc(), p0, start=0.0, stop=float(ts[-1]), num=len(ts), endpoint=True)
+    return P @ (np.cumsum(C[:, ::-1], axis=1)[:, ::-1] / N)
 
 
 @pytest.mark.parametrize("sampling", ["with_replacement", "without_replacement"])
@@ -304,3 +322,199 @@ def test_jump_covariance_memory_is_quadratic_in_the_state_size():
         pytest.skip("this backend gives no memory analysis")
     n = y.size
     assert analysis.temp_size_in_bytes < 8 * n * n * 8
+
+
+# --- order 2: the 1/N^2 term ---------------------------------------------------------------------------------------
+
+
+def test_order2_equals_rmftool_on_jsq2():
+    """A (and V, W) against rmftool 0.5's order-2 expansion of JSQ(2) (tests/data/make_rmftool_order2.py: its
+    symbolic derivatives and its moment solver, an implementation that shares nothing with jsmkt's)."""
+    import json
+    import pathlib
+
+    ref = json.loads((pathlib.Path(__file__).parent / "data" / "rmftool_order2_jsq2.json").read_text())
+    for case in ref["cases"]:
+        model = jsmkt.JSQd(case["lam"], d=2, K=case["K"])
+        rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model, tail_tol=1e-3), order=2)
+        assert rmf.order == 2
+        for got, want in ((rmf.value, case["pi"]), (rmf.correction, case["V"]), (rmf.covariance, case["W"]),
+                          (rmf.correction2, case["A"])):
+            want = np.asarray(want)
+            np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-8 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("sampling", ["with_replacement", "without_replacement"])
+def test_order2_against_exact_small_systems(sampling):
+    """The exact stationary laws of JSQ(2) with N = 5..30 servers and buffer K = 3 (lam = 0.5,
+    `_exact_finite_n_tails`): the error of y* + V/N + A/N^2 falls like N^-3 (fitted log-log slope in
+    [-3.5, -2.5]; about -2 at order 1), and a fit of N^2 (E[s] - y* - V/N) = A + b/N + c/N^2 over N = 20..50
+    recovers A."""
+    lam, d, K = 0.5, 2, 3
+    model = jsmkt.JSQd(lam, d=d, K=K)
+    fp = jsmkt.solve_fixed_point(model, tail_tol=1e-2)
+    rmf = jsmkt.refined_mean_field(fp, sampling, order=2)
+    y, V, A = (np.asarray(a) for a in (fp.value, rmf.correction, rmf.correction2))
+    exact = {N: _exact_finite_n_tails(N, K, lam, d, sampling == "with_replacement")[1:]
+             for N in (5, 7, 10, 14, 20, 25, 30, 40, 50)}
+    Ns = np.array([5, 7, 10, 14, 20, 30])
+    err1 = [np.abs(exact[N] - y - V / N).sum() for N in Ns]
+    err2 = [np.abs(exact[N] - np.asarray(rmf.state(int(N)))).sum() for N in Ns]
+    slope = lambda e: np.polyfit(np.log(Ns), np.log(e), 1)[0]  # noqa: E731
+    assert -2.3 < slope(err1) < -1.7
+    assert -3.5 < slope(err2) < -2.5
+    assert np.all(np.asarray(err2) < np.asarray(err1))
+    Nf = np.array([20, 25, 30, 40, 50])
+    G = np.stack([N**2 * (exact[N] - y - V / N) for N in Nf])
+    fit = np.linalg.lstsq(np.stack([np.ones(len(Nf)), 1 / Nf, 1 / Nf**2], 1), G, rcond=None)[0][0]
+    np.testing.assert_allclose(fit, A, atol=3e-3 * np.abs(A).max())
+
+
+def test_order2_state_and_arguments():
+    """state(N) = y* + V/N + A/N^2 at order 2 (y* + V/N at order 1); the 1/N^2 term of the busy fraction is zero
+    (work conservation) for a PH family too; bad orders and models without a derived 1/N^2 term are refused."""
+    model = jsmkt.JSQdPH(0.85, jsmkt.coxian2(1.0, 2.0), d=2, K=20)
+    fp = jsmkt.solve_fixed_point(model)
+    r1 = jsmkt.refined_mean_field(fp)
+    r2 = jsmkt.refined_mean_field(fp, order=2)
+    assert r1.order == 1 and r1.correction2 is None
+    y, V, A = (np.asarray(a) for a in (fp.value, r2.correction, r2.correction2))
+    np.testing.assert_allclose(np.asarray(r2.state(10)), y + V / 10 + A / 100, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(np.asarray(r1.state(10)), y + V / 10, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(np.asarray(r1.correction), V, atol=1e-12)
+    assert abs(float(jnp.sum(r2.correction2[0]))) < 1e-9 and float(jnp.max(jnp.abs(r2.correction2))) > 1e-2
+    for bad in (0, 3, True, "2"):
+        with pytest.raises(ValueError, match=f"order={bad!r} must be 1"):
+            jsmkt.refined_mean_field(fp, order=bad)
+
+
+def test_cli_solve_servers_order2(tmp_path, capsys):
+    """`jsmkt solve --servers N --order 2`: the refined tails are s + V/N + A/N^2 with A from
+    `refined_mean_field(fp, order=2)`; `--order 2` without `--servers` is refused by name."""
+    import json
+
+    from jsmkt.cli import main
+
+    spec = tmp_path / "m.toml"
+    spec.write_text('model = "jsq"\nlam = 0.9\nd = 2\nK = 12\n')
+
+    def run(argv):
+        code = main(argv)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = run(["solve", str(spec), "--format", "json", "--servers", "10", "--order", "2"])
+    assert code == 0, err
+    res = json.loads(out)
+    r = res["refined"]
+    assert r["order"] == 2
+    model = jsmkt.JSQd(0.9, d=2, K=12)
+    A = np.asarray(jsmkt.tails(model, jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model), order=2).correction2))
+    np.testing.assert_allclose(r["tail_correction2"][1:], A[1: len(r["tail"])], rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(r["tail"], np.array(res["tail"]) + np.array(r["tail_correction"]) / 10
+                               + np.array(r["tail_correction2"]) / 100, rtol=1e-12, atol=1e-300)
+    code, out, _ = run(["solve", str(spec), "--servers", "10", "--order", "2"])
+    assert code == 0 and "order 1/N^2" in out and "1/N^2 coefficient" in out
+    code, _, err = run(["solve", str(spec), "--order", "2"])
+    assert code == 2 and "--order 2" in err and "--servers" in err
+
+
+@pytest.mark.parametrize("sampling", ["with_replacement", "without_replacement"])
+def test_refined_transient_against_the_kolmogorov_equations(sampling):
+    """From N empty servers (JSQ(2), lam = 0.5, K = 3): N (E[s(t)] - y(t)) from the exact transient law (forward
+    equations, N = 10..30), fitted as V(t) + b/N, recovers V(t) at t = 1..4; V(t) and W(t) tend to the steady
+    state's V and W."""
+    lam, d, K = 0.5, 2, 3
+    model = jsmkt.JSQd(lam, d=d, K=K)
+    ts = np.linspace(0.0, 4.0, 5)
+    tr = jsmkt.refined_transient(model, 4.0, ts=ts, sampling=sampling)
+    y, V = np.asarray(tr.value), np.asarray(tr.correction)
+    assert np.all(V[0] == 0.0) and np.all(np.asarray(tr.covariance[0]) == 0.0)
+    Ns = np.array([10, 14, 20, 30])
+    gaps = np.stack([N * (_exact_finite_n_transient_tails(int(N), K, lam, d, sampling == "with_replacement", ts)[:, 1:]
+                          - y) for N in Ns])  # (N, t, k)
+    X = np.stack([np.ones(len(Ns)), 1.0 / Ns], axis=1)
+    fit = np.linalg.lstsq(X, gaps.reshape(len(Ns), -1), rcond=None)[0][0].reshape(V.shape)
+    np.testing.assert_allclose(fit[1:], V[1:], atol=0.03 * np.abs(V).max())
+    assert np.abs(V).max() > 0.02
+    # the order-1 transient is closer to the exact law than the mean field
+    exact30 = _exact_finite_n_transient_tails(30, K, lam, d, sampling == "with_replacement", ts)[:, 1:]
+    assert np.abs(exact30 - np.asarray(tr.state(30))).max() < 0.3 * np.abs(exact30 - y).max()
+    late = jsmkt.refined_transient(model, 300.0, sampling=sampling)
+    rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model, tail_tol=1e-2), sampling)
+    np.testing.assert_allclose(np.asarray(late.correction[-1]), np.asarray(rmf.correction), atol=1e-7)
+    np.testing.assert_allclose(np.asarray(late.covariance[-1]), np.asarray(rmf.covariance), atol=1e-7)
+
+
+def test_order2_and_transient_refuse_what_they_do_not_expand():
+    """A modulating phase (BMAP arrivals) has 1/N^2 terms that are not derived: order 2 refuses it by name (before
+    any solve), and so does the transient; retrials (streams that start at a server) are expanded."""
+    from jsmkt._refined import _check_order2
+    from jsmkt._spec import FAMILIES
+
+    bmap = next(iter(FAMILIES["jsq-bmap"].examples().values()))
+    retrial = next(iter(FAMILIES["retrial"].examples().values()))
+    with pytest.raises(ValueError, match="modulating phase"):
+        _check_order2(bmap, 10)
+    _check_order2(retrial, 10)
+    with pytest.raises(ValueError, match="n x n x n arrays"):
+        _check_order2(jsmkt.JSQd(0.5, d=2, K=10), 600)
+    with pytest.raises(ValueError, match="modulating phase"):
+        jsmkt.refined_transient(bmap, 1.0)
+
+
+def test_three_way_lyapunov_against_kronecker_solve():
+    """`tensor_lyapunov3` against the (n^3 x n^3) Kronecker-sum system; the Schur form by JAX (CPU) and by SciPy
+    through the host callback (other backends) agree."""
+    from jsmkt._refined_terms import _complex_schur, tensor_lyapunov3
+
+    rng = np.random.default_rng(1)
+    n = 5
+    A = rng.normal(size=(n, n)) - 3.0 * np.eye(n) * (1 + np.arange(n))  # stable, non-normal
+    R = rng.normal(size=(n, n, n))
+    M = np.asarray(tensor_lyapunov3(jnp.asarray(A), jnp.asarray(R)))
+    eye = np.eye(n)
+    L = np.kron(np.kron(A, eye), eye) + np.kron(np.kron(eye, A), eye) + np.kron(np.kron(eye, eye), A)
+    np.testing.assert_allclose(M, np.linalg.solve(L, -R.reshape(-1)).reshape(n, n, n), rtol=1e-10, atol=1e-13)
+    for host in (False, True):
+        T, U = _complex_schur(jnp.asarray(A), host)
+        np.testing.assert_allclose(np.asarray(U @ T @ U.conj().T), A, atol=1e-12)
+        assert float(jnp.max(jnp.abs(jnp.tril(T, -1)))) == 0.0
+
+
+def test_order2_gradient_and_vmap():
+    """jax.grad of the 1/N^2 term (through the fixed point's adjoint and the implicit tangent of the third-moment
+    solve) against central differences; vmap over the load equals one call per load."""
+
+    def weighted_A(lam):
+        fp = jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=2, K=10))
+        return jnp.sum(jsmkt.refined_mean_field(fp, order=2).correction2 * jnp.arange(1.0, 11.0))
+
+    lam, h = 0.7, 1e-5
+    fd = (weighted_A(lam + h) - weighted_A(lam - h)) / (2 * h)
+    assert float(jax.grad(weighted_A)(lam)) == pytest.approx(float(fd), rel=1e-6)
+    batch = jax.vmap(lambda lam: jsmkt.refined_mean_field(
+        jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=2, K=10)), order=2).correction2)(jnp.array([0.5, 0.7]))
+    one = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(jsmkt.JSQd(0.5, d=2, K=10)), order=2).correction2
+    np.testing.assert_allclose(np.asarray(batch[0]), np.asarray(one), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("sampling", ["with_replacement", "without_replacement"])
+def test_order2_retrials(sampling):
+    """Streams that start at a server (a retrial family's first example): order 2's 1/N term from the shifted
+    chooser (`origin_shifted_moments`) equals order 1's (`origin_drift_correction`), and the 1/N^2 term of the busy
+    fraction is zero (every job is served: the utilisation is the load at every N) while A itself is not."""
+    from jax.flatten_util import ravel_pytree
+
+    from jsmkt._spec import FAMILIES
+
+    model = next(iter(FAMILIES["retrial"].examples().values()))
+    fp = jsmkt.solve_fixed_point(model)
+    r1 = jsmkt.refined_mean_field(fp, sampling)
+    r2 = jsmkt.refined_mean_field(fp, sampling, order=2)
+    np.testing.assert_allclose(ravel_pytree(r2.correction)[0], ravel_pytree(r1.correction)[0], atol=1e-12)
+    shifted = jax.tree_util.tree_map(lambda a, b: a + b, fp.value, r2.correction2)
+    util = float(jsmkt.utilisation(model, fp.value))
+    assert util == pytest.approx(float(model.load()), rel=1e-12)
+    assert abs(float(jsmkt.utilisation(model, shifted)) - util) < 1e-12
+    assert float(jnp.max(jnp.abs(ravel_pytree(r2.correction2)[0]))) > 0.1

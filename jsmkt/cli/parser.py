@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--auto-K", action="store_true", help="grow K until the tail mass at K is negligible")
     s.add_argument("--servers", type=int, default=None, metavar="N",
                    help="also give the refined mean field (1/N correction) for N servers")
+    s.add_argument("--order", type=int, choices=(1, 2), default=1,
+                   help="order of the refined mean field with --servers: 1 (the 1/N term, default) or 2 (also the "
+                        "1/N^2 term)")
     s.add_argument("--percentiles", type=_percentile_list, default=None, metavar="P,P,...",
                    help="also give these percentiles of the sojourn (and waiting) time, e.g. 50,90,99,99.9 or "
                         "50 90 99 99.9")

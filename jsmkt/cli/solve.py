@@ -19,6 +19,8 @@ def _cmd_solve(args) -> int:
             raise SpecError("--servers (refined mean field) applies to the exact mean field, not --as-published")
         if args.servers < 1:
             raise SpecError(f"--servers={args.servers} must be >= 1")
+    elif args.order != 1:
+        raise SpecError(f"--order {args.order} is the order of the refined mean field: give --servers N with it")
     if args.as_published and not parsed.family.published:
         raise SpecError(f"--as-published: model = {parsed.family.name!r} has no published form in jsmkt; solve it "
                         "without --as-published (the exact mean field)")
@@ -31,7 +33,7 @@ def _cmd_solve(args) -> int:
         _check_servers(model, args.servers, sampling)
     grown_by = _grown_by(args, parsed.K_given)
     out, model, described, fp = solve(model, grown_by, published=args.as_published, servers=args.servers,
-                                      sampling=sampling, percentiles=args.percentiles)
+                                      sampling=sampling, percentiles=args.percentiles, order=args.order)
     if args.plot:  # before printing, so that a plot that cannot be written leaves no results behind
         import jsmkt
         from ..plotting import model_title
@@ -82,20 +84,23 @@ def _plot(out: dict[str, Any], path: str, title: str, json_output: bool = False,
 
 def _print_refined(r: dict[str, Any]) -> None:
     n = r["n_servers"]
+    order2 = r.get("order", 1) == 2
     print(f"\nrefined mean field, N = {n} servers, sampling {r['sampling'].replace('_', ' ')} (expected values to "
-          "order 1/N; sd = spread of the occupancy)")
+          f"order {'1/N^2' if order2 else '1/N'}; P(arrival waits) to order 1/N; sd = spread of the occupancy)")
     print(f"  {'mean queue length E[Q]':<26} {r['mean_queue_length']:.10g}")
     print(f"  {'mean sojourn time E[T]':<26} {r['mean_sojourn_time']:.10g}")
     print(f"  {'P(arrival waits)':<26} {r['prob_wait']:.10g}")
     print()
-    print("   k   s_k (N servers)       1/N coefficient     sd of s_k")
+    print("   k   s_k (N servers)       1/N coefficient     " + ("1/N^2 coefficient   " if order2 else "")
+          + "sd of s_k")
     flagged = False
     for k in range(1, len(r["tail"])):
         if r["tail"][k] < 1e-16:
             break
         mark = "" if r["tail_in_range"][k] else "  !"
         flagged |= bool(mark)
-        print(f"  {k:>2}   {r['tail'][k]:<20.12e}  {r['tail_correction'][k]:<+18.10e}  "
+        second = f"{r['tail_correction2'][k]:<+18.10e}  " if order2 else ""
+        print(f"  {k:>2}   {r['tail'][k]:<20.12e}  {r['tail_correction'][k]:<+18.10e}  {second}"
               f"{r['tail_std'][k]:.3e}{mark}")
     if flagged:
         print("  ! the 1/N term exceeds 30% of the mean-field s_k: beyond the range of the expansion (N too small "

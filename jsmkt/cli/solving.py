@@ -113,12 +113,13 @@ class Solved(NamedTuple):
 
 
 def solve(model, grown_by: str | None, *, published: bool = False, servers: int | None = None,
-          sampling: str = "with_replacement", percentiles=None) -> Solved:
+          sampling: str = "with_replacement", percentiles=None, order: int = 1) -> Solved:
     """`jsmkt solve`'s results at the K chosen (`_choose_K`): as published (`jsmkt.published.as_published`), or of the
-    exact mean field with, for `servers`, the refined mean field and the `percentiles` of the sojourn time."""
+    exact mean field with, for `servers`, the refined mean field (of `order` 1 or 2) and the `percentiles` of the
+    sojourn time."""
     if published:
         return _solve_published(model, grown_by)
-    return _solve_exact(model, grown_by, servers, sampling, percentiles)
+    return _solve_exact(model, grown_by, servers, sampling, percentiles, order)
 
 
 def _exact_attempt(model, exportable: bool, percentiles):
@@ -148,7 +149,7 @@ def _exact_attempt(model, exportable: bool, percentiles):
     return values, None
 
 
-def _solve_exact(model, grown_by, servers, sampling, percentiles) -> Solved:
+def _solve_exact(model, grown_by, servers, sampling, percentiles, order=1) -> Solved:
     """The exact mean field. With the cache on, and neither the refined mean field nor percentiles (the
     sojourn-time distribution checks its inputs with host callbacks, which `jax.export` cannot serialise), from the
     exported solve when it succeeds; otherwise (and after its failures, which then raise the usual errors) by
@@ -190,7 +191,7 @@ def _solve_exact(model, grown_by, servers, sampling, percentiles) -> Solved:
 
         out[name] = dict(zip(map(percentile_label, percentiles), map(float, np.asarray(q)), strict=True))
     if servers is not None:
-        out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling)
+        out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling, order)
     return Solved(out, model, described, fp)
 
 
@@ -286,8 +287,10 @@ def _exact_values():
     return eqx.filter_jit(values)
 
 
-def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
-    """The 1/N-refined mean field with `n` servers (expected values to order 1/N)."""
+def _refined(model, fp, n: int, n_tail: int, sampling: str, order: int = 1) -> dict[str, Any]:
+    """The refined mean field with `n` servers: expected tails, E[Q], E[T] and utilisation to order 1/N (`order`
+    1) or 1/N^2 (`order` 2, with `tail_correction2`, the 1/N^2 coefficients); P(arrival waits) and the spreads to
+    order 1/N."""
     import numpy as np
 
     import jsmkt
@@ -297,7 +300,7 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
     if size > _REFINED_SLOW:
         print(f"jsmkt: note: --servers: the refined mean field solves dense {size} x {size} systems (time O(n^3), "
               "about a minute at n = 2000 on 2 cores)", file=sys.stderr)
-    rmf = jsmkt.refined_mean_field(fp, sampling)
+    rmf = jsmkt.refined_mean_field(fp, sampling, order=order)
     # P(all sampled servers busy) with N servers: E[s_1^D] with replacement, E[prod_{i<D} (s_1 - i/N)/(1 - i/N)]
     # without (`prob_wait` of the model whose choice samples without replacement from N).
     wait_model = model if sampling == "with_replacement" else _with_sampling_eps(model, np.float64(1.0 / n))
@@ -311,6 +314,7 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
     out = {
         "n_servers": n,
         "sampling": sampling,
+        "order": order,
         "mean_queue_length": EQ,
         "mean_sojourn_time": EQ / float(model.arrival_rate),
         "prob_wait": float(rmf.expectation(lambda y: jsmkt.prob_wait(wait_model, y), n)),
@@ -323,6 +327,10 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str) -> dict[str, Any]:
         # below 1/N, always fail it and say nothing about N.
         "tail_in_range": [bool(x) for x in np.abs(v) / n <= 0.3 * s_mf],
     }
+    if order == 2:
+        v2 = np.array(jsmkt.tails(model, rmf.correction2))[:n_tail]
+        v2[0] = 0.0
+        out["tail_correction2"] = [float(x) for x in v2]
     judged = [k for k in range(1, n_tail) if n * s_mf[k] >= 1.0]
     out["out_of_range_levels"] = [k for k in judged if not out["tail_in_range"][k]]
     out["in_range"] = not _outside_unit_interval(out) and not out["out_of_range_levels"]
