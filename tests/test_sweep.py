@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import jsmkt
+from jsmkt import _spec, _sweep
 
 
 JSQ = {"model": "jsq", "lam": 0.9, "d": 2}
@@ -108,7 +109,7 @@ def test_points_solved_one_by_one_and_failed_points():
 
 def test_family_metric_and_built_axis():
     """A family's own metric (the retrial orbit) over a built axis (the retrial policy's words) and a traced one."""
-    spec = jsmkt._spec.read_spec_file(str(REPO / "examples" / "retrial_reprobe.toml"))
+    spec = _spec.read_spec_file(str(REPO / "examples" / "retrial_reprobe.toml"))
     ds = jsmkt.sweep(spec, {"theta": [0.5, 2.0]}, metrics=["mean_orbit_size", "mean_sojourn_time"])
     for theta in (0.5, 2.0):
         model = jsmkt.loads_spec((REPO / "examples" / "retrial_reprobe.toml").read_text(), overrides={"theta": theta})
@@ -228,7 +229,7 @@ def test_exports(jsq_sweep, tmp_path):
 
     small = jsq_sweep.isel(lam=slice(0, 3))
     for suffix in (".nc", ".parquet", ".csv"):
-        jsmkt._sweep.export(small, tmp_path / f"s{suffix}")
+        _sweep.export(small, tmp_path / f"s{suffix}")
     back = xr.open_dataset(tmp_path / "s.nc", engine="h5netcdf").load()
     np.testing.assert_array_equal(back.mean_sojourn_time.values, small.mean_sojourn_time.values)
     table = pd.read_parquet(tmp_path / "s.parquet")
