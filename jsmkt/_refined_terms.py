@@ -211,7 +211,7 @@ def tensor_lyapunov3(A: Float[Array, "n n"], R: Float[Array, "n n n"]) -> Float[
 
 
 def _apply3(A, M):
-    """$\sum_l (A_{il} M_{ljk} + A_{jl} M_{ilk} + A_{kl} M_{ijl})$."""
+    r"""$\sum_l (A_{il} M_{ljk} + A_{jl} M_{ilk} + A_{kl} M_{ijl})$."""
     return (jnp.einsum("il,ljk->ijk", A, M) + jnp.einsum("jl,ilk->ijk", A, M)
             + jnp.einsum("kl,ijl->ijk", A, M))
 
