@@ -422,6 +422,36 @@ def _div(x, c: int):
     return lax.div(x, jnp.asarray(c, x.dtype))
 
 
+def _first(x, i):
+    return lax.dynamic_slice(x, (i,), (1,))[0]
+
+
+def _choose(key, packed, row_c, cands, cell_of):
+    """The first minimum of the sampled servers' keys in the row of `key` starting at `row_c` (`cell_of` a packed
+    server's cell). Only the server number leaves the choice (its key is read again from its cell): XLA recomputes a
+    second result, such as the best key, inside every fusion that uses it, and each counts towards the size of a
+    loop compiled into one kernel."""
+    best = cands[0]
+    if len(cands) == 1:
+        return best
+    k_best = _first(key, row_c + cell_of(_first(packed, best)))
+    for c in cands[1:]:
+        k_c = _first(key, row_c + cell_of(_first(packed, c)))
+        better = k_c < k_best
+        best, k_best = jnp.where(better, c, best), jnp.where(better, k_c, k_best)
+    return best
+
+
+def _move(move_cum, W: int, row_c, c, u):
+    """Entry of the row (row_c + c) of `W` moves drawn with uniform u, from the row's cumulative probabilities
+    `move_cum`: its flat index."""
+    base = row_c + c
+    e = jnp.zeros((), jnp.int32)
+    for j in range(W - 1):
+        e = e + (u >= _first(move_cum, base * (W - 1) + j)).astype(jnp.int32)
+    return base * W + e
+
+
 def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_base=0, hist_base=0,
            masked: bool = False) -> State:
     """The events of the drawn block up to `t_end`, one per iteration of an inner loop, then their statistics.
@@ -447,27 +477,10 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
         return lax.rem(p, jnp.asarray(C, p.dtype)).astype(jnp.int32) if fcfs else p.astype(jnp.int32)
 
     def choose(packed, row_c, cands):
-        """The first minimum of the sampled servers' keys in the row starting at `row_c`. Only the server number
-        leaves the choice (its key is read again from its cell): XLA recomputes a second result, such as the best
-        key, inside every fusion that uses it, and each counts towards the size of a loop compiled into one
-        kernel."""
-        best = cands[0]
-        if len(cands) == 1:
-            return best
-        k_best = one(params.key, row_c + cell_of(one(packed, best)))
-        for c in cands[1:]:
-            k_c = one(params.key, row_c + cell_of(one(packed, c)))
-            better = k_c < k_best
-            best, k_best = jnp.where(better, c, best), jnp.where(better, k_c, k_best)
-        return best
+        return _choose(params.key, packed, row_c, cands, cell_of)
 
     def move(row_c, c, u):
-        """Entry of the row (row_c + c) drawn with uniform u: its flat index."""
-        base = row_c + c
-        e = jnp.zeros((), jnp.int32)
-        for j in range(W - 1):
-            e = e + (u >= one(prep.move_cum, base * (W - 1) + j)).astype(jnp.int32)
-        return base * W + e
+        return _move(prep.move_cum, W, row_c, c, u)
 
     def event(i, carry):
         packed, ring, rec, arrived, pl, ph = carry
@@ -611,23 +624,11 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
     def unif(i, c):
         return lax.dynamic_slice(uni, (i, jnp.asarray(c, i.dtype)), (1, 1))[0, 0]
 
-    def choose(packed, row_c, cands):  # as in `_block`
-        best = cands[0]
-        if len(cands) == 1:
-            return best
-        k_best = one(params.key, row_c + one(packed, best).astype(jnp.int32))
-        for c in cands[1:]:
-            k_c = one(params.key, row_c + one(packed, c).astype(jnp.int32))
-            better = k_c < k_best
-            best, k_best = jnp.where(better, c, best), jnp.where(better, k_c, k_best)
-        return best
+    def choose(packed, row_c, cands):
+        return _choose(params.key, packed, row_c, cands, lambda p: p.astype(jnp.int32))
 
     def move(row_c, c, u):
-        base = row_c + c
-        e = jnp.zeros((), jnp.int32)
-        for j in range(W - 1):
-            e = e + (u >= one(prep.move_cum, base * (W - 1) + j)).astype(jnp.int32)
-        return base * W + e
+        return _move(prep.move_cum, W, row_c, c, u)
 
     # The tree's walks are loops of their own (over its levels), not unrolled, which keeps the event loop small.
     def update(tree, n, d):  # add d to the weights above server n's leaf
