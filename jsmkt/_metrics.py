@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._models.base import AbstractDescribedModel, AbstractSupermarketModel, Occupancy
+from ._models.base import AbstractSupermarketModel, Occupancy
 from ._solution import FixedPoint, Trajectory, nan_if_failed
 
 
@@ -59,7 +59,7 @@ def _simulated(state) -> Occupancy | None:
 
 
 @eqx.filter_jit
-def _observables_at(model: AbstractDescribedModel, z, names: tuple[str, ...], reduced: bool) -> dict[str, Array]:
+def _observables_at(model: AbstractSupermarketModel, z, names: tuple[str, ...], reduced: bool) -> dict[str, Array]:
     """The observables `names` at the reduced state `z` (`reduced`) or the occupancy `z`, compiled once per model
     structure."""
     obs = model.observables()

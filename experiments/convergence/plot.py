@@ -51,13 +51,17 @@ def spectra(rows, curves):
                        color="C3" if pub else "C0", label=f"{r['variant']} ({r['spec']})", alpha=0.8)
         ax.axvline(0.0, color="k", lw=0.6)
         ax.set_xscale("symlog", linthresh=1e-2)
-        ax.set_title(f"{fam}, load {r['load']:.3g}")
-        ax.set_xlabel("Re λ")
-        ax.set_ylabel("Im λ")
-        ax.legend(fontsize=6)
+        _label(ax, f"{fam}, load {r['load']:.3g}", "Re λ", "Im λ")
     fig.suptitle("Spectrum of the drift's Jacobian at the fixed point (reduced coordinates)")
     fig.tight_layout()
     return fig
+
+
+def _label(ax, title, xlabel, ylabel):
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=6)
 
 
 def distance(rows, curves):
@@ -75,10 +79,7 @@ def distance(rows, curves):
             ax.semilogy(ts, dist[keep][0] * np.exp(a * ts), color=colour, ls=":", lw=1,
                         label=f"exp(abscissa t), abscissa {a:.4g}")
         ax.set_ylim(1e-14, 2.0)
-        ax.set_title(f"{fam}, load {r['load']:.3g}")
-        ax.set_xlabel("t")
-        ax.set_ylabel("max |y(t) − y*|")
-        ax.legend(fontsize=6)
+        _label(ax, f"{fam}, load {r['load']:.3g}", "t", "max |y(t) − y*|")
     fig.suptitle("Distance to the fixed point from the empty system")
     fig.tight_layout()
     return fig
