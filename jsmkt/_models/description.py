@@ -189,6 +189,10 @@ class Description(NamedTuple):
     dispatches: tuple[Dispatch, ...]
     environment: Pool | Modulation | None = None
     fcfs: bool = True  # servers hold FCFS queues of their `jobs` (per-job sojourn times in simulation)
+    # With `fcfs=False`: servers hold their waiting jobs (`jobs - in_service`) in random order and no job moves to
+    # another server. A move that lowers the waiting jobs by r and raises `in_service` by r starts r of them chosen
+    # uniformly (an own-orbit retrial); one that lowers `in_service` completes jobs in service.
+    random_order: bool = False
 
 
 class Partner(NamedTuple):

@@ -214,7 +214,7 @@ class RetrialJSQ(AbstractDescribedModel):
         rates = self.retrial_rates(jj[1:])
         if self.retrial == "own":
             retry = LocalEvent("retrial", Moves(2 * jj[1:], jj[1:] - 1, ones[1:], rates))
-            return Description(cells, (service, retry), (primary,), fcfs=False)
+            return Description(cells, (service, retry), (primary,), fcfs=False, random_order=True)
         origin = Moves(np.arange(2, 2 * (K + 1)), j[2:] - 1, s[2:], jnp.repeat(rates, 2))
         retrial = Dispatch("retrial", self.choice2, key=key, effect=effect, origin=origin, arrivals=False)
         return Description(cells, (service,), (primary, retrial), fcfs=False)
