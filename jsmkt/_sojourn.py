@@ -56,6 +56,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 from jax.scipy.special import gammaln, xlogy
 from jaxtyping import Array, ArrayLike, Float
 
@@ -65,6 +66,7 @@ from ._graph import reachable
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
 from ._models.description import Description
 from ._models.meanfield import averaged, chosen_factor, clipped_targets, pool_cells, pooled, saturated_pool
+from ._refined import _contract_hessian, _with_sampling_eps
 from ._solution import Trajectory, failed, nan_where
 
 
@@ -684,3 +686,355 @@ def waiting_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     `jsmkt.sojourn_time_distribution`.
     """
     return _distribution(model, state, "waiting time", True, stream, max_terms, lumped, throw)
+
+
+# --- the refined (1/N) law ------------------------------------------------------------------------------------
+
+
+class RefinedTimeDistribution(eqx.Module):
+    r"""The law of a tagged job's sojourn or waiting time with $N$ servers to order $1/N$ (from
+    `jsmkt.refined_sojourn_time_distribution`; derivation in `_refined_steps`):
+    $\bar F_N(t) = \bar F(t) + c(t)/N + O(1/N^2)$, $\bar F$ the mean-field survival function.
+
+    Stored as two uniformised sequences at one rate $q$: the mean field's $a_n$ and the correction's $c_n$, so
+    that $\bar F_N(t) = \sum_n e^{-qt}(qt)^n/n!\,(a_n + c_n/N)$. `cdf`, `pdf`, `quantile`, `mean` and `atom` are
+    those of this refined survival function (`law`), with the same methods, errors and derivatives as
+    `jsmkt.TimeDistribution`; `mean` equals the refined mean of Little's law.
+
+    **Attributes:**
+
+    - `mean_field`: the mean-field law, a `jsmkt.TimeDistribution` (the same law as
+      `jsmkt.sojourn_time_distribution`'s, uniformised at the rate $q$ of the correction).
+    - `correction_steps`: $c_n$, $n = 0, 1, \ldots$
+    - `n_servers`: $N$.
+    """
+
+    mean_field: TimeDistribution
+    correction_steps: Float[Array, " n"]
+    n_servers: Float[Array, ""]
+
+    @property
+    def law(self) -> TimeDistribution:
+        """The refined law as a `jsmkt.TimeDistribution`: steps $a_n + c_n/N$."""
+        mf = self.mean_field
+        return TimeDistribution(mf.survival_steps + self.correction_steps / self.n_servers, mf.rate, mf.kind)
+
+    @property
+    def atom(self) -> Float[Array, ""]:
+        """$P(\\text{time} = 0)$ to order $1/N$ (0 for sojourn times)."""
+        return self.law.atom
+
+    @property
+    def mean(self) -> Float[Array, ""]:
+        """$E[\\text{time}]$ to order $1/N$."""
+        return self.law.mean
+
+    def cdf(self, t: ArrayLike) -> Float[Array, "..."]:
+        r"""$P(\text{time} \le t)$ to order $1/N$ at the points `t` (any shape)."""
+        return self.law.cdf(t)
+
+    def pdf(self, t: ArrayLike) -> Float[Array, "..."]:
+        """The density to order $1/N$ at the points `t > 0` (any shape)."""
+        return self.law.pdf(t)
+
+    def quantile(self, p: ArrayLike) -> Float[Array, "..."]:
+        r"""The time $t$ where the refined CDF reaches `p` (any shape, e.g. `0.99` for p99): the root of
+        $1 - \bar F(t) - c(t)/N = p$, by the safeguarded Newton steps of `jsmkt.TimeDistribution.quantile`."""
+        return self.law.quantile(p)
+
+    def __repr__(self) -> str:
+        try:
+            mean, n = f"{float(self.mean):.6g}", f"{float(self.n_servers):.6g}"
+        except Exception:  # noqa: BLE001  (traced)
+            mean = n = "traced"
+        return (f"RefinedTimeDistribution(kind={self.mean_field.kind!r}, n_servers={n}, mean={mean}, "
+                f"steps={self.correction_steps.shape[0]})")
+
+
+def _forward(chain: _Chain, u: Array, rate: Array, out: Array) -> Array:
+    """$u\\,G$: the tagged job's chain's generator (moves `chain.frm -> chain.to` at `rate`, total rates `out`)
+    applied to a row vector `u` of shape (positions, states)."""
+    P_, n = u.shape
+    new = -u * out[None, :]
+    for k, r in enumerate(chain.shifts):
+        g = np.flatnonzero(chain.shift == k)
+        if g.size == 0:
+            continue
+        v = jnp.zeros_like(u).at[:, chain.to[g]].add(u[:, chain.frm[g]] * rate[g][None, :])
+        if r:
+            v = jnp.concatenate([v[r:], jnp.zeros((min(r, P_), n), u.dtype)])[:P_]
+        new = new + v
+    return new
+
+
+def _accepted(desc: Description, x: Array, stream: str | None) -> Array:
+    """Jobs accepted per unit time and server (those a full buffer loses are not)."""
+    src, tgt, flow = _arrival_flows(desc, x, stream)
+    return jnp.sum(flow * jnp.asarray(np.maximum(desc.cells.jobs[tgt] - desc.cells.jobs[src], 0), x.dtype))
+
+
+def _full_states(desc: Description, x: Array) -> tuple[np.ndarray, np.ndarray]:
+    """The states of the full (cell, position) chain (`tagged_chain(..., lumped=False)`): the state of every cell
+    (-1 where none) and the cell of every state."""
+    cells = desc.cells
+    busy = _reachable(desc, _server_moves(desc, x)) & (cells.jobs >= 1)
+    state_of = np.full(cells.size, -1)
+    state_of[busy] = np.arange(int(busy.sum()))
+    return state_of, np.flatnonzero(busy)
+
+
+def _marks(desc: Description, x: Array, stream: str | None, state_of: np.ndarray, weight: Array) -> Array:
+    """Jobs joining per unit time and server at each (position, state) of the full chain, each arrival row's
+    flow times `weight[..., row]` (the last axis; leading axes are kept)."""
+    cells = desc.cells
+    src, tgt, flow = _arrival_flows(desc, x, stream)
+    P, n = int(cells.jobs.max()), int(state_of.max()) + 1
+    lo, hi = cells.jobs[src], cells.jobs[tgt]
+    ok = np.flatnonzero((hi > lo) & (state_of[tgt] >= 0))
+    f = flow[ok] * weight[..., ok]
+    lead = f.shape[:-1]
+    diff = jnp.zeros(lead + ((P + 1) * n,), x.dtype)
+    diff = diff.at[..., lo[ok] * n + state_of[tgt[ok]]].add(f).at[..., hi[ok] * n + state_of[tgt[ok]]].add(-f)
+    return jnp.cumsum(diff.reshape(lead + (P + 1, n)), axis=-2)[..., :P, :]
+
+
+_DEPENDS: dict = {}
+
+
+def _stay_depends(model: AbstractDescribedModel, stream: str | None) -> bool:
+    """Whether the rates of the (lumped where possible) tagged chain depend on the occupancy, i.e. whether a job's
+    stay, not only the server it joins, depends on the other servers: a static fact, found from the derivative of
+    the chain's rates at a generic occupancy and kept per model structure. A traced model whose structure was not
+    seen yet is taken as dependent (the full chain: the same law, at a higher cost)."""
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    key = (treedef, tuple(getattr(x, "shape", None) for x in leaves), stream)
+    out = _DEPENDS.get(key)
+    if out is None:
+        if not is_concrete(*leaves):
+            return True
+        desc = model.description()
+        x = np.random.default_rng(0).uniform(0.5, 1.5, desc.cells.size)
+        x = jnp.asarray(x / x.sum())
+        lumped = tagged_chain(desc, x, stream).lumped
+
+        def rates(u):
+            chain = tagged_chain(desc, u, stream)
+            return chain.rate, chain.out
+
+        out = (not lumped) or any(bool(jnp.any(j != 0)) for j in jax.jacfwd(rates)(x))
+        if len(_DEPENDS) >= 256:
+            _DEPENDS.clear()
+        _DEPENDS[key] = out
+    return out
+
+
+@eqx.filter_jit
+def _refined_steps(model, y, V, W, stream, waiting, max_terms: int, replace: bool, depends: bool):
+    r"""The uniformised steps $a_n$ (mean field) and $c_n$ (the $1/N$ term) of a tagged job's survival function.
+
+    **Marked jobs.** Mark the jobs that arrive during $[0, \delta]$ in a stationary system. With $N$ servers,
+    $P(T > t) = \lim_{\delta \to 0} E[M^N(t)]/E[M^N(0^+)]$, $M^N(t)$ the marked jobs still there at $t$ per
+    server. The servers with a marked job, by (position, state) of the tagged chain, form a density-dependent
+    population process together with the occupancy $Y^N$: its rates are $N$ times smooth functions, linear in
+    the marked part $m$, $\dot m = m\,G(y)$ ($G$ the tagged chain's generator at the occupancy $y$). So the
+    refined mean field of the pair $(Y^N, M^N)$ (the transient one, `jsmkt.refined_transient`, from the
+    stationary law) gives $E[M^N(t)] = m(t) + v(t)/N + O(1/N^2)$:
+
+    - $m(0) = M_0(y^*)$, the jobs joining each (position, state) per unit time, $\dot m = m\,G$ at $y^*$
+      (the mean-field law);
+    - $v(0) = DM_0\,V + \frac12 D^2M_0 : W$ (the joining law averaged over the occupancy's $1/N$ law; plus
+      $\partial_\varepsilon M_0$ when sampling without replacement from $N = 1/\varepsilon$), and
+      $\dot v = v\,G + m\,(DG\,V + \frac12 D^2G : W + \partial_\varepsilon G) + \sum_i W_{ym,i}\,\partial_i G$;
+    - $W_{ym} = \lim N\,\mathrm{Cov}(Y^N, M^N)$, the covariance of the occupancy with the marked servers that
+      carries the correlation along the stay: $W_{ym}(0) = W\,DM_0^\top + \sum_{\text{arrival rows}}
+      \text{flow}\;\ell\,e^\top$ (a marked job's arrival also moves its server in $y$, by $\ell$), and
+      $\dot W_{ym,i} = \sum_j A_{ij} W_{ym,j} + W_{ym,i}\,G + m\,(\textstyle\sum_j W_{ij}\partial_j G)
+      + m\,G^{(\ell_i)}$, where $A$ is the drift's Jacobian and $G^{(\ell_i)}$ the tagged chain's moves each
+      weighted by its server's jump $\ell_i$ in the reduced state (the jump covariance of the pair).
+
+    $Y^N$ stays stationary ($E = y^* + V/N$, $N\,\mathrm{Cov} = W$) whatever the marks. Where the chain's
+    rates do not depend on the occupancy ($\partial G = 0$: the job's server moves by its own events only, as for
+    FCFS servers with PH service or repairs), $W_{ym}$ drops out and $v(t) = v(0)\,e^{Gt}$, the chain started
+    from the refined joining law; otherwise the full (cell, position) chain is used, whose states know their
+    server's cell. The survival function is the ratio, to order $1/N$:
+    $(\sum m + \sum v/N)/(\text{acc} + \text{acc}_1/N)$, acc the accepted jobs per unit time.
+
+    Everything is linear in $(m, v, W_{ym})$ with constant coefficients, so it is uniformised at one rate $q$
+    (at least every rate of $G$ and $\max_i\sum_j |A_{ij}|$) and stepped in checkpointed chunks as
+    `uniformised_survival`."""
+    flat, unravel = ravel_pytree(y)
+    V, _ = ravel_pytree(V)
+    n = flat.size
+    zero = jnp.zeros((), flat.dtype)
+    lumped = None if not depends else False
+
+    def parts(z, eps):
+        mod = model if replace else _with_sampling_eps(model, eps)
+        desc = mod.description()
+        x = mod.occupancy(unravel(z))
+        chain = tagged_chain(desc, x, stream, lumped)
+        init = jnp.where(waiting, jnp.concatenate([chain.init[1:], jnp.zeros_like(chain.init[:1])]), chain.init)
+        acc = _accepted(averaged(desc), x, stream)
+        return chain, init * acc, acc
+
+    chain, m0, acc0 = parts(flat, zero)
+    M, S = chain.rate.size, chain.out.size
+    P_ = m0.shape[0]
+
+    def values(z, eps=zero):
+        c, m, acc = parts(z, eps)
+        return jnp.concatenate([c.rate, c.out, m.reshape(-1), acc[None]])
+
+    def split(vec):
+        return vec[:M], vec[M:M + S], vec[M + S:-1].reshape(P_, S), vec[-1]
+
+    first = jax.jvp(values, (flat,), (V,))[1] + 0.5 * _contract_hessian(values, flat, W)
+    if not replace:
+        first = first + jax.jvp(lambda e: values(flat, e), (zero,), (jnp.ones_like(zero),))[1]
+    rate1, out1, v0, acc1 = split(first)
+
+    q = jnp.max(chain.out)
+    if depends:
+        jac = jax.jacfwd(values)(flat)  # (len, n)
+        drate, dout, dm0 = jac[:M], jac[M:M + S], jac[M + S:-1].reshape(P_, S, n)
+        desc = averaged(model.description())
+        x = model.occupancy(y)
+        reduce_flat = lambda u: ravel_pytree(model.reduce(u))[0]  # noqa: E731
+        R = jax.jacfwd(reduce_flat)(x)  # (n, C), the reduction is linear
+        state_of, cell_of = _full_states(desc, x)
+        src, tgt, _ = _arrival_flows(desc, x, stream)
+        ell_rows = R[:, tgt] - R[:, src]  # each arrival row's jump of its server, (n, rows)
+        w0 = jnp.einsum("psj,ij->ips", dm0, W) + _marks(desc, x, stream, state_of, ell_rows)
+        w0 = jnp.where(waiting, jnp.concatenate([w0[:, 1:], jnp.zeros_like(w0[:, :1])], axis=1), w0)
+        ell_kept = R[:, cell_of[chain.to]] - R[:, cell_of[chain.frm]]  # (n, kept moves)
+        moves = _server_moves(desc, x)
+        ell_all = R[:, moves.target] - R[:, moves.source]
+        out_w = jax.ops.segment_sum((moves.rate[None, :] * ell_all).T, jnp.asarray(moves.source),
+                                    num_segments=desc.cells.size)[cell_of].T  # (n, S)
+        f = lambda z: ravel_pytree(model.vector_field(None, unravel(z)))[0]  # noqa: E731
+        A = jax.jacfwd(f)(flat)
+        rate_w = (drate @ W).T + chain.rate[None, :] * ell_kept  # (n, M)
+        out_w = (dout @ W).T + out_w
+        q = jnp.maximum(q, jnp.max(jnp.sum(jnp.abs(A), axis=1)))
+        wym0 = w0
+    else:
+        wym0 = jnp.zeros((0, P_, S), flat.dtype)
+    q = jax.lax.stop_gradient(q)
+    q = jnp.where(q > 0, q, 1.0)
+    rate0, out0 = chain.rate, chain.out
+    fwd = lambda u, r, o: _forward(chain, u, r, o)  # noqa: E731
+
+    def step(carry, _):
+        m, v, wym = carry
+        dm = fwd(m, rate0, out0)
+        dv = fwd(v, rate0, out0) + fwd(m, rate1, out1)
+        if depends:
+            dv = dv + jnp.sum(jax.vmap(fwd, in_axes=(0, 1, 1))(wym, drate, dout), axis=0)
+            dw = (jnp.tensordot(A, wym, axes=1) + jax.vmap(lambda u: fwd(u, rate0, out0))(wym)
+                  + jax.vmap(lambda r, o: fwd(m, r, o))(rate_w, out_w))
+            wym = wym + dw / q
+        m, v = m + dm / q, v + dv / q
+        sm = jnp.sum(m)
+        return (m, v, wym), (sm / acc0, (jnp.sum(v) - sm * acc1 / acc0) / acc0)
+
+    @jax.checkpoint
+    def run(carry):
+        return jax.lax.scan(step, carry, None, length=_CHUNK)
+
+    def chunk(carry, _):
+        state, done = carry
+        state, (a, c) = jax.lax.cond(
+            done, lambda s: (s, (jnp.zeros(_CHUNK, flat.dtype), jnp.zeros(_CHUNK, flat.dtype))), run, state)
+        small = (a[-1] < _EPS) & (jnp.abs(c[-1]) < _EPS) & (jnp.max(jnp.abs(state[2]), initial=0.0) < _EPS)
+        return (state, done | small), (a, c)
+
+    a0 = jnp.sum(m0) / acc0
+    c0 = (jnp.sum(v0) - jnp.sum(m0) * acc1 / acc0) / acc0
+    n_chunks = -(-max_terms // _CHUNK)
+    (_, done), (a, c) = jax.lax.scan(chunk, ((m0, v0, wym0), a0 < _EPS), None, length=n_chunks)
+    return jnp.concatenate([a0[None], a.reshape(-1)]), jnp.concatenate([c0[None], c.reshape(-1)]), q, done
+
+
+def _refined_distribution(refined, n_servers, kind: str, waiting: bool, stream, max_terms) -> RefinedTimeDistribution:
+    from ._refined import RefinedMeanField, _check_n
+
+    if not isinstance(refined, RefinedMeanField):
+        raise ValueError(f"refined must be a jsmkt.RefinedMeanField (from jsmkt.refined_mean_field), got "
+                         f"{type(refined).__name__}")
+    n = _check_n(n_servers)
+    model = refined.model
+    y, max_terms = _checked(model, refined.value, kind, stream, max_terms, None)
+    facts = _facts(model)
+    why = facts.no_fcfs
+    if waiting and why is None and not facts.head_in_service:
+        why = ("the job at the head of a queue is not always in service (e.g. at a failed server), so the time to "
+               "reach the head is not the time to start service")
+    if waiting and why is None and facts.removals > 1:
+        why = "a service removes several jobs at once (batch service), so a job need not reach the head of its queue"
+    env = model.description().environment
+    if why is None and env is not None:
+        why = ("its servers share an environment (a pool of repairmen or a modulating phase), whose moves couple "
+               "servers or make arrivals non-Poisson: the 1/N term of a job's law is not derived for it")
+    if why is not None:
+        raise ValueError(f"{type(model).__name__}: no refined {kind} distribution: {why}")
+    depends = _stay_depends(model, stream)
+    if is_concrete(model, y):
+        _maps.before_compiling(f"jsmkt.refined_{kind.replace(' ', '_')}_distribution",
+                               ("refined sojourn", _maps.signature((model, y)), max_terms, stream, depends))
+    a, c, q, done = _refined_steps(model, y, refined.correction, refined.covariance, stream, jnp.asarray(waiting),
+                                   max_terms, refined.sampling == "with_replacement", depends)
+    if is_concrete(a, c, done):
+        if not bool(done):
+            raise ValueError(f"the refined {kind}'s tail outlasts max_terms={max_terms} uniformisation steps; "
+                             "raise max_terms")
+        tiny = (np.asarray(a) < _EPS) & (np.abs(np.asarray(c)) < _EPS)
+        last = int(np.argmax(tiny)) if tiny.any() else a.shape[0]
+        size = min(a.shape[0], max(_CHUNK, 1 << int(np.ceil(np.log2(last + 1)))))
+        a, c = a[:size], c[:size]
+    else:
+        a = error_if(a, ~done, f"the refined {kind}'s tail outlasts max_terms={max_terms} uniformisation steps")
+    return RefinedTimeDistribution(TimeDistribution(a, q, kind), c, jnp.asarray(n))
+
+
+def refined_sojourn_time_distribution(refined, n_servers, *, stream: str | None = None,
+                                      max_terms: int = MAX_TERMS) -> RefinedTimeDistribution:
+    r"""The law of a job's sojourn time with `n_servers` servers, to order $1/N$: the mean-field law
+    (`jsmkt.sojourn_time_distribution`) plus its $1/N$ term.
+
+    The $1/N$ term is exact (the expansion of the finite-N law, not a plug-in of a corrected occupancy): it
+    averages the joining law over the occupancy's $1/N$ law (bias $V$ and covariance $W$ of
+    `jsmkt.refined_mean_field`, and the sampling without replacement it was made for) and, where a job's stay
+    depends on the other servers (the rates at which its server is chosen move it forward, as for helpers),
+    the covariance between the occupancy and the tagged job along its stay. See `_refined_steps` for the
+    equations. Percentiles from it correct the mean-field ones for finite $N$ (e.g. p99 at $N = 20$ to 100).
+
+    **Arguments:**
+
+    - `refined`: a `jsmkt.RefinedMeanField` (order 1 or 2; its order-1 terms are used).
+    - `n_servers`: $N \ge 1$.
+    - `stream`, `max_terms`: as for `jsmkt.sojourn_time_distribution`.
+
+    **Returns:** a `jsmkt.RefinedTimeDistribution` (`cdf`, `pdf`, `quantile`, `mean`, and `mean_field`, the
+    mean-field law); differentiable with respect to the model's parameters.
+
+    **Raises:** `ValueError` where `jsmkt.sojourn_time_distribution` does, and for servers that share an
+    environment (a pool of repairmen, a BMAP's phase), whose $1/N$ terms are not derived.
+
+    !!! example
+
+        ```python
+        model = jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, 4.0), d=2)
+        rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model))
+        T = jsmkt.refined_sojourn_time_distribution(rmf, 50)
+        T.quantile(0.99), T.mean_field.quantile(0.99)
+        ```
+    """
+    return _refined_distribution(refined, n_servers, "sojourn time", False, stream, max_terms)
+
+
+def refined_waiting_time_distribution(refined, n_servers, *, stream: str | None = None,
+                                      max_terms: int = MAX_TERMS) -> RefinedTimeDistribution:
+    r"""The law of a job's waiting time (arrival to start of service) with `n_servers` servers, to order $1/N$;
+    defined where `jsmkt.waiting_time_distribution` is. Arguments, returns and errors as
+    `jsmkt.refined_sojourn_time_distribution`."""
+    return _refined_distribution(refined, n_servers, "waiting time", True, stream, max_terms)
