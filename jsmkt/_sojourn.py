@@ -43,11 +43,12 @@ more from the root that carries the derivatives (the implicit function theorem).
 stop once $a_n$ is negligible (`lax.cond`; under `vmap` every chunk runs), checkpointed, so `jax.grad` works
 through them with memory for the chunk boundaries only.
 
-**Not from the refined mean field.** Its $1/N$ term is the expansion of the occupancy's moments; the $1/N$ term
-of a job's sojourn-time law also needs the correlation between the server it joins (a chosen, atypical one) and
-the occupancy along its whole stay, which $V$ and $W$ do not carry. Plugging $y^* + V/N$ into the tagged chain
-would not be the $1/N$ expansion of the finite-N law, so it is refused; the refined mean sojourn time is
-`refined.expectation` of Little's law.
+**With $N$ servers** (`refined_sojourn_time_distribution`). The $1/N$ term of the law is not the mean-field law
+at the corrected occupancy $y^* + V/N$: the server a job joins is chosen from the fluctuating occupancy, and,
+where its stay depends on the other servers, the occupancy keeps fluctuating, correlated with the job's server,
+while it stays. The jobs that arrive in a short interval, marked, form a population process together with the
+occupancy, linear in the marked part, and the refined mean field of that pair (its transient $1/N$ term from the
+stationary law) is the exact $1/N$ term of the job's law (`_refined_steps`).
 """
 
 from typing import NamedTuple
@@ -562,10 +563,8 @@ def _checked(model, state, what: str, stream, max_terms, lumped):
 
     if isinstance(state, RefinedMeanField):
         raise ValueError(
-            f"state is a jsmkt.RefinedMeanField: the refined mean field gives no {what} distribution (its 1/N term "
-            "expands the occupancy's moments, not the law of a job's stay, which also depends on the correlation "
-            "between the server a job joins and the occupancy); pass the fixed point, and use "
-            "rmf.expectation of Little's law for the refined mean"
+            f"state is a jsmkt.RefinedMeanField: the mean-field {what} distribution takes the fixed point; the law "
+            f"with N servers to order 1/N is jsmkt.refined_{what.replace(' ', '_')}_distribution(refined, N)"
         )
     if isinstance(state, Trajectory):
         raise ValueError(f"state is a jsmkt.Trajectory: the {what} distribution is that of a job arriving at a "
@@ -815,13 +814,15 @@ def _stay_depends(model: AbstractDescribedModel, stream: str | None) -> bool:
         desc = model.description()
         x = np.random.default_rng(0).uniform(0.5, 1.5, desc.cells.size)
         x = jnp.asarray(x / x.sum())
-        lumped = tagged_chain(desc, x, stream).lumped
+        lumped = []
 
         def rates(u):
             chain = tagged_chain(desc, u, stream)
+            lumped.append(chain.lumped)  # a static fact, recorded while tracing
             return chain.rate, chain.out
 
-        out = (not lumped) or any(bool(jnp.any(j != 0)) for j in jax.jacfwd(rates)(x))
+        jac = jax.jit(jax.jacfwd(rates))(x)
+        out = (not lumped[0]) or any(bool(jnp.any(j != 0)) for j in jac)
         if len(_DEPENDS) >= 256:
             _DEPENDS.clear()
         _DEPENDS[key] = out
