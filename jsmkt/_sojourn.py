@@ -790,7 +790,7 @@ def _marks(desc: Description, x: Array, stream: str | None, state_of: np.ndarray
     P, n = int(cells.jobs.max()), int(state_of.max()) + 1
     lo, hi = cells.jobs[src], cells.jobs[tgt]
     ok = np.flatnonzero((hi > lo) & (state_of[tgt] >= 0))
-    f = flow[ok] * weight[..., ok]
+    f = flow[ok].reshape((1,) * (weight.ndim - 1) + (-1,)) * weight[..., ok]
     lead = f.shape[:-1]
     diff = jnp.zeros(lead + ((P + 1) * n,), x.dtype)
     diff = diff.at[..., lo[ok] * n + state_of[tgt[ok]]].add(f).at[..., hi[ok] * n + state_of[tgt[ok]]].add(-f)
