@@ -163,11 +163,12 @@ class _Facts(NamedTuple):
     removals: int
 
 
-_NO_FCFS = ("its servers hold no FCFS queues and its jobs move between servers (e.g. a re-probing retrial leaves "
-            "its orbit for a server its probes choose): a job's stay then runs through every server it visits, each "
-            "found at the occupancy its probes see, which the chain of one tagged server does not carry; only jobs "
-            "that stay at their server (in FCFS queues, or waiting in random order as own-orbit retrials) have "
-            "the law")
+_NO_FCFS = ("its servers hold no FCFS queues (jobs move between servers, e.g. from orbits, or leave from inside a "
+            "queue, e.g. by abandoning): a job's sojourn time is not the time until the jobs ahead of it leave")
+_MOVES = ("its servers hold no FCFS queues and its jobs move between servers (e.g. a re-probing retrial leaves its "
+          "orbit for a server its probes choose): a job's stay then runs through every server it visits, each found "
+          "at the occupancy its probes see, which the chain of one tagged server does not carry; only jobs that stay "
+          "at their server (in FCFS queues, or waiting in random order as own-orbit retrials) have the law")
 _FACTS: dict = {}
 
 
@@ -176,7 +177,9 @@ def _random_order_defect(desc: Description) -> str | None:
     that hold their waiting jobs in random order (`random_order`), no job that moves to another server, and moves
     that each complete jobs in service and start waiting ones (or bring jobs), never return a job to waiting or
     remove a waiting one (a static fact)."""
-    if not desc.random_order or any(d.origin is not None for d in desc.dispatches):
+    if any(d.origin is not None for d in desc.dispatches):
+        return _MOVES
+    if not desc.random_order:
         return _NO_FCFS
     cells = desc.cells
     jobs, serving = cells.jobs, cells.in_service

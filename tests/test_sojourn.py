@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.optimize
+import scipy.sparse
+import scipy.sparse.linalg
 
 import jsmkt
 from jsmkt._spec import FAMILIES
@@ -140,7 +142,7 @@ def test_quantiles_and_bad_input():
 # --- random-order servers: own-orbit retrials -------------------------------------------------------------------
 
 
-def _mm1_retrial_tagged(lam, theta, policy, top=100):
+def _mm1_retrial_tagged(lam, theta, policy, top=60):
     r"""The M/M/1 retrial queue (service rate 1, orbit truncated at `top`), derived here from one customer's view.
     Its stationary law p(n, s) (orbit n, server s idle 0 / busy 1) solves the generator's balance. A tagged customer
     is in service with n in orbit, or in orbit with m others and the server in state s. It retries at rate theta
@@ -185,11 +187,13 @@ def _mm1_retrial_tagged(lam, theta, policy, top=100):
     waits = np.arange(G.shape[0]) > top  # the waiting time: service starts = leaving the orbit states
     Gw = G[np.ix_(waits, waits)]
 
-    def sojourn(t):
-        return float(start @ scipy.linalg.expm(G * t) @ np.ones(G.shape[0]))
+    Gt, Gwt = scipy.sparse.csr_matrix(G.T), scipy.sparse.csr_matrix(Gw.T)
+
+    def sojourn(t):  # start exp(G t) 1, as the sum of exp(G^T t) start
+        return float(scipy.sparse.linalg.expm_multiply(Gt * t, start).sum())
 
     def wait(t):
-        return float(start[waits] @ scipy.linalg.expm(Gw * t) @ np.ones(Gw.shape[0]))
+        return float(scipy.sparse.linalg.expm_multiply(Gwt * t, start[waits]).sum())
 
     return sojourn, wait
 
