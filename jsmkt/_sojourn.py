@@ -32,6 +32,21 @@ but larger ($\sum_c \text{jobs}_c$ states): helpers that serve the longest queue
 and the repairmen that choose the failed server with the longest queue (`RepairableJSQ` with R.2, R.3 at
 saturation) move the job in service at a rate that depends on the queue behind it.
 
+**Random-order servers** (`Description.random_order`: own-orbit retrials). A server holds its waiting jobs
+($\text{jobs}_c - \text{in service}_c$, an orbit) in random order and no job moves to another server. The tagged
+job's state is (cell, role): in service, or waiting. A move $c \to c'$ that completes $k$ jobs in service and starts
+$r$ waiting ones ($k = \text{jobs}_c - \text{jobs}_{c'}$, $r$ the fall of the waiting jobs; for an own retrial
+$(j, \text{idle}) \to (j - 1, \text{busy})$, $k = 0$ and $r = 1$) removes the tagged job in service with
+probability $k/\text{in service}_c$ and starts the waiting one with probability $r/\text{waiting}_c$ (each of
+them equally likely: the orbit retries at $j\theta$ or at θ, one of its $j$ customers at random); every other move
+changes only the cell. A job that joins through an arrival row $c \to c'$ starts at once if it is one of those the
+row puts in service, else it waits. In the chain's format the role is the position, 1 in service and 2 waiting, so
+that the start of service and the end of the stay are one removal each: the sojourn time is the absorption time, and
+the waiting time (to the start of service) the time of $p - 1$ removals as at an FCFS queue, whose atom at 0 is the
+probability of joining in service. The chain does not lump: the chance that the tagged job starts depends on how
+many wait. Jobs that move to another server (re-probing retrials) are refused: the job's stay would run through
+every server it visits, each found at the occupancy its probes see.
+
 **Uniformisation.** With $Q$ the chain's transient generator, $q = \max_i(-Q_{ii})$ and $P = I + Q/q$, the
 survival function is $\bar F(t) = \sum_{n \ge 0} e^{-qt}(qt)^n/n!\;a_n$ with $a_n = \pi_0 P^n \mathbf 1$, the
 probability that the job is still there after $n$ steps of the uniformised chain. The sequence $a_n$ is computed
@@ -141,9 +156,10 @@ def _move_structure(desc: Description) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Facts(NamedTuple):
-    """Static facts of a description for the tagged job: why it has no FCFS queues (or `None`), whether the head
-    of every reachable non-empty queue is in service, and the most jobs a move removes without emptying the
-    server."""
+    """Static facts of a description for the tagged job: why it has no tagged chain (no FCFS queues nor
+    random-order servers; or `None`), whether the head of every reachable non-empty queue is in service (a
+    random-order server's waiting jobs start service directly), and the most jobs a move removes without emptying
+    the server."""
 
     no_fcfs: str | None
     head_in_service: bool
@@ -152,7 +168,35 @@ class _Facts(NamedTuple):
 
 _NO_FCFS = ("its servers hold no FCFS queues (jobs move between servers, e.g. from orbits, or leave from inside a "
             "queue, e.g. by abandoning): a job's sojourn time is not the time until the jobs ahead of it leave")
+_MOVES = ("its servers hold no FCFS queues and its jobs move between servers (e.g. a re-probing retrial leaves its "
+          "orbit for a server its probes choose): a job's stay then runs through every server it visits, each found "
+          "at the occupancy its probes see, which the chain of one tagged server does not carry; only jobs that stay "
+          "at their server (in FCFS queues, or waiting in random order as own-orbit retrials) have the law")
 _FACTS: dict = {}
+
+
+def _random_order_defect(desc: Description) -> str | None:
+    """Why the tagged job's chain of a description with `fcfs=False` cannot be built (or `None`): it needs servers
+    that hold their waiting jobs in random order (`random_order`), no job that moves to another server, and moves
+    that each complete jobs in service and start waiting ones (or bring jobs), never return a job to waiting or
+    remove a waiting one (a static fact)."""
+    if any(d.origin is not None for d in desc.dispatches):
+        return _MOVES
+    if not desc.random_order:
+        return _NO_FCFS
+    cells = desc.cells
+    jobs, serving = cells.jobs, cells.in_service
+    src, tgt = _move_structure(desc)
+    d_jobs, d_wait = jobs[tgt] - jobs[src], (jobs - serving)[tgt] - (jobs - serving)[src]
+    gain = d_jobs > 0
+    bad = np.where(gain, (serving[tgt] < serving[src]) | (d_wait < 0), (d_wait > 0) | (-d_jobs > serving[src]))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        return (f"its servers hold their waiting jobs in random order, but a move from cell {int(src[i])} to cell "
+                f"{int(tgt[i])} (jobs {int(jobs[src[i]])} -> {int(jobs[tgt[i]])}, in service "
+                f"{int(serving[src[i]])} -> {int(serving[tgt[i]])}) neither only brings jobs nor only completes jobs "
+                "in service and starts waiting ones: which job it moves is not defined")
+    return None
 
 
 def _facts(model: AbstractDescribedModel) -> _Facts:
@@ -163,7 +207,10 @@ def _facts(model: AbstractDescribedModel) -> _Facts:
     out = _FACTS.get(key)
     if out is None:
         desc = model.description()
-        if not desc.fcfs or any(d.origin is not None for d in desc.dispatches):
+        if not desc.fcfs:  # random-order servers: service starts (and completes) one job at a time
+            why = _random_order_defect(desc)
+            out = _Facts(why, why is None, 1)
+        elif any(d.origin is not None for d in desc.dispatches):
             out = _Facts(_NO_FCFS, False, 0)
         else:
             cells = desc.cells
@@ -283,7 +330,9 @@ def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped:
     modulating phase is averaged out first (module docstring)."""
     desc = averaged(desc)
     cells = desc.cells
-    if not desc.fcfs or any(d.origin is not None for d in desc.dispatches):
+    if not desc.fcfs:
+        return _random_order_chain(desc, x, stream, lumped)
+    if any(d.origin is not None for d in desc.dispatches):
         raise ValueError(_NO_FCFS)
     jobs, status = cells.jobs, cells.status
     P = int(jobs.max())
@@ -340,6 +389,67 @@ def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped:
     accepted = jnp.sum(f * jnp.asarray(hi - lo, x.dtype))
     init = init / jnp.where(accepted > 0, accepted, 1.0)
     return _Chain(shifts, i[keep], j[keep], shift, rate[keep], out, init, lumped)
+
+
+def _random_order_chain(desc: Description, x: Array, stream: str | None, lumped: bool | None) -> _Chain:
+    """The tagged job's chain at a random-order server (module docstring, **Random-order servers**): states
+    (cell, in service) for the reachable cells with a job in service, then (cell, waiting) for those with a
+    waiting job; position 1 in service, 2 waiting, so that one removal (`shifts[1] = 1`) starts a waiting job or
+    ends a job in service, and the waiting time is the time to the first."""
+    why = _random_order_defect(desc)
+    if why is not None:
+        raise ValueError(why)
+    if lumped:
+        raise ValueError("lumped=True: at a random-order server the chance that the tagged job is the one to start "
+                         "depends on how many jobs wait, so its chain does not lump to (status, position); use "
+                         "lumped=None")
+    cells = desc.cells
+    jobs, serving = cells.jobs, cells.in_service
+    wait = jobs - serving
+    moves = _server_moves(desc, x)
+    reach = _reachable(desc, moves)
+    in_service = np.full(cells.size, -1)
+    ok = reach & (serving >= 1)
+    in_service[ok] = np.arange(int(ok.sum()))
+    waiting = np.full(cells.size, -1)
+    ok = reach & (wait >= 1)
+    waiting[ok] = int(in_service.max()) + 1 + np.arange(int(ok.sum()))
+    n = max(int(waiting.max()), int(in_service.max())) + 1
+    idx = np.flatnonzero((moves.source != moves.target) & reach[moves.source])
+    s, t, rate = moves.source[idx], moves.target[idx], moves.rate[idx]
+    done = np.maximum(jobs[s] - jobs[t], 0)  # jobs in service that the move completes
+    start = np.maximum(wait[s] - wait[t], 0)  # waiting jobs that it starts
+    w = np.maximum(wait[s], 1)
+    # From (c, in service): completed with probability done / in service (it leaves), else in service at c'.
+    # From (c, waiting): started with probability start / waiting (position 2 -> 1), else waiting at c'.
+    # Every move that changes the cell leaves the state: `out` is their total rate.
+    own, other = in_service[s], waiting[s]
+    cases = ((own, in_service[t], 0, 1.0 - done / np.maximum(serving[s], 1), done < serving[s]),
+             (other, waiting[t], 0, 1.0 - start / w, start < wait[s]),
+             (other, in_service[t], 1, start / w, start > 0))
+    rows = [np.flatnonzero((frm >= 0) & cond) for frm, _, _, _, cond in cases]
+    frm = np.concatenate([c[0][r] for c, r in zip(cases, rows)])
+    to = np.concatenate([c[1][r] for c, r in zip(cases, rows)])
+    shift = np.concatenate([np.full(r.size, c[2]) for c, r in zip(cases, rows)])
+    kept = jnp.concatenate([rate[r] * c[3][r] for c, r in zip(cases, rows)])
+    mine = [np.flatnonzero(own >= 0), np.flatnonzero(other >= 0)]
+    out = jax.ops.segment_sum(jnp.concatenate([rate[mine[0]], rate[mine[1]]]),
+                              jnp.asarray(np.concatenate([own[mine[0]], other[mine[1]]])), num_segments=n)
+    # Joining through row c -> c' of flow f: of its jobs_c' - jobs_c jobs, those put in service start at once
+    # (position 1 at (c', in service)), the others wait (position 2 at (c', waiting)).
+    a_src, a_tgt, flow = _arrival_flows(desc, x, stream)
+    new = jobs[a_tgt] - jobs[a_src]
+    joins = np.flatnonzero((new > 0) & reach[a_tgt])
+    a_src, a_tgt, new, flow = a_src[joins], a_tgt[joins], new[joins], flow[joins]
+    started, queued = serving[a_tgt] - serving[a_src], wait[a_tgt] - wait[a_src]
+    at = np.concatenate([in_service[a_tgt], n + waiting[a_tgt]])
+    share = np.concatenate([started, queued])
+    use = np.flatnonzero(share > 0)
+    init = jax.ops.segment_sum(jnp.concatenate([flow, flow])[use] * jnp.asarray(share[use], x.dtype),
+                               jnp.asarray(at[use]), num_segments=2 * n).reshape(2, n)
+    accepted = jnp.sum(flow * jnp.asarray(new, x.dtype))
+    init = init / jnp.where(accepted > 0, accepted, 1.0)
+    return _Chain((0, 1), frm, to, shift, kept, out, init, False)
 
 
 def uniformised_survival(chain: _Chain, max_terms: int, waiting=False) -> tuple[Array, Array, Array]:
@@ -633,8 +743,10 @@ def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     queue has removed the jobs ahead of it and the job itself; its server evolves as one server of the mean
     field (module `jsmkt._sojourn`). Every family whose servers hold FCFS queues has it: `JSQd`, `JSQdPH`,
     `JSQdBatch` and `JSQdBMAP` (a job's position within its batch; the BMAP's phase averaged out), `JSQdClasses`
-    (with helpers too), `JSQdBatchService`, `RepairableJSQ` (failures interrupt service). `RetrialJSQ` has none:
-    orbits are not FCFS queues.
+    (with helpers too), `JSQdBatchService`, `RepairableJSQ` (failures interrupt service). So do servers that
+    hold their waiting jobs in random order: `RetrialJSQ` with `retrial="own"` (a customer leaves its orbit when
+    one of its server's retrials, each by a customer of the orbit at random, finds the server idle). Re-probing
+    retrials (`retrial="reprobe"`) have none: a customer moves between servers.
 
     **Arguments:**
 
@@ -657,7 +769,7 @@ def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     **Returns:** a `jsmkt.TimeDistribution` with `cdf`, `pdf`, `quantile` and `mean` (equal to
     `jsmkt.mean_sojourn_time`, Little's law), differentiable with respect to the model's parameters.
 
-    **Raises:** `ValueError` for a model without FCFS queues, a `jsmkt.RefinedMeanField` as `state` (no
+    **Raises:** `ValueError` for a model whose jobs move between servers, a `jsmkt.RefinedMeanField` as `state` (no
     refined law: see the module docstring), or too few `max_terms`.
 
     !!! example
@@ -679,7 +791,8 @@ def waiting_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     $1 - $ `jsmkt.prob_wait`) and a density on $t > 0$; its mean is `jsmkt.mean_waiting_time`.
 
     Defined where the job at the head of a queue is always in service and services remove one job at a time:
-    `JSQd`, `JSQdPH`, `JSQdBatch`, `JSQdBMAP`, `JSQdClasses` (and `JSQdBatchService` with batches of one).
+    `JSQd`, `JSQdPH`, `JSQdBatch`, `JSQdBMAP`, `JSQdClasses` (and `JSQdBatchService` with batches of one); and at
+    servers whose waiting jobs start in random order, `RetrialJSQ` with `retrial="own"` (the time in orbit).
     Refused for `RepairableJSQ` (a failed server's head job waits too, so waiting and interruptions do not
     separate) and batch service (a job may leave without reaching the head). Arguments, returns and errors as
     `jsmkt.sojourn_time_distribution`.
