@@ -391,6 +391,20 @@ def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped:
     return _Chain(shifts, i[keep], j[keep], shift, rate[keep], out, init, lumped)
 
 
+def _random_order_states(desc: Description, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The states of `_random_order_chain`: of every cell, its (cell, in service) state and its (cell, waiting)
+    state (-1 where none)."""
+    cells = desc.cells
+    serving, wait = cells.in_service, cells.jobs - cells.in_service
+    in_service = np.full(cells.size, -1)
+    ok = reach & (serving >= 1)
+    in_service[ok] = np.arange(int(ok.sum()))
+    waiting = np.full(cells.size, -1)
+    ok = reach & (wait >= 1)
+    waiting[ok] = int(in_service.max()) + 1 + np.arange(int(ok.sum()))
+    return in_service, waiting
+
+
 def _random_order_chain(desc: Description, x: Array, stream: str | None, lumped: bool | None) -> _Chain:
     """The tagged job's chain at a random-order server (module docstring, **Random-order servers**): states
     (cell, in service) for the reachable cells with a job in service, then (cell, waiting) for those with a
@@ -408,12 +422,7 @@ def _random_order_chain(desc: Description, x: Array, stream: str | None, lumped:
     wait = jobs - serving
     moves = _server_moves(desc, x)
     reach = _reachable(desc, moves)
-    in_service = np.full(cells.size, -1)
-    ok = reach & (serving >= 1)
-    in_service[ok] = np.arange(int(ok.sum()))
-    waiting = np.full(cells.size, -1)
-    ok = reach & (wait >= 1)
-    waiting[ok] = int(in_service.max()) + 1 + np.arange(int(ok.sum()))
+    in_service, waiting = _random_order_states(desc, reach)
     n = max(int(waiting.max()), int(in_service.max())) + 1
     idx = np.flatnonzero((moves.source != moves.target) & reach[moves.source])
     s, t, rate = moves.source[idx], moves.target[idx], moves.rate[idx]
@@ -886,25 +895,43 @@ def _accepted(desc: Description, x: Array, stream: str | None) -> Array:
 
 
 def _full_states(desc: Description, x: Array) -> tuple[np.ndarray, np.ndarray]:
-    """The states of the full (cell, position) chain (`tagged_chain(..., lumped=False)`): the state of every cell
-    (-1 where none) and the cell of every state."""
-    cells = desc.cells
-    busy = _reachable(desc, _server_moves(desc, x)) & (cells.jobs >= 1)
-    state_of = np.full(cells.size, -1)
-    state_of[busy] = np.arange(int(busy.sum()))
-    return state_of, np.flatnonzero(busy)
+    """The states of the full chain (`tagged_chain(..., lumped=False)`) by cell: `(state_of, cell_of)`, where
+    `state_of` is `(C,)` for FCFS servers (the (cell, position) chain) and `(2, C)` (in service, waiting) at
+    random-order ones, -1 where a cell has no such state; `cell_of` is the cell of every state."""
+    reach = _reachable(desc, _server_moves(desc, x))
+    if not desc.fcfs:
+        state_of = np.stack(_random_order_states(desc, reach))
+    else:
+        busy = reach & (desc.cells.jobs >= 1)
+        state_of = np.full(desc.cells.size, -1)
+        state_of[busy] = np.arange(int(busy.sum()))
+    cell_of = np.zeros(int(state_of.max()) + 1, np.int64)
+    for row in np.atleast_2d(state_of):
+        cell_of[row[row >= 0]] = np.flatnonzero(row >= 0)
+    return state_of, cell_of
 
 
 def _marks(desc: Description, x: Array, stream: str | None, state_of: np.ndarray, weight: Array) -> Array:
-    """Jobs joining per unit time and server at each (position, state) of the full chain, each arrival row's
-    flow times `weight[..., row]` (the last axis; leading axes are kept)."""
+    """Jobs joining per unit time and server at each (position, state) of the full chain (as its `init` before
+    normalising), each arrival row's flow times `weight[..., row]` (the last axis; leading axes are kept)."""
     cells = desc.cells
     src, tgt, flow = _arrival_flows(desc, x, stream)
-    P, n = int(cells.jobs.max()), int(state_of.max()) + 1
+    flow = flow.reshape((1,) * (weight.ndim - 1) + (-1,)) * weight
+    lead = flow.shape[:-1]
+    n = int(state_of.max()) + 1
+    if not desc.fcfs:  # random order: in service at once (position 1) or waiting (position 2)
+        serving, wait = cells.in_service, cells.jobs - cells.in_service
+        out = jnp.zeros(lead + (2, n), x.dtype)
+        for pos, (gain, states) in enumerate(((serving[tgt] - serving[src], state_of[0][tgt]),
+                                              (wait[tgt] - wait[src], state_of[1][tgt]))):
+            use = np.flatnonzero((gain > 0) & (states >= 0) & (cells.jobs[tgt] > cells.jobs[src]))
+            gained = jnp.asarray(gain[use], x.dtype).reshape((1,) * len(lead) + (-1,))
+            out = out.at[..., pos, states[use]].add(flow[..., use] * gained)
+        return out
+    P = int(cells.jobs.max())
     lo, hi = cells.jobs[src], cells.jobs[tgt]
     ok = np.flatnonzero((hi > lo) & (state_of[tgt] >= 0))
-    f = flow[ok].reshape((1,) * (weight.ndim - 1) + (-1,)) * weight[..., ok]
-    lead = f.shape[:-1]
+    f = flow[..., ok]
     diff = jnp.zeros(lead + ((P + 1) * n,), x.dtype)
     diff = diff.at[..., lo[ok] * n + state_of[tgt[ok]]].add(f).at[..., hi[ok] * n + state_of[tgt[ok]]].add(-f)
     return jnp.cumsum(diff.reshape(lead + (P + 1, n)), axis=-2)[..., :P, :]

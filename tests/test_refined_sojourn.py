@@ -65,6 +65,8 @@ CONSISTENT = {
     "jsq2-h2": lambda: jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=33),
     # helpers move a job forward at rates the occupancy sets: the occupancy-stay covariance enters
     "helpers": lambda: jsmkt.JSQdClasses([0.7], d=[2], helper_rates=[0.2], f=[2], K=25),
+    # own-orbit retrials: random-order servers, whose new arrivals compete with the orbit for the server
+    "own-retrials": lambda: jsmkt.RetrialJSQ(0.7, 1.0, retrial="own", K=30),
 }
 
 
