@@ -1045,8 +1045,9 @@ def _refined_steps(model, y, V, W, stream, waiting, max_terms: int, replace: boo
         state_of, cell_of = _full_states(desc, x)
         src, tgt, _ = _arrival_flows(desc, x, stream)
         ell_rows = R[:, tgt] - R[:, src]  # each arrival row's jump of its server, (n, rows)
-        w0 = jnp.einsum("psj,ij->ips", dm0, W) + _marks(desc, x, stream, state_of, ell_rows)
-        w0 = jnp.where(waiting, jnp.concatenate([w0[:, 1:], jnp.zeros_like(w0[:, :1])], axis=1), w0)
+        jumps = _marks(desc, x, stream, state_of, ell_rows)  # (n, P, S); `dm0` has the waiting shift already
+        jumps = jnp.where(waiting, jnp.concatenate([jumps[:, 1:], jnp.zeros_like(jumps[:, :1])], axis=1), jumps)
+        w0 = jnp.einsum("psj,ij->ips", dm0, W) + jumps
         ell_kept = R[:, cell_of[chain.to]] - R[:, cell_of[chain.frm]]  # (n, kept moves)
         moves = _server_moves(desc, x)
         ell_all = R[:, moves.target] - R[:, moves.source]
