@@ -700,8 +700,8 @@ def _checked(model, state, what: str, stream, max_terms, lumped):
     return _state(model, state), int(max_terms)
 
 
-def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lumped, throw=True) -> TimeDistribution:
-    y, max_terms = _checked(model, state, kind, stream, max_terms, lumped)
+def _refusal(model, waiting: bool) -> str | None:
+    """Why `model` has no sojourn-time (`waiting=False`) or waiting-time law, or `None`."""
     facts = _facts(model)
     why = facts.no_fcfs
     if waiting and why is None and not facts.head_in_service:
@@ -710,6 +710,12 @@ def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lum
     if waiting and why is None and facts.removals > 1:
         why = ("a service removes several jobs at once (batch service), so a job need not reach the head of its "
                "queue to leave; its sojourn-time distribution applies")
+    return why
+
+
+def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lumped, throw=True) -> TimeDistribution:
+    y, max_terms = _checked(model, state, kind, stream, max_terms, lumped)
+    why = _refusal(model, waiting)
     if why is not None:
         raise ValueError(f"{type(model).__name__}: no {kind} distribution: {why}")
     bad = failed(state)
@@ -1106,13 +1112,7 @@ def _refined_distribution(refined, n_servers, kind: str, waiting: bool, stream, 
     n = _check_n(n_servers)
     model = refined.model
     y, max_terms = _checked(model, refined.value, kind, stream, max_terms, None)
-    facts = _facts(model)
-    why = facts.no_fcfs
-    if waiting and why is None and not facts.head_in_service:
-        why = ("the job at the head of a queue is not always in service (e.g. at a failed server), so the time to "
-               "reach the head is not the time to start service")
-    if waiting and why is None and facts.removals > 1:
-        why = "a service removes several jobs at once (batch service), so a job need not reach the head of its queue"
+    why = _refusal(model, waiting)
     env = model.description().environment
     if why is None and env is not None:
         why = ("its servers share an environment (a pool of repairmen or a modulating phase), whose moves couple "
@@ -1120,6 +1120,10 @@ def _refined_distribution(refined, n_servers, kind: str, waiting: bool, stream, 
     if why is not None:
         raise ValueError(f"{type(model).__name__}: no refined {kind} distribution: {why}")
     depends = _stay_depends(model, stream)
+    bad = jnp.any(jnp.isnan(ravel_pytree(y)[0]))  # the expansion of a failed fixed point (NaN): its law is NaN
+    if is_concrete(bad) and bool(bad):
+        nan = jnp.full(_CHUNK, jnp.nan)
+        return RefinedTimeDistribution(TimeDistribution(nan, jnp.asarray(jnp.nan), kind), nan, jnp.asarray(n))
     if is_concrete(model, y):
         _maps.before_compiling(f"jsmkt.refined_{kind.replace(' ', '_')}_distribution",
                                ("refined sojourn", _maps.signature((model, y)), max_terms, stream, depends))
@@ -1133,8 +1137,9 @@ def _refined_distribution(refined, n_servers, kind: str, waiting: bool, stream, 
         last = int(np.argmax(tiny)) if tiny.any() else a.shape[0]
         size = min(a.shape[0], max(_CHUNK, 1 << int(np.ceil(np.log2(last + 1)))))
         a, c = a[:size], c[:size]
-    else:
-        a = error_if(a, ~done, f"the refined {kind}'s tail outlasts max_terms={max_terms} uniformisation steps")
+    else:  # a failed entry of a batch is NaN, not an error
+        a = error_if(a, ~done & ~bad, f"the refined {kind}'s tail outlasts max_terms={max_terms} uniformisation steps")
+        a, c, q = nan_where(bad, (a, c, q))
     return RefinedTimeDistribution(TimeDistribution(a, q, kind), c, jnp.asarray(n))
 
 

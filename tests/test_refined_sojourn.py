@@ -137,3 +137,13 @@ def test_cli_servers_and_percentiles(tmp_path, capsys):
     assert main(["solve", str(spec), "--servers", "50", "--percentiles", "99"]) == 0
     out = capsys.readouterr().out
     assert "sojourn time percentiles   p99=" in out and "(order 1/N)" in out
+
+
+def test_vmap_with_a_failed_entry():
+    """Under `vmap` an unstable entry (a failed fixed point) gives NaN, the others their values."""
+    def p99(lam):
+        fp = jsmkt.solve_fixed_point(jsmkt.JSQd(lam, d=2, K=40), throw=False)
+        return jsmkt.refined_sojourn_time_distribution(jsmkt.refined_mean_field(fp), 50, max_terms=2048).quantile(0.99)
+
+    out = np.asarray(jax.vmap(p99)(np.array([0.9, 1.2])))
+    assert out[0] == pytest.approx(float(p99(0.9)), rel=1e-10) and np.isnan(out[1])
