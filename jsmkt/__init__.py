@@ -96,6 +96,9 @@ if typing.TYPE_CHECKING:  # every public name; at run time each is imported on f
     from ._simulate import simulate as simulate
     from ._sojourn import TimeDistribution as TimeDistribution
     from ._sojourn import sojourn_time_distribution as sojourn_time_distribution
+    from ._sojourn import refined_sojourn_time_distribution as refined_sojourn_time_distribution
+    from ._sojourn import refined_waiting_time_distribution as refined_waiting_time_distribution
+    from ._sojourn import RefinedTimeDistribution as RefinedTimeDistribution
     from ._sojourn import waiting_time_distribution as waiting_time_distribution
     from ._solution import RESULTS as RESULTS
     from ._solution import FixedPoint as FixedPoint

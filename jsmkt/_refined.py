@@ -25,6 +25,7 @@ is differentiable and vmappable); second derivatives enter only contracted with 
 products (no Hessian tensor).
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -203,6 +204,8 @@ class RefinedMeanField(eqx.Module):
     - `model`: the model.
     - `correction2`: $A$, the $1/N^2$ coefficient of the mean, same structure as `value` (`order=2` of
       `refined_mean_field`); `None` at order 1.
+    - `sampling`: how the finite system samples (`"with_replacement"` or `"without_replacement"`), which the
+      expansion was made for.
 
     `V` and `A` depend on how the finite system samples (`sampling` of `refined_mean_field`); `W` does not.
     """
@@ -212,6 +215,7 @@ class RefinedMeanField(eqx.Module):
     covariance: Float[Array, "n n"]
     model: AbstractSupermarketModel
     correction2: PyTree[Array] | None = None
+    sampling: str = eqx.field(static=True, default="with_replacement")
 
     @property
     def order(self) -> int:
@@ -305,16 +309,18 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
     bad = failed(fixed_point)
     if bad is True:  # nothing to expand around: NaN, as every metric of a failed fixed point
         y = jax.tree_util.tree_map(lambda a: jnp.full(jnp.shape(a), jnp.nan), fixed_point.value)
-        return RefinedMeanField(y, y, jnp.full((n, n), jnp.nan), fixed_point.model, y if order == 2 else None)
+        return RefinedMeanField(y, y, jnp.full((n, n), jnp.nan), fixed_point.model, y if order == 2 else None,
+                                sampling)
     if concrete:
         _maps.before_compiling("jsmkt.refined_mean_field",
                                ("refine" if order == 1 else "refine2", _maps.signature(fixed_point.model), sampling))
     refine = _refine if order == 1 else _refine2
     out = refine(fixed_point.model, fixed_point.value, sampling == "with_replacement")
+    out = dataclasses.replace(out, sampling=sampling)
     if bad is not False:  # traced: a failed entry's expansion is NaN (the model's own leaves stay as they are)
         value, correction, covariance, correction2 = nan_where(
             bad, (out.value, out.correction, out.covariance, out.correction2))
-        out = RefinedMeanField(value, correction, covariance, out.model, correction2)
+        out = RefinedMeanField(value, correction, covariance, out.model, correction2, sampling)
     if concrete and not all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree_util.tree_leaves(out)):
         raise ValueError(
             "the refined mean field is not finite: the Jacobian of the drift at the fixed point is not stable "

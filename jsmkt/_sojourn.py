@@ -32,6 +32,21 @@ but larger ($\sum_c \text{jobs}_c$ states): helpers that serve the longest queue
 and the repairmen that choose the failed server with the longest queue (`RepairableJSQ` with R.2, R.3 at
 saturation) move the job in service at a rate that depends on the queue behind it.
 
+**Random-order servers** (`Description.random_order`: own-orbit retrials). A server holds its waiting jobs
+($\text{jobs}_c - \text{in service}_c$, an orbit) in random order and no job moves to another server. The tagged
+job's state is (cell, role): in service, or waiting. A move $c \to c'$ that completes $k$ jobs in service and starts
+$r$ waiting ones ($k = \text{jobs}_c - \text{jobs}_{c'}$, $r$ the fall of the waiting jobs; for an own retrial
+$(j, \text{idle}) \to (j - 1, \text{busy})$, $k = 0$ and $r = 1$) removes the tagged job in service with
+probability $k/\text{in service}_c$ and starts the waiting one with probability $r/\text{waiting}_c$ (each of
+them equally likely: the orbit retries at $j\theta$ or at θ, one of its $j$ customers at random); every other move
+changes only the cell. A job that joins through an arrival row $c \to c'$ starts at once if it is one of those the
+row puts in service, else it waits. In the chain's format the role is the position, 1 in service and 2 waiting, so
+that the start of service and the end of the stay are one removal each: the sojourn time is the absorption time, and
+the waiting time (to the start of service) the time of $p - 1$ removals as at an FCFS queue, whose atom at 0 is the
+probability of joining in service. The chain does not lump: the chance that the tagged job starts depends on how
+many wait. Jobs that move to another server (re-probing retrials) are refused: the job's stay would run through
+every server it visits, each found at the occupancy its probes see.
+
 **Uniformisation.** With $Q$ the chain's transient generator, $q = \max_i(-Q_{ii})$ and $P = I + Q/q$, the
 survival function is $\bar F(t) = \sum_{n \ge 0} e^{-qt}(qt)^n/n!\;a_n$ with $a_n = \pi_0 P^n \mathbf 1$, the
 probability that the job is still there after $n$ steps of the uniformised chain. The sequence $a_n$ is computed
@@ -43,11 +58,12 @@ more from the root that carries the derivatives (the implicit function theorem).
 stop once $a_n$ is negligible (`lax.cond`; under `vmap` every chunk runs), checkpointed, so `jax.grad` works
 through them with memory for the chunk boundaries only.
 
-**Not from the refined mean field.** Its $1/N$ term is the expansion of the occupancy's moments; the $1/N$ term
-of a job's sojourn-time law also needs the correlation between the server it joins (a chosen, atypical one) and
-the occupancy along its whole stay, which $V$ and $W$ do not carry. Plugging $y^* + V/N$ into the tagged chain
-would not be the $1/N$ expansion of the finite-N law, so it is refused; the refined mean sojourn time is
-`refined.expectation` of Little's law.
+**With $N$ servers** (`refined_sojourn_time_distribution`). The $1/N$ term of the law is not the mean-field law
+at the corrected occupancy $y^* + V/N$: the server a job joins is chosen from the fluctuating occupancy, and,
+where its stay depends on the other servers, the occupancy keeps fluctuating, correlated with the job's server,
+while it stays. The jobs that arrive in a short interval, marked, form a population process together with the
+occupancy, linear in the marked part, and the refined mean field of that pair (its transient $1/N$ term from the
+stationary law) is the exact $1/N$ term of the job's law (`_refined_steps`).
 """
 
 from typing import NamedTuple
@@ -56,6 +72,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 from jax.scipy.special import gammaln, xlogy
 from jaxtyping import Array, ArrayLike, Float
 
@@ -65,6 +82,7 @@ from ._graph import reachable
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
 from ._models.description import Description
 from ._models.meanfield import averaged, chosen_factor, clipped_targets, pool_cells, pooled, saturated_pool
+from ._refined import _contract_hessian, _with_sampling_eps
 from ._solution import Trajectory, failed, nan_where
 
 
@@ -138,9 +156,10 @@ def _move_structure(desc: Description) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Facts(NamedTuple):
-    """Static facts of a description for the tagged job: why it has no FCFS queues (or `None`), whether the head
-    of every reachable non-empty queue is in service, and the most jobs a move removes without emptying the
-    server."""
+    """Static facts of a description for the tagged job: why it has no tagged chain (no FCFS queues nor
+    random-order servers; or `None`), whether the head of every reachable non-empty queue is in service (a
+    random-order server's waiting jobs start service directly), and the most jobs a move removes without emptying
+    the server."""
 
     no_fcfs: str | None
     head_in_service: bool
@@ -149,7 +168,35 @@ class _Facts(NamedTuple):
 
 _NO_FCFS = ("its servers hold no FCFS queues (jobs move between servers, e.g. from orbits, or leave from inside a "
             "queue, e.g. by abandoning): a job's sojourn time is not the time until the jobs ahead of it leave")
+_MOVES = ("its servers hold no FCFS queues and its jobs move between servers (e.g. a re-probing retrial leaves its "
+          "orbit for a server its probes choose): a job's stay then runs through every server it visits, each found "
+          "at the occupancy its probes see, which the chain of one tagged server does not carry; only jobs that stay "
+          "at their server (in FCFS queues, or waiting in random order as own-orbit retrials) have the law")
 _FACTS: dict = {}
+
+
+def _random_order_defect(desc: Description) -> str | None:
+    """Why the tagged job's chain of a description with `fcfs=False` cannot be built (or `None`): it needs servers
+    that hold their waiting jobs in random order (`random_order`), no job that moves to another server, and moves
+    that each complete jobs in service and start waiting ones (or bring jobs), never return a job to waiting or
+    remove a waiting one (a static fact)."""
+    if any(d.origin is not None for d in desc.dispatches):
+        return _MOVES
+    if not desc.random_order:
+        return _NO_FCFS
+    cells = desc.cells
+    jobs, serving = cells.jobs, cells.in_service
+    src, tgt = _move_structure(desc)
+    d_jobs, d_wait = jobs[tgt] - jobs[src], (jobs - serving)[tgt] - (jobs - serving)[src]
+    gain = d_jobs > 0
+    bad = np.where(gain, (serving[tgt] < serving[src]) | (d_wait < 0), (d_wait > 0) | (-d_jobs > serving[src]))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        return (f"its servers hold their waiting jobs in random order, but a move from cell {int(src[i])} to cell "
+                f"{int(tgt[i])} (jobs {int(jobs[src[i]])} -> {int(jobs[tgt[i]])}, in service "
+                f"{int(serving[src[i]])} -> {int(serving[tgt[i]])}) neither only brings jobs nor only completes jobs "
+                "in service and starts waiting ones: which job it moves is not defined")
+    return None
 
 
 def _facts(model: AbstractDescribedModel) -> _Facts:
@@ -160,7 +207,10 @@ def _facts(model: AbstractDescribedModel) -> _Facts:
     out = _FACTS.get(key)
     if out is None:
         desc = model.description()
-        if not desc.fcfs or any(d.origin is not None for d in desc.dispatches):
+        if not desc.fcfs:  # random-order servers: service starts (and completes) one job at a time
+            why = _random_order_defect(desc)
+            out = _Facts(why, why is None, 1)
+        elif any(d.origin is not None for d in desc.dispatches):
             out = _Facts(_NO_FCFS, False, 0)
         else:
             cells = desc.cells
@@ -280,7 +330,9 @@ def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped:
     modulating phase is averaged out first (module docstring)."""
     desc = averaged(desc)
     cells = desc.cells
-    if not desc.fcfs or any(d.origin is not None for d in desc.dispatches):
+    if not desc.fcfs:
+        return _random_order_chain(desc, x, stream, lumped)
+    if any(d.origin is not None for d in desc.dispatches):
         raise ValueError(_NO_FCFS)
     jobs, status = cells.jobs, cells.status
     P = int(jobs.max())
@@ -337,6 +389,76 @@ def tagged_chain(desc: Description, x: Array, stream: str | None = None, lumped:
     accepted = jnp.sum(f * jnp.asarray(hi - lo, x.dtype))
     init = init / jnp.where(accepted > 0, accepted, 1.0)
     return _Chain(shifts, i[keep], j[keep], shift, rate[keep], out, init, lumped)
+
+
+def _random_order_states(desc: Description, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The states of `_random_order_chain`: of every cell, its (cell, in service) state and its (cell, waiting)
+    state (-1 where none)."""
+    cells = desc.cells
+    serving, wait = cells.in_service, cells.jobs - cells.in_service
+    in_service = np.full(cells.size, -1)
+    ok = reach & (serving >= 1)
+    in_service[ok] = np.arange(int(ok.sum()))
+    waiting = np.full(cells.size, -1)
+    ok = reach & (wait >= 1)
+    waiting[ok] = int(in_service.max()) + 1 + np.arange(int(ok.sum()))
+    return in_service, waiting
+
+
+def _random_order_chain(desc: Description, x: Array, stream: str | None, lumped: bool | None) -> _Chain:
+    """The tagged job's chain at a random-order server (module docstring, **Random-order servers**): states
+    (cell, in service) for the reachable cells with a job in service, then (cell, waiting) for those with a
+    waiting job; position 1 in service, 2 waiting, so that one removal (`shifts[1] = 1`) starts a waiting job or
+    ends a job in service, and the waiting time is the time to the first."""
+    why = _random_order_defect(desc)
+    if why is not None:
+        raise ValueError(why)
+    if lumped:
+        raise ValueError("lumped=True: at a random-order server the chance that the tagged job is the one to start "
+                         "depends on how many jobs wait, so its chain does not lump to (status, position); use "
+                         "lumped=None")
+    cells = desc.cells
+    jobs, serving = cells.jobs, cells.in_service
+    wait = jobs - serving
+    moves = _server_moves(desc, x)
+    reach = _reachable(desc, moves)
+    in_service, waiting = _random_order_states(desc, reach)
+    n = max(int(waiting.max()), int(in_service.max())) + 1
+    idx = np.flatnonzero((moves.source != moves.target) & reach[moves.source])
+    s, t, rate = moves.source[idx], moves.target[idx], moves.rate[idx]
+    done = np.maximum(jobs[s] - jobs[t], 0)  # jobs in service that the move completes
+    start = np.maximum(wait[s] - wait[t], 0)  # waiting jobs that it starts
+    w = np.maximum(wait[s], 1)
+    # From (c, in service): completed with probability done / in service (it leaves), else in service at c'.
+    # From (c, waiting): started with probability start / waiting (position 2 -> 1), else waiting at c'.
+    # Every move that changes the cell leaves the state: `out` is their total rate.
+    own, other = in_service[s], waiting[s]
+    cases = ((own, in_service[t], 0, 1.0 - done / np.maximum(serving[s], 1), done < serving[s]),
+             (other, waiting[t], 0, 1.0 - start / w, start < wait[s]),
+             (other, in_service[t], 1, start / w, start > 0))
+    rows = [np.flatnonzero((frm >= 0) & cond) for frm, _, _, _, cond in cases]
+    frm = np.concatenate([c[0][r] for c, r in zip(cases, rows)])
+    to = np.concatenate([c[1][r] for c, r in zip(cases, rows)])
+    shift = np.concatenate([np.full(r.size, c[2]) for c, r in zip(cases, rows)])
+    kept = jnp.concatenate([rate[r] * c[3][r] for c, r in zip(cases, rows)])
+    mine = [np.flatnonzero(own >= 0), np.flatnonzero(other >= 0)]
+    out = jax.ops.segment_sum(jnp.concatenate([rate[mine[0]], rate[mine[1]]]),
+                              jnp.asarray(np.concatenate([own[mine[0]], other[mine[1]]])), num_segments=n)
+    # Joining through row c -> c' of flow f: of its jobs_c' - jobs_c jobs, those put in service start at once
+    # (position 1 at (c', in service)), the others wait (position 2 at (c', waiting)).
+    a_src, a_tgt, flow = _arrival_flows(desc, x, stream)
+    new = jobs[a_tgt] - jobs[a_src]
+    joins = np.flatnonzero((new > 0) & reach[a_tgt])
+    a_src, a_tgt, new, flow = a_src[joins], a_tgt[joins], new[joins], flow[joins]
+    started, queued = serving[a_tgt] - serving[a_src], wait[a_tgt] - wait[a_src]
+    at = np.concatenate([in_service[a_tgt], n + waiting[a_tgt]])
+    share = np.concatenate([started, queued])
+    use = np.flatnonzero(share > 0)
+    init = jax.ops.segment_sum(jnp.concatenate([flow, flow])[use] * jnp.asarray(share[use], x.dtype),
+                               jnp.asarray(at[use]), num_segments=2 * n).reshape(2, n)
+    accepted = jnp.sum(flow * jnp.asarray(new, x.dtype))
+    init = init / jnp.where(accepted > 0, accepted, 1.0)
+    return _Chain((0, 1), frm, to, shift, kept, out, init, False)
 
 
 def uniformised_survival(chain: _Chain, max_terms: int, waiting=False) -> tuple[Array, Array, Array]:
@@ -560,10 +682,8 @@ def _checked(model, state, what: str, stream, max_terms, lumped):
 
     if isinstance(state, RefinedMeanField):
         raise ValueError(
-            f"state is a jsmkt.RefinedMeanField: the refined mean field gives no {what} distribution (its 1/N term "
-            "expands the occupancy's moments, not the law of a job's stay, which also depends on the correlation "
-            "between the server a job joins and the occupancy); pass the fixed point, and use "
-            "rmf.expectation of Little's law for the refined mean"
+            f"state is a jsmkt.RefinedMeanField: the mean-field {what} distribution takes the fixed point; the law "
+            f"with N servers to order 1/N is jsmkt.refined_{what.replace(' ', '_')}_distribution(refined, N)"
         )
     if isinstance(state, Trajectory):
         raise ValueError(f"state is a jsmkt.Trajectory: the {what} distribution is that of a job arriving at a "
@@ -580,8 +700,8 @@ def _checked(model, state, what: str, stream, max_terms, lumped):
     return _state(model, state), int(max_terms)
 
 
-def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lumped, throw=True) -> TimeDistribution:
-    y, max_terms = _checked(model, state, kind, stream, max_terms, lumped)
+def _refusal(model, waiting: bool) -> str | None:
+    """Why `model` has no sojourn-time (`waiting=False`) or waiting-time law, or `None`."""
     facts = _facts(model)
     why = facts.no_fcfs
     if waiting and why is None and not facts.head_in_service:
@@ -590,6 +710,12 @@ def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lum
     if waiting and why is None and facts.removals > 1:
         why = ("a service removes several jobs at once (batch service), so a job need not reach the head of its "
                "queue to leave; its sojourn-time distribution applies")
+    return why
+
+
+def _distribution(model, state, kind: str, waiting: bool, stream, max_terms, lumped, throw=True) -> TimeDistribution:
+    y, max_terms = _checked(model, state, kind, stream, max_terms, lumped)
+    why = _refusal(model, waiting)
     if why is not None:
         raise ValueError(f"{type(model).__name__}: no {kind} distribution: {why}")
     bad = failed(state)
@@ -632,8 +758,10 @@ def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     queue has removed the jobs ahead of it and the job itself; its server evolves as one server of the mean
     field (module `jsmkt._sojourn`). Every family whose servers hold FCFS queues has it: `JSQd`, `JSQdPH`,
     `JSQdBatch` and `JSQdBMAP` (a job's position within its batch; the BMAP's phase averaged out), `JSQdClasses`
-    (with helpers too), `JSQdBatchService`, `RepairableJSQ` (failures interrupt service). `RetrialJSQ` has none:
-    orbits are not FCFS queues.
+    (with helpers too), `JSQdBatchService`, `RepairableJSQ` (failures interrupt service). So do servers that
+    hold their waiting jobs in random order: `RetrialJSQ` with `retrial="own"` (a customer leaves its orbit when
+    one of its server's retrials, each by a customer of the orbit at random, finds the server idle). Re-probing
+    retrials (`retrial="reprobe"`) have none: a customer moves between servers.
 
     **Arguments:**
 
@@ -656,7 +784,7 @@ def sojourn_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     **Returns:** a `jsmkt.TimeDistribution` with `cdf`, `pdf`, `quantile` and `mean` (equal to
     `jsmkt.mean_sojourn_time`, Little's law), differentiable with respect to the model's parameters.
 
-    **Raises:** `ValueError` for a model without FCFS queues, a `jsmkt.RefinedMeanField` as `state` (no
+    **Raises:** `ValueError` for a model whose jobs move between servers, a `jsmkt.RefinedMeanField` as `state` (no
     refined law: see the module docstring), or too few `max_terms`.
 
     !!! example
@@ -678,9 +806,382 @@ def waiting_time_distribution(model: AbstractSupermarketModel, state, *, stream:
     $1 - $ `jsmkt.prob_wait`) and a density on $t > 0$; its mean is `jsmkt.mean_waiting_time`.
 
     Defined where the job at the head of a queue is always in service and services remove one job at a time:
-    `JSQd`, `JSQdPH`, `JSQdBatch`, `JSQdBMAP`, `JSQdClasses` (and `JSQdBatchService` with batches of one).
+    `JSQd`, `JSQdPH`, `JSQdBatch`, `JSQdBMAP`, `JSQdClasses` (and `JSQdBatchService` with batches of one); and at
+    servers whose waiting jobs start in random order, `RetrialJSQ` with `retrial="own"` (the time in orbit).
     Refused for `RepairableJSQ` (a failed server's head job waits too, so waiting and interruptions do not
     separate) and batch service (a job may leave without reaching the head). Arguments, returns and errors as
     `jsmkt.sojourn_time_distribution`.
     """
     return _distribution(model, state, "waiting time", True, stream, max_terms, lumped, throw)
+
+
+# --- the refined (1/N) law ------------------------------------------------------------------------------------
+
+
+class RefinedTimeDistribution(eqx.Module):
+    r"""The law of a tagged job's sojourn or waiting time with $N$ servers to order $1/N$ (from
+    `jsmkt.refined_sojourn_time_distribution`; derivation in `_refined_steps`):
+    $\bar F_N(t) = \bar F(t) + c(t)/N + O(1/N^2)$, $\bar F$ the mean-field survival function.
+
+    Stored as two uniformised sequences at one rate $q$: the mean field's $a_n$ and the correction's $c_n$, so
+    that $\bar F_N(t) = \sum_n e^{-qt}(qt)^n/n!\,(a_n + c_n/N)$. `cdf`, `pdf`, `quantile`, `mean` and `atom` are
+    those of this refined survival function (`law`), with the same methods, errors and derivatives as
+    `jsmkt.TimeDistribution`; `mean` equals the refined mean of Little's law.
+
+    **Attributes:**
+
+    - `mean_field`: the mean-field law, a `jsmkt.TimeDistribution` (the same law as
+      `jsmkt.sojourn_time_distribution`'s, uniformised at the rate $q$ of the correction).
+    - `correction_steps`: $c_n$, $n = 0, 1, \ldots$
+    - `n_servers`: $N$.
+    """
+
+    mean_field: TimeDistribution
+    correction_steps: Float[Array, " n"]
+    n_servers: Float[Array, ""]
+
+    @property
+    def law(self) -> TimeDistribution:
+        """The refined law as a `jsmkt.TimeDistribution`: steps $a_n + c_n/N$."""
+        mf = self.mean_field
+        return TimeDistribution(mf.survival_steps + self.correction_steps / self.n_servers, mf.rate, mf.kind)
+
+    @property
+    def atom(self) -> Float[Array, ""]:
+        """$P(\\text{time} = 0)$ to order $1/N$ (0 for sojourn times)."""
+        return self.law.atom
+
+    @property
+    def mean(self) -> Float[Array, ""]:
+        """$E[\\text{time}]$ to order $1/N$."""
+        return self.law.mean
+
+    def cdf(self, t: ArrayLike) -> Float[Array, "..."]:
+        r"""$P(\text{time} \le t)$ to order $1/N$ at the points `t` (any shape)."""
+        return self.law.cdf(t)
+
+    def pdf(self, t: ArrayLike) -> Float[Array, "..."]:
+        """The density to order $1/N$ at the points `t > 0` (any shape)."""
+        return self.law.pdf(t)
+
+    def quantile(self, p: ArrayLike) -> Float[Array, "..."]:
+        r"""The time $t$ where the refined CDF reaches `p` (any shape, e.g. `0.99` for p99): the root of
+        $1 - \bar F(t) - c(t)/N = p$, by the safeguarded Newton steps of `jsmkt.TimeDistribution.quantile`."""
+        return self.law.quantile(p)
+
+    def __repr__(self) -> str:
+        try:
+            mean, n = f"{float(self.mean):.6g}", f"{float(self.n_servers):.6g}"
+        except Exception:  # noqa: BLE001  (traced)
+            mean = n = "traced"
+        return (f"RefinedTimeDistribution(kind={self.mean_field.kind!r}, n_servers={n}, mean={mean}, "
+                f"steps={self.correction_steps.shape[0]})")
+
+
+def _forward(chain: _Chain, u: Array, rate: Array, out: Array) -> Array:
+    """$u\\,G$: the tagged job's chain's generator (moves `chain.frm -> chain.to` at `rate`, total rates `out`)
+    applied to a row vector `u` of shape (positions, states)."""
+    P_, n = u.shape
+    new = -u * out[None, :]
+    for k, r in enumerate(chain.shifts):
+        g = np.flatnonzero(chain.shift == k)
+        if g.size == 0:
+            continue
+        v = jnp.zeros_like(u).at[:, chain.to[g]].add(u[:, chain.frm[g]] * rate[g][None, :])
+        if r:
+            v = jnp.concatenate([v[r:], jnp.zeros((min(r, P_), n), u.dtype)])[:P_]
+        new = new + v
+    return new
+
+
+def _accepted(desc: Description, x: Array, stream: str | None) -> Array:
+    """Jobs accepted per unit time and server (those a full buffer loses are not)."""
+    src, tgt, flow = _arrival_flows(desc, x, stream)
+    return jnp.sum(flow * jnp.asarray(np.maximum(desc.cells.jobs[tgt] - desc.cells.jobs[src], 0), x.dtype))
+
+
+def _full_states(desc: Description, x: Array) -> tuple[np.ndarray, np.ndarray]:
+    """The states of the full chain (`tagged_chain(..., lumped=False)`) by cell: `(state_of, cell_of)`, where
+    `state_of` is `(C,)` for FCFS servers (the (cell, position) chain) and `(2, C)` (in service, waiting) at
+    random-order ones, -1 where a cell has no such state; `cell_of` is the cell of every state."""
+    reach = _reachable(desc, _server_moves(desc, x))
+    if not desc.fcfs:
+        state_of = np.stack(_random_order_states(desc, reach))
+    else:
+        busy = reach & (desc.cells.jobs >= 1)
+        state_of = np.full(desc.cells.size, -1)
+        state_of[busy] = np.arange(int(busy.sum()))
+    cell_of = np.zeros(int(state_of.max()) + 1, np.int64)
+    for row in np.atleast_2d(state_of):
+        cell_of[row[row >= 0]] = np.flatnonzero(row >= 0)
+    return state_of, cell_of
+
+
+def _marks(desc: Description, x: Array, stream: str | None, state_of: np.ndarray, weight: Array) -> Array:
+    """Jobs joining per unit time and server at each (position, state) of the full chain (as its `init` before
+    normalising), each arrival row's flow times `weight[..., row]` (the last axis; leading axes are kept)."""
+    cells = desc.cells
+    src, tgt, flow = _arrival_flows(desc, x, stream)
+    flow = flow.reshape((1,) * (weight.ndim - 1) + (-1,)) * weight
+    lead = flow.shape[:-1]
+    n = int(state_of.max()) + 1
+    if not desc.fcfs:  # random order: in service at once (position 1) or waiting (position 2)
+        serving, wait = cells.in_service, cells.jobs - cells.in_service
+        out = jnp.zeros(lead + (2, n), x.dtype)
+        for pos, (gain, states) in enumerate(((serving[tgt] - serving[src], state_of[0][tgt]),
+                                              (wait[tgt] - wait[src], state_of[1][tgt]))):
+            use = np.flatnonzero((gain > 0) & (states >= 0) & (cells.jobs[tgt] > cells.jobs[src]))
+            gained = jnp.asarray(gain[use], x.dtype).reshape((1,) * len(lead) + (-1,))
+            out = out.at[..., pos, states[use]].add(flow[..., use] * gained)
+        return out
+    P = int(cells.jobs.max())
+    lo, hi = cells.jobs[src], cells.jobs[tgt]
+    ok = np.flatnonzero((hi > lo) & (state_of[tgt] >= 0))
+    f = flow[..., ok]
+    diff = jnp.zeros(lead + ((P + 1) * n,), x.dtype)
+    diff = diff.at[..., lo[ok] * n + state_of[tgt[ok]]].add(f).at[..., hi[ok] * n + state_of[tgt[ok]]].add(-f)
+    return jnp.cumsum(diff.reshape(lead + (P + 1, n)), axis=-2)[..., :P, :]
+
+
+_DEPENDS: dict = {}
+
+
+def _stay_depends(model: AbstractDescribedModel, stream: str | None) -> bool:
+    """Whether the rates of the (lumped where possible) tagged chain depend on the occupancy, i.e. whether a job's
+    stay, not only the server it joins, depends on the other servers: a static fact, found from the derivative of
+    the chain's rates at a generic occupancy and kept per model structure. A traced model whose structure was not
+    seen yet is taken as dependent (the full chain: the same law, at a higher cost)."""
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    key = (treedef, tuple(getattr(x, "shape", None) for x in leaves), stream)
+    out = _DEPENDS.get(key)
+    if out is None:
+        if not is_concrete(*leaves):
+            return True
+        desc = model.description()
+        x = np.random.default_rng(0).uniform(0.5, 1.5, desc.cells.size)
+        x = jnp.asarray(x / x.sum())
+        lumped = []
+
+        def rates(u):
+            chain = tagged_chain(desc, u, stream)
+            lumped.append(chain.lumped)  # a static fact, recorded while tracing
+            return chain.rate, chain.out
+
+        jac = jax.jit(jax.jacfwd(rates))(x)
+        out = (not lumped[0]) or any(bool(jnp.any(j != 0)) for j in jac)
+        if len(_DEPENDS) >= 256:
+            _DEPENDS.clear()
+        _DEPENDS[key] = out
+    return out
+
+
+@eqx.filter_jit
+def _refined_steps(model, y, V, W, stream, waiting, max_terms: int, replace: bool, depends: bool):
+    r"""The uniformised steps $a_n$ (mean field) and $c_n$ (the $1/N$ term) of a tagged job's survival function.
+
+    **Marked jobs.** Mark the jobs that arrive during $[0, \delta]$ in a stationary system. With $N$ servers,
+    $P(T > t) = \lim_{\delta \to 0} E[M^N(t)]/E[M^N(0^+)]$, $M^N(t)$ the marked jobs still there at $t$ per
+    server. The servers with a marked job, by (position, state) of the tagged chain, form a density-dependent
+    population process together with the occupancy $Y^N$: its rates are $N$ times smooth functions, linear in
+    the marked part $m$, $\dot m = m\,G(y)$ ($G$ the tagged chain's generator at the occupancy $y$). So the
+    refined mean field of the pair $(Y^N, M^N)$ (the transient one, `jsmkt.refined_transient`, from the
+    stationary law) gives $E[M^N(t)] = m(t) + v(t)/N + O(1/N^2)$:
+
+    - $m(0) = M_0(y^*)$, the jobs joining each (position, state) per unit time, $\dot m = m\,G$ at $y^*$
+      (the mean-field law);
+    - $v(0) = DM_0\,V + \frac12 D^2M_0 : W$ (the joining law averaged over the occupancy's $1/N$ law; plus
+      $\partial_\varepsilon M_0$ when sampling without replacement from $N = 1/\varepsilon$), and
+      $\dot v = v\,G + m\,(DG\,V + \frac12 D^2G : W + \partial_\varepsilon G) + \sum_i W_{ym,i}\,\partial_i G$;
+    - $W_{ym} = \lim N\,\mathrm{Cov}(Y^N, M^N)$, the covariance of the occupancy with the marked servers that
+      carries the correlation along the stay: $W_{ym}(0) = W\,DM_0^\top + \sum_{\text{arrival rows}}
+      \text{flow}\;\ell\,e^\top$ (a marked job's arrival also moves its server in $y$, by $\ell$), and
+      $\dot W_{ym,i} = \sum_j A_{ij} W_{ym,j} + W_{ym,i}\,G + m\,(\textstyle\sum_j W_{ij}\partial_j G)
+      + m\,G^{(\ell_i)}$, where $A$ is the drift's Jacobian and $G^{(\ell_i)}$ the tagged chain's moves each
+      weighted by its server's jump $\ell_i$ in the reduced state (the jump covariance of the pair).
+
+    $Y^N$ stays stationary ($E = y^* + V/N$, $N\,\mathrm{Cov} = W$) whatever the marks. Where the chain's
+    rates do not depend on the occupancy ($\partial G = 0$: the job's server moves by its own events only, as for
+    FCFS servers with PH service or repairs), $W_{ym}$ drops out and $v(t) = v(0)\,e^{Gt}$, the chain started
+    from the refined joining law; otherwise the full (cell, position) chain is used, whose states know their
+    server's cell. The survival function is the ratio, to order $1/N$:
+    $(\sum m + \sum v/N)/(\text{acc} + \text{acc}_1/N)$, acc the accepted jobs per unit time.
+
+    Everything is linear in $(m, v, W_{ym})$ with constant coefficients, so it is uniformised at one rate $q$
+    (at least every rate of $G$ and $\max_i\sum_j |A_{ij}|$) and stepped in checkpointed chunks as
+    `uniformised_survival`."""
+    flat, unravel = ravel_pytree(y)
+    V, _ = ravel_pytree(V)
+    n = flat.size
+    zero = jnp.zeros((), flat.dtype)
+    lumped = None if not depends else False
+
+    def parts(z, eps):
+        mod = model if replace else _with_sampling_eps(model, eps)
+        desc = mod.description()
+        x = mod.occupancy(unravel(z))
+        chain = tagged_chain(desc, x, stream, lumped)
+        init = jnp.where(waiting, jnp.concatenate([chain.init[1:], jnp.zeros_like(chain.init[:1])]), chain.init)
+        acc = _accepted(averaged(desc), x, stream)
+        return chain, init * acc, acc
+
+    chain, m0, acc0 = parts(flat, zero)
+    M, S = chain.rate.size, chain.out.size
+    P_ = m0.shape[0]
+
+    def values(z, eps=zero):
+        c, m, acc = parts(z, eps)
+        return jnp.concatenate([c.rate, c.out, m.reshape(-1), acc[None]])
+
+    def split(vec):
+        return vec[:M], vec[M:M + S], vec[M + S:-1].reshape(P_, S), vec[-1]
+
+    first = jax.jvp(values, (flat,), (V,))[1] + 0.5 * _contract_hessian(values, flat, W)
+    if not replace:
+        first = first + jax.jvp(lambda e: values(flat, e), (zero,), (jnp.ones_like(zero),))[1]
+    rate1, out1, v0, acc1 = split(first)
+
+    q = jnp.max(chain.out)
+    if depends:
+        jac = jax.jacfwd(values)(flat)  # (len, n)
+        drate, dout, dm0 = jac[:M], jac[M:M + S], jac[M + S:-1].reshape(P_, S, n)
+        desc = averaged(model.description())
+        x = model.occupancy(y)
+        reduce_flat = lambda u: ravel_pytree(model.reduce(u))[0]  # noqa: E731
+        R = jax.jacfwd(reduce_flat)(x)  # (n, C), the reduction is linear
+        state_of, cell_of = _full_states(desc, x)
+        src, tgt, _ = _arrival_flows(desc, x, stream)
+        ell_rows = R[:, tgt] - R[:, src]  # each arrival row's jump of its server, (n, rows)
+        jumps = _marks(desc, x, stream, state_of, ell_rows)  # (n, P, S); `dm0` has the waiting shift already
+        jumps = jnp.where(waiting, jnp.concatenate([jumps[:, 1:], jnp.zeros_like(jumps[:, :1])], axis=1), jumps)
+        w0 = jnp.einsum("psj,ij->ips", dm0, W) + jumps
+        ell_kept = R[:, cell_of[chain.to]] - R[:, cell_of[chain.frm]]  # (n, kept moves)
+        moves = _server_moves(desc, x)
+        ell_all = R[:, moves.target] - R[:, moves.source]
+        out_w = jax.ops.segment_sum((moves.rate[None, :] * ell_all).T, jnp.asarray(moves.source),
+                                    num_segments=desc.cells.size)[cell_of].T  # (n, S)
+        f = lambda z: ravel_pytree(model.vector_field(None, unravel(z)))[0]  # noqa: E731
+        A = jax.jacfwd(f)(flat)
+        rate_w = (drate @ W).T + chain.rate[None, :] * ell_kept  # (n, M)
+        out_w = (dout @ W).T + out_w
+        q = jnp.maximum(q, jnp.max(jnp.sum(jnp.abs(A), axis=1)))
+        wym0 = w0
+    else:
+        wym0 = jnp.zeros((0, P_, S), flat.dtype)
+    q = jax.lax.stop_gradient(q)
+    q = jnp.where(q > 0, q, 1.0)
+    rate0, out0 = chain.rate, chain.out
+    fwd = lambda u, r, o: _forward(chain, u, r, o)  # noqa: E731
+
+    def step(carry, _):
+        m, v, wym = carry
+        dm = fwd(m, rate0, out0)
+        dv = fwd(v, rate0, out0) + fwd(m, rate1, out1)
+        if depends:
+            dv = dv + jnp.sum(jax.vmap(fwd, in_axes=(0, 1, 1))(wym, drate, dout), axis=0)
+            dw = (jnp.tensordot(A, wym, axes=1) + jax.vmap(lambda u: fwd(u, rate0, out0))(wym)
+                  + jax.vmap(lambda r, o: fwd(m, r, o))(rate_w, out_w))
+            wym = wym + dw / q
+        m, v = m + dm / q, v + dv / q
+        sm = jnp.sum(m)
+        return (m, v, wym), (sm / acc0, (jnp.sum(v) - sm * acc1 / acc0) / acc0)
+
+    @jax.checkpoint
+    def run(carry):
+        return jax.lax.scan(step, carry, None, length=_CHUNK)
+
+    def chunk(carry, _):
+        state, done = carry
+        state, (a, c) = jax.lax.cond(
+            done, lambda s: (s, (jnp.zeros(_CHUNK, flat.dtype), jnp.zeros(_CHUNK, flat.dtype))), run, state)
+        small = (a[-1] < _EPS) & (jnp.abs(c[-1]) < _EPS) & (jnp.max(jnp.abs(state[2]), initial=0.0) < _EPS)
+        return (state, done | small), (a, c)
+
+    a0 = jnp.sum(m0) / acc0
+    c0 = (jnp.sum(v0) - jnp.sum(m0) * acc1 / acc0) / acc0
+    n_chunks = -(-max_terms // _CHUNK)
+    (_, done), (a, c) = jax.lax.scan(chunk, ((m0, v0, wym0), a0 < _EPS), None, length=n_chunks)
+    return jnp.concatenate([a0[None], a.reshape(-1)]), jnp.concatenate([c0[None], c.reshape(-1)]), q, done
+
+
+def _refined_distribution(refined, n_servers, kind: str, waiting: bool, stream, max_terms) -> RefinedTimeDistribution:
+    from ._refined import RefinedMeanField, _check_n
+
+    if not isinstance(refined, RefinedMeanField):
+        raise ValueError(f"refined must be a jsmkt.RefinedMeanField (from jsmkt.refined_mean_field), got "
+                         f"{type(refined).__name__}")
+    n = _check_n(n_servers)
+    model = refined.model
+    y, max_terms = _checked(model, refined.value, kind, stream, max_terms, None)
+    why = _refusal(model, waiting)
+    env = model.description().environment
+    if why is None and env is not None:
+        why = ("its servers share an environment (a pool of repairmen or a modulating phase), whose moves couple "
+               "servers or make arrivals non-Poisson: the 1/N term of a job's law is not derived for it")
+    if why is not None:
+        raise ValueError(f"{type(model).__name__}: no refined {kind} distribution: {why}")
+    depends = _stay_depends(model, stream)
+    bad = jnp.any(jnp.isnan(ravel_pytree(y)[0]))  # the expansion of a failed fixed point (NaN): its law is NaN
+    if is_concrete(bad) and bool(bad):
+        nan = jnp.full(_CHUNK, jnp.nan)
+        return RefinedTimeDistribution(TimeDistribution(nan, jnp.asarray(jnp.nan), kind), nan, jnp.asarray(n))
+    if is_concrete(model, y):
+        _maps.before_compiling(f"jsmkt.refined_{kind.replace(' ', '_')}_distribution",
+                               ("refined sojourn", _maps.signature((model, y)), max_terms, stream, depends))
+    a, c, q, done = _refined_steps(model, y, refined.correction, refined.covariance, stream, jnp.asarray(waiting),
+                                   max_terms, refined.sampling == "with_replacement", depends)
+    if is_concrete(a, c, done):
+        if not bool(done):
+            raise ValueError(f"the refined {kind}'s tail outlasts max_terms={max_terms} uniformisation steps; "
+                             "raise max_terms")
+        tiny = (np.asarray(a) < _EPS) & (np.abs(np.asarray(c)) < _EPS)
+        last = int(np.argmax(tiny)) if tiny.any() else a.shape[0]
+        size = min(a.shape[0], max(_CHUNK, 1 << int(np.ceil(np.log2(last + 1)))))
+        a, c = a[:size], c[:size]
+    else:  # a failed entry of a batch is NaN, not an error
+        a = error_if(a, ~done & ~bad, f"the refined {kind}'s tail outlasts max_terms={max_terms} uniformisation steps")
+        a, c, q = nan_where(bad, (a, c, q))
+    return RefinedTimeDistribution(TimeDistribution(a, q, kind), c, jnp.asarray(n))
+
+
+def refined_sojourn_time_distribution(refined, n_servers, *, stream: str | None = None,
+                                      max_terms: int = MAX_TERMS) -> RefinedTimeDistribution:
+    r"""The law of a job's sojourn time with `n_servers` servers, to order $1/N$: the mean-field law
+    (`jsmkt.sojourn_time_distribution`) plus its $1/N$ term.
+
+    The $1/N$ term is exact (the expansion of the finite-N law, not a plug-in of a corrected occupancy): it
+    averages the joining law over the occupancy's $1/N$ law (bias $V$ and covariance $W$ of
+    `jsmkt.refined_mean_field`, and the sampling without replacement it was made for) and, where a job's stay
+    depends on the other servers (the rates at which its server is chosen move it forward, as for helpers),
+    the covariance between the occupancy and the tagged job along its stay. See `_refined_steps` for the
+    equations. Percentiles from it correct the mean-field ones for finite $N$ (e.g. p99 at $N = 20$ to 100).
+
+    **Arguments:**
+
+    - `refined`: a `jsmkt.RefinedMeanField` (order 1 or 2; its order-1 terms are used).
+    - `n_servers`: $N \ge 1$.
+    - `stream`, `max_terms`: as for `jsmkt.sojourn_time_distribution`.
+
+    **Returns:** a `jsmkt.RefinedTimeDistribution` (`cdf`, `pdf`, `quantile`, `mean`, and `mean_field`, the
+    mean-field law); differentiable with respect to the model's parameters.
+
+    **Raises:** `ValueError` where `jsmkt.sojourn_time_distribution` does, and for servers that share an
+    environment (a pool of repairmen, a BMAP's phase), whose $1/N$ terms are not derived.
+
+    !!! example
+
+        ```python
+        model = jsmkt.JSQdPH(0.9, jsmkt.hyperexponential2(1.0, 4.0), d=2)
+        rmf = jsmkt.refined_mean_field(jsmkt.solve_fixed_point(model))
+        T = jsmkt.refined_sojourn_time_distribution(rmf, 50)
+        T.quantile(0.99), T.mean_field.quantile(0.99)
+        ```
+    """
+    return _refined_distribution(refined, n_servers, "sojourn time", False, stream, max_terms)
+
+
+def refined_waiting_time_distribution(refined, n_servers, *, stream: str | None = None,
+                                      max_terms: int = MAX_TERMS) -> RefinedTimeDistribution:
+    r"""The law of a job's waiting time (arrival to start of service) with `n_servers` servers, to order $1/N$;
+    defined where `jsmkt.waiting_time_distribution` is. Arguments, returns and errors as
+    `jsmkt.refined_sojourn_time_distribution`."""
+    return _refined_distribution(refined, n_servers, "waiting time", True, stream, max_terms)

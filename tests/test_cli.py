@@ -529,9 +529,13 @@ def test_retrial_solve_and_simulate(tmp_path, capsys):
     assert code == 0, err
     assert abs(json.loads(out)["mean_queue_length"] - res["mean_queue_length"]) < 0.1
     spec.write_text('model = "retrial"\nlam = 0.5\ntheta = 1.0\nd1 = 1\nretrial = "own"\nK = 60\n')
-    code, out, err = run(["solve", str(spec), "--format", "json"], capsys)
+    code, out, err = run(["solve", str(spec), "--format", "json", "--percentiles", "40,99"], capsys)
     assert code == 0, err
-    assert json.loads(out)["mean_orbit_size"] == pytest.approx(0.25 / 0.5 + 0.25 / 0.5, rel=1e-10)
+    res = json.loads(out)
+    assert res["mean_orbit_size"] == pytest.approx(0.25 / 0.5 + 0.25 / 0.5, rel=1e-10)
+    # Own retrials keep a customer at its server: the sojourn and waiting times have laws (P(W = 0) = 1 - lam).
+    assert res["waiting_time_percentiles"]["p40"] == 0.0
+    assert 0.0 < res["waiting_time_percentiles"]["p99"] < res["sojourn_time_percentiles"]["p99"]
     for text, message in (('retrial = "orbit"', "retrial='orbit' is not one of 'reprobe', 'own'"),
                           ("theta = 0.0", "theta=0.0 must be positive"), ("lam = 1.5", "unstable: lam=1.5 >= mu=1 (load rho=1.5)"),
                           ("d2 = 0", "d2=0 must be >= 1"), ('policy = "x"', "policy='x' is not one of")):

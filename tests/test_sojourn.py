@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.optimize
+import scipy.sparse
+import scipy.sparse.linalg
 
 import jsmkt
 from jsmkt._spec import FAMILIES
@@ -75,7 +77,7 @@ def test_families():
     where the mean equals Little's law, and the lumped chain equals the full (cell, position) one. A repairman that
     chooses the failed server with the longest queue serves at a rate that depends on the queue behind a job: the
     lumped chain is refused there, naming the dispatch (the full chain runs, `test_helpers_against_simulation`).
-    Families without FCFS queues, or whose head of a queue is not always in service, are refused by name."""
+    Families whose head of a queue is not always in service are refused by name."""
     model = jsmkt.JSQdBatchService(1.2, jsmkt.exponential(1.0), jnp.array([0.5, 0.5]), d=1)
     y = model.initial_guess()
     xs = jnp.array([0.1, 0.5, 1.0, 2.0, 5.0, 10.0])
@@ -91,9 +93,6 @@ def test_families():
         jsmkt.sojourn_time_distribution(model, model.initial_state(), lumped=True)
     with pytest.raises(ValueError, match="RepairableJSQ: no waiting time distribution: the job at the head of a queue"):
         jsmkt.waiting_time_distribution(model, model.initial_state())
-    retrial = FIRST["retrial"][1]
-    with pytest.raises(ValueError, match="RetrialJSQ: no sojourn time distribution: .* no FCFS queues"):
-        jsmkt.sojourn_time_distribution(retrial, retrial.initial_state())
 
 
 def test_gradients_agree_with_finite_differences():
@@ -131,13 +130,137 @@ def test_quantiles_and_bad_input():
         T.quantile(jnp.array([0.5, 1.0]))
     with pytest.raises(ValueError, match="no sojourn time distribution: stream='class 3' is not an arrival stream"):
         jsmkt.sojourn_time_distribution(model, fp, stream="class 3")
-    with pytest.raises(ValueError, match="RefinedMeanField: the refined mean field gives no waiting time"):
+    with pytest.raises(ValueError, match=r"RefinedMeanField: .* is jsmkt.refined_waiting_time_distribution\(refined, N\)"):
         jsmkt.waiting_time_distribution(model, jsmkt.RefinedMeanField(fp, fp, jnp.zeros((fp.size, fp.size)), model))
     with pytest.raises(ValueError, match="max_terms=10 must be an integer >= 64"):
         jsmkt.sojourn_time_distribution(model, fp, max_terms=10)
     published = jsmkt.published.JSQdPHAsPublished(0.7, jsmkt.erlang(2), d=2, K=12)
     with pytest.raises(ValueError, match="has no physical description"):
         jsmkt.sojourn_time_distribution(published, published.initial_state())
+
+
+# --- random-order servers: own-orbit retrials -------------------------------------------------------------------
+
+
+def _mm1_retrial_tagged(lam, theta, policy, top=60):
+    r"""The M/M/1 retrial queue (service rate 1, orbit truncated at `top`), derived here from one customer's view.
+    Its stationary law p(n, s) (orbit n, server s idle 0 / busy 1) solves the generator's balance. A tagged customer
+    is in service with n in orbit, or in orbit with m others and the server in state s. It retries at rate theta
+    (linear: every orbit customer retries on its own) or theta/(m + 1) (constant: the orbit retries at theta, each
+    time one of its m + 1 customers at random). By PASTA it finds (n, s) with probability p(n, s): served at once if
+    s = 0, else in orbit with m = n others. Returns the survival functions of the sojourn and waiting times."""
+    n = np.arange(top + 1)
+    rate = theta * n if policy == "linear" else theta * (n > 0)
+    size = 2 * (top + 1)
+    Q = np.zeros((size, size))
+    for k in n:
+        idle, busy = 2 * k, 2 * k + 1
+        Q[idle, busy] += lam
+        if k:
+            Q[idle, 2 * (k - 1) + 1] += rate[k]
+        Q[busy, idle] += 1.0
+        if k < top:
+            Q[busy, 2 * (k + 1) + 1] += lam
+    Q -= np.diag(Q.sum(axis=1))
+    A = np.vstack([Q.T, np.ones(size)])
+    p = np.linalg.lstsq(A, np.concatenate([np.zeros(size), [1.0]]), rcond=None)[0].reshape(top + 1, 2)
+    # Tagged states: 0..top in service with n in orbit; then (m, s) in orbit, index top + 1 + 2 m + s.
+    serve = n
+    orbit = top + 1 + 2 * n[:, None] + np.arange(2)[None, :]
+    G = np.zeros((3 * (top + 1), 3 * (top + 1)))
+    for k in n:
+        if k < top:
+            G[serve[k], serve[k + 1]] += lam
+        mine = theta if policy == "linear" else theta / (k + 1)
+        others = theta * k if policy == "linear" else theta * k / (k + 1)
+        G[orbit[k, 0], orbit[k, 1]] += lam
+        G[orbit[k, 0], serve[k]] += mine
+        if k:
+            G[orbit[k, 0], orbit[k - 1, 1]] += others
+        G[orbit[k, 1], orbit[k, 0]] += 1.0
+        if k < top:
+            G[orbit[k, 1], orbit[k + 1, 1]] += lam
+    G -= np.diag(G.sum(axis=1) + (np.arange(G.shape[0]) <= top))  # in service: the service's end (rate 1) too
+    start = np.zeros(G.shape[0])
+    start[serve] = p[:, 0]
+    start[orbit[:, 1]] = p[:, 1]
+    waits = np.arange(G.shape[0]) > top  # the waiting time: service starts = leaving the orbit states
+    Gw = G[np.ix_(waits, waits)]
+
+    Gt, Gwt = scipy.sparse.csr_matrix(G.T), scipy.sparse.csr_matrix(Gw.T)
+
+    def sojourn(t):  # start exp(G t) 1, as the sum of exp(G^T t) start
+        return float(scipy.sparse.linalg.expm_multiply(Gt * t, start).sum())
+
+    def wait(t):
+        return float(scipy.sparse.linalg.expm_multiply(Gwt * t, start[waits]).sum())
+
+    return sojourn, wait
+
+
+@pytest.mark.parametrize("policy, lam", [("linear", 0.4), ("constant", 0.3)])
+def test_own_retrials_d1_is_the_mm1_retrial_queue(policy, lam):
+    """d1 = 1: every server is an M/M/1 retrial queue fed by Poisson(lam) (the mean field is exact). The sojourn and
+    waiting times' survival functions equal those of a tagged customer of the queue (derived independently above)
+    at several points, the quantiles are the roots of its survival function, and P(W = 0) is the idle fraction."""
+    model = jsmkt.RetrialJSQ(lam, 1.0, d1=1, retrial="own", policy=policy, K=30)
+    fp = jsmkt.solve_fixed_point(model)
+    T = jsmkt.sojourn_time_distribution(model, fp)
+    W = jsmkt.waiting_time_distribution(model, fp)
+    sojourn, wait = _mm1_retrial_tagged(lam, 1.0, policy)
+    xs = np.array([0.0, 0.3, 1.0, 3.0, 10.0, 30.0])
+    np.testing.assert_allclose(1.0 - np.asarray(T.cdf(xs)), [sojourn(x) for x in xs], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(1.0 - np.asarray(W.cdf(xs)), [wait(x) for x in xs], rtol=0, atol=1e-9)
+    assert float(W.atom) == pytest.approx(1.0 - lam, abs=1e-9)
+    ps = np.array([0.5, 0.99])
+    exact = [scipy.optimize.brentq(lambda x, p=p: sojourn(x) - (1.0 - p), 0.0, 200.0, xtol=1e-13) for p in ps]
+    np.testing.assert_allclose(np.asarray(T.quantile(ps)), exact, rtol=1e-9)
+    exact = scipy.optimize.brentq(lambda x: wait(x) - 0.01, 0.0, 200.0, xtol=1e-13)
+    assert float(W.quantile(0.99)) == pytest.approx(exact, rel=1e-9)
+
+
+@pytest.mark.parametrize("policy, lam", [("linear", 0.4), ("constant", 0.3)])
+def test_own_retrials_means_are_littles_law(policy, lam):
+    """d1 = 2: the sojourn time's mean is Little's law for the customers at a server (`mean_sojourn_time`), the
+    waiting time's is Little's law for the orbit (mean orbit size over the throughput), and its atom at 0 is the
+    probability that a primary finds an idle sampled server (1 - `prob_blocked`)."""
+    model = jsmkt.RetrialJSQ(lam, 1.0, d1=2, retrial="own", policy=policy, K=30)
+    fp = jsmkt.solve_fixed_point(model)
+    T = jsmkt.sojourn_time_distribution(model, fp)
+    W = jsmkt.waiting_time_distribution(model, fp)
+    assert float(T.mean) == pytest.approx(float(jsmkt.mean_sojourn_time(model, fp)), rel=1e-9)
+    orbit = float(jsmkt.mean_orbit_size(model, fp)) / float(jsmkt.throughput(model, fp))
+    assert float(W.mean) == pytest.approx(orbit, rel=1e-9)
+    assert float(W.atom) == pytest.approx(1.0 - float(jsmkt.prob_blocked(model, fp)), abs=1e-12)
+    assert float(T.quantile(0.99)) > float(W.quantile(0.99)) > float(T.mean)
+
+
+def test_own_retrials_quantile_gradient():
+    """`jax.grad` of the own-retrial p99 with respect to lam (through the fixed point and the chain's rates) against
+    central differences."""
+
+    def p99(lam):
+        model = jsmkt.RetrialJSQ(lam, 1.0, d1=2, retrial="own", policy="constant", K=30)
+        return jsmkt.sojourn_time_distribution(model, jsmkt.solve_fixed_point(model)).quantile(0.99)
+
+    lam, h = 0.3, 1e-5
+    grad = float(jax.jit(jax.grad(p99))(lam))
+    f = jax.jit(p99)
+    assert grad == pytest.approx(float((f(lam + h) - f(lam - h)) / (2 * h)), rel=1e-6)
+
+
+def test_reprobing_retrials_are_refused():
+    """Re-probing retrials move a customer to another server: refused, saying why; the random-order chain does not
+    lump."""
+    retrial = FIRST["retrial"][1]
+    assert retrial.retrial == "reprobe"
+    for law in (jsmkt.sojourn_time_distribution, jsmkt.waiting_time_distribution):
+        with pytest.raises(ValueError, match="RetrialJSQ: no .* time distribution: its servers hold no FCFS queues "
+                                             "and its jobs move between servers"):
+            law(retrial, retrial.initial_state())
+    own = jsmkt.RetrialJSQ(0.3, 1.0, d1=2, retrial="own", policy="constant", K=30)
+    with pytest.raises(ValueError, match="lumped=True: at a random-order server"):
+        jsmkt.sojourn_time_distribution(own, own.initial_state(), lumped=True)
 
 
 # --- simulation -------------------------------------------------------------------------------------------------

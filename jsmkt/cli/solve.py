@@ -90,6 +90,11 @@ def _print_refined(r: dict[str, Any]) -> None:
     print(f"  {'mean queue length E[Q]':<26} {r['mean_queue_length']:.10g}")
     print(f"  {'mean sojourn time E[T]':<26} {r['mean_sojourn_time']:.10g}")
     print(f"  {'P(arrival waits)':<26} {r['prob_wait']:.10g}")
+    for what in ("sojourn", "waiting"):  # beside the mean field's, printed above
+        if r.get(f"{what}_time_percentiles"):
+            p = r[f"{what}_time_percentiles"]
+            print(f"  {what + ' time percentiles':<26} " + "  ".join(f"{k}={v:.4g}" for k, v in p.items())
+                  + "  (order 1/N)")
     print()
     print("   k   s_k (N servers)       1/N coefficient     " + ("1/N^2 coefficient   " if order2 else "")
           + "sd of s_k")

@@ -191,7 +191,7 @@ def _solve_exact(model, grown_by, servers, sampling, percentiles, order=1) -> So
 
         out[name] = dict(zip(map(percentile_label, percentiles), map(float, np.asarray(q)), strict=True))
     if servers is not None:
-        out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling, order)
+        out["refined"] = _refined(model, fp, servers, len(out["tail"]), sampling, order, percentiles)
     return Solved(out, model, described, fp)
 
 
@@ -287,10 +287,10 @@ def _exact_values():
     return eqx.filter_jit(values)
 
 
-def _refined(model, fp, n: int, n_tail: int, sampling: str, order: int = 1) -> dict[str, Any]:
+def _refined(model, fp, n: int, n_tail: int, sampling: str, order: int = 1, percentiles=None) -> dict[str, Any]:
     """The refined mean field with `n` servers: expected tails, E[Q], E[T] and utilisation to order 1/N (`order`
-    1) or 1/N^2 (`order` 2, with `tail_correction2`, the 1/N^2 coefficients); P(arrival waits) and the spreads to
-    order 1/N."""
+    1) or 1/N^2 (`order` 2, with `tail_correction2`, the 1/N^2 coefficients); P(arrival waits), the spreads and
+    the `percentiles` of the sojourn (and waiting) time to order 1/N."""
     import numpy as np
 
     import jsmkt
@@ -331,9 +331,35 @@ def _refined(model, fp, n: int, n_tail: int, sampling: str, order: int = 1) -> d
         v2 = np.array(jsmkt.tails(model, rmf.correction2))[:n_tail]
         v2[0] = 0.0
         out["tail_correction2"] = [float(x) for x in v2]
+    if percentiles:
+        out.update(_refined_quantiles(model, rmf, n, percentiles))
     judged = [k for k in range(1, n_tail) if n * s_mf[k] >= 1.0]
     out["out_of_range_levels"] = [k for k in judged if not out["tail_in_range"][k]]
     out["in_range"] = not _outside_unit_interval(out) and not out["out_of_range_levels"]
+    return out
+
+
+def _refined_quantiles(model, rmf, n: int, percentiles) -> dict[str, Any]:
+    """The quantiles of the sojourn time (and, where the family has one, the waiting time) with `n` servers to
+    order 1/N (`jsmkt.refined_sojourn_time_distribution`), keyed by percentile label."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jsmkt
+    from .._errors import percentile_label
+
+    p = jnp.asarray([q / 100.0 for q in percentiles])
+    labels = list(map(percentile_label, percentiles))
+    try:
+        T = jsmkt.refined_sojourn_time_distribution(rmf, n)
+    except ValueError as e:
+        raise SpecError(f"--percentiles with --servers: {e}") from None
+    out = {"sojourn_time_percentiles": dict(zip(labels, map(float, np.asarray(T.quantile(p))), strict=True))}
+    try:
+        W = jsmkt.refined_waiting_time_distribution(rmf, n)
+    except ValueError:  # no waiting time in this family (batch service, repairable servers)
+        return out
+    out["waiting_time_percentiles"] = dict(zip(labels, map(float, np.asarray(W.quantile(p))), strict=True))
     return out
 
 
