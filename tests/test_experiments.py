@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 
@@ -212,6 +213,7 @@ def test_repair_quick(tmp_path):
     ("choice_numbers", "plot", "choice_numbers/compute.py"),
     ("repair_allocation", "plot", "repair_allocation/compute.py"),
     ("ph_fits", "plot", "ph_fits/compute.py"),
+    ("refined", "plot", "refined/compute.py"),
 ])
 def test_reading_scripts_say_which_script_writes_their_input(tmp_path, folder, script, producer):
     # Regression: run before their compute script, these stopped with a FileNotFoundError traceback.
@@ -254,3 +256,46 @@ def test_framework_bmap_quick(tmp_path):
             # the quick runs are short (95 % intervals of +-20..90 %): the simulation is not significantly below
             assert r["ET_refined"] > r["ET_limit"] and r["ET_sim"] + r["ET_sim_ci"] > r["ET_limit"], r
     assert {f["arrivals"] for f in data["fits"]} == {"bmap", "poisson"}
+
+
+def test_refined_exact_chain_with_one_choice_is_independent_mm1k_queues():
+    """The refined study's exact chain with d = 1: N independent M/M/1/K queues, whose stationary law is the
+    truncated geometric pi_k = rho^k (1 - rho)/(1 - rho^(K+1)); an accepted job finds k < K jobs with probability
+    pi_k/(1 - pi_K) and stays an Erlang(k + 1) time."""
+    from scipy.optimize import brentq
+    from scipy.special import gammaincc
+
+    compute = _load("refined", "compute")
+    lam, K = 0.7, 3
+    pi = lam ** np.arange(K + 1) * (1 - lam) / (1 - lam ** (K + 1))
+    w = pi[:K] / (1 - pi[K])
+    p99 = brentq(lambda t: w @ gammaincc(np.arange(1, K + 1), t) - 0.01, 0.0, 100.0, xtol=1e-13)
+    for n in (2, 4):
+        got = compute.exact_jsq(n, K, lam, 1)
+        assert got["states"] == math.comb(n + K, K)
+        assert got["EQ"] == pytest.approx(pi @ np.arange(K + 1), rel=1e-12)
+        assert got["loss"] == pytest.approx(pi[K], rel=1e-12)
+        assert got["p99"] == pytest.approx(p99, rel=1e-10)
+        assert got["ET_accepted"] == pytest.approx(w @ np.arange(1, K + 1), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_refined_quick(tmp_path):
+    """The refined study's smoke run: the exact chain, mean field, orders 1 and 2 and short simulations; order 2 of
+    E[T] lies nearer the exact value than order 1 at N = 10 (lam = 0.7, buffer 3), and order 1 moves the mean
+    field towards the simulation at N = 10 (a gap of 10 to 30 %)."""
+    assert _load("refined", "compute").main(["--quick", "--out", str(tmp_path)]) == 0
+    _load("refined", "plot").main(["--quick", "--out", str(tmp_path)])
+    for name in ("refined.csv", "exact.csv", "orders.csv", "refined.json", "p99_acceptance.json",
+                 "p99_acceptance.md", "summary.md", "refined.pdf", "refined.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "refined.json").read_text())
+    _check_metadata(data["metadata"])
+    ex = {r["N"]: r for r in data["exact"]["rows"]}[10]
+    assert abs(ex["ET_order2"] - ex["ET_exact"]) < abs(ex["ET_order1"] - ex["ET_exact"])
+    for case in data["cases"]:
+        got = {r["method"]: r for r in data["rows"] if r["case"] == case and r["N"] == 10}
+        sim = got["simulation"]["ET"]
+        assert abs(got["order1"]["ET"] - sim) < abs(got["mean_field"]["ET"] - sim)
+        assert got["order2"]["p99"] is None and got["order2"]["missing"]
+    assert [(r["case"], r["N"]) for r in data["acceptance"]] == [("repair_I", 50)]
