@@ -65,6 +65,8 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/verification/plot.py
 	$(BIN)/python experiments/mitzenmacher_table/compute.py
 	$(BIN)/python experiments/mitzenmacher_table/refined.py
+	$(BIN)/python experiments/refined/compute.py
+	$(BIN)/python experiments/refined/plot.py
 	$(BIN)/python experiments/retrial/compute.py
 	$(BIN)/python experiments/retrial/plot.py
 	$(BIN)/python experiments/repair/compute.py
@@ -86,6 +88,8 @@ experiments-quick: $(STAMP)
 	$(BIN)/python experiments/verification/plot.py --quick
 	$(BIN)/python experiments/mitzenmacher_table/compute.py --quick
 	$(BIN)/python experiments/mitzenmacher_table/refined.py --quick
+	$(BIN)/python experiments/refined/compute.py --quick
+	$(BIN)/python experiments/refined/plot.py --quick
 	$(BIN)/python experiments/retrial/compute.py --quick
 	$(BIN)/python experiments/retrial/plot.py --quick
 	$(BIN)/python experiments/retrial/validate.py --quick

@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     def n_axis(ax, ns):
-        ax.set_xticks(ns)
+        ax.set_xscale("log")
+        ax.set_xticks([n for n in ns if n in (5, 10, 20, 50, 100, 1000)])
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(NullFormatter())
 
@@ -60,19 +61,28 @@ def main(argv=None) -> int:
             lo = [v for line in ax.get_lines() for v in np.asarray(line.get_ydata(), float) if v > 0]
             if lo:
                 ax.set_ylim(min(lo) / 3, max(lo) * 3)
+            else:
+                ax.text(0.5, 0.5, "no simulated value", transform=ax.transAxes, ha="center", va="center")
     ex = data["exact"]["rows"]
+    blocks = list(dict.fromkeys((r["lam"], r["K"]) for r in ex))
+    dashes = ["-", "--", ":"]
     for row, q in enumerate(("ET", "p99")):
         ax = axes[row, -1]
-        for method, (label, fmt) in STYLE.items():
-            key = f"{q}_{'mf' if method == 'mean_field' else method}"
-            pts = [(r["N"], abs(r[key] - r[f"{q}_exact"])) for r in ex if r.get(key) is not None]
-            if pts:
-                ax.loglog(*zip(*pts, strict=True), fmt, ms=3, label=label)
-        n_axis(ax, [r["N"] for r in ex])
+        for b, (lam, K) in enumerate(blocks):
+            for method, (label, fmt) in STYLE.items():
+                key = f"{q}_{'mf' if method == 'mean_field' else method}"
+                pts = [(r["N"], abs(r[key] - r[f"{q}_exact"])) for r in ex
+                       if (r["lam"], r["K"]) == (lam, K) and r.get(key) is not None]
+                if pts:
+                    color = {"mean_field": "C0", "order1": "C1", "order2": "C2"}[method]
+                    ax.loglog(*zip(*pts, strict=True), fmt[0] + dashes[b % 3], color=color, ms=3,
+                              label=f"λ = {lam}, K = {K}" if method == "mean_field" else None)
+        n_axis(ax, sorted({r["N"] for r in ex}))
         ax.set_xlabel("N")
         ax.set_ylabel(f"|{'E[T]' if q == 'ET' else 'p99'} − exact|")
         if row == 0:
-            ax.set_title("JSQ(2), buffer 5 (exact)")
+            ax.set_title("JSQ(2) with a buffer (exact chain)")
+            ax.legend(loc="lower left", fontsize=6)
     axes[0, 0].legend(loc="lower left")
     fig.tight_layout()
     _common.save_figure(fig, out, "refined")
