@@ -524,8 +524,9 @@ def summary_md(rows, exact_rows, ords, acc, p) -> str:
     parts.append("| λ | K | N | states | E[T] exact | MF | order 1 | order 2 | p99 exact | p99 MF | p99 order 1 |\n"
                  "|---|---|---|---|---|---|---|---|---|---|---|")
     for r in exact_rows:
-        parts.append(f"| {r['lam']} | {r['K']} | {r['N']} | {r['states']} | {r['ET_exact']:.6f} | {r['ET_mf']:.6f} | {r['ET_order1']:.6f} | "
-                     f"{r['ET_order2']:.6f} | {r['p99_exact']:.4f} | {_f(r['p99_mf'])} | {_f(r['p99_order1'])} |")
+        parts.append(f"| {r['lam']} | {r['K']} | {r['N']} | {r['states']} | {r['ET_exact']:.6f} | {r['ET_mf']:.6f} | "
+                     f"{r['ET_order1']:.6f} | {r['ET_order2']:.6f} | {r['p99_exact']:.4f} | {_f(r['p99_mf'])} | "
+                     f"{_f(r['p99_order1'])} |")
     parts += ["", "## Orders of the errors (log-log slopes)\n", orders_md(ords),
               "## p99 acceptance (N = 20, 50, 100)\n", acceptance_md(acc)]
     return "\n".join(parts)
