@@ -659,8 +659,8 @@ def test_own_orbit_per_job_mean_agrees_with_littles_law(getkey, monkeypatch):
     sojourn time agrees with Little's law's, mean jobs over throughput, and as many jobs leave as arrive (to
     those in the system at the ends). Recording the jobs changes nothing else: the same tables without random
     order (Little's law, no per-job times) run along the same path. The jobs' times depend neither on the chunks
-    nor on the engine's form (the vmapped loop of a fixed length, run off a CPU, updates the stores as the
-    sequential one)."""
+    (the progress bar's) nor on the engine's form (the vmapped loop of a fixed length, run off a CPU, updates the
+    stores as the sequential one)."""
     model = jsmkt.RetrialJSQ(0.7, 1.0, d1=2, retrial="own", K=12)
     kw = dict(key=getkey(), max_queue=12, waiting_times=True, n_replications=4)
     a = jsmkt.simulate(model, 30, 400.0, **kw)

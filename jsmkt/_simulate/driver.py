@@ -57,9 +57,12 @@ def _compiled(cfg: core.Config | generic.Config, devices: tuple = ()):
         init = jax.shard_map(init, mesh=mesh, in_specs=(rest, rep), out_specs=rep, check_vma=False)
         run = jax.shard_map(run, mesh=mesh, in_specs=(rest, rep, rest), out_specs=(rep, rep), check_vma=False)
     # XLA's copy insertion with region analysis (not its default) proves that the sequential engine's inner loop
-    # may update the server array in place, saving a copy per event (`benchmarks/README.md`).
+    # may update the server array in place, saving a copy per event (`benchmarks/README.md`). Not for the stores of
+    # servers whose waiting jobs start in random order (`generic._random_order_jobs`): with it, that loop's reads
+    # of a store after its writes saw other values (a run's job times then depended on its chunks).
+    ordered = isinstance(cfg, generic.Config) and cfg.structure.random_order
     opts = ({"xla_cpu_copy_insertion_use_region_analysis": True}
-            if cfg.sequential or getattr(cfg, "sampler", None) else None)
+            if (cfg.sequential or getattr(cfg, "sampler", None)) and not ordered else None)
     return jax.jit(init), jax.jit(run, donate_argnums=1, compiler_options=opts)
 
 

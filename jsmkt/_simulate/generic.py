@@ -33,14 +33,13 @@ with an origin) there is no FCFS queue to keep, and the driver reports the mean 
 **Random order** (`Structure.random_order`: servers whose waiting jobs start in random order, as own-orbit
 retrials; run by the exact engine below). Each server keeps a store of the arrival times of its jobs in the ring
 buffer's place, `Structure.slots` per server: slot 0 the job in service (where its cell has one), slots
-$1..w$ its $w$ waiting jobs, in no order. Each entry of the move table has a code (`tables.ORDER_MOVES`): the
-job in service completes (its sojourn time is recorded from slot 0); a waiting job starts service, the one in slot
-$r$, $r$ uniform on $1..w$ (its waiting time is recorded, slot 0 takes its arrival time, slot $r$ the last one's,
-slot $w$): so the job that starts is uniform among the waiting whatever their order; an arriving job starts
-service at once (slot 0, a waiting time of 0) or waits (slot $w + 1$). An event reads three slots of its server
-and writes two, all at fixed positions of one row, whatever the move: a handful of reads and writes more per
-event, and one more random word (the slot's uniform). The event records the sojourn and waiting times it
-completes (or -1), from which the histograms are filled a block at a time, as for FCFS queues.
+$1..w$ its $w$ waiting jobs, in no order. A move is, by its cells' jobs in service and waiting
+(`tables.ORDER_MOVES`): the job in service completes (its sojourn time is recorded from slot 0); a waiting job
+starts service, the one in slot $r$, $r$ uniform on $1..w$ (its waiting time is recorded, slot 0 takes its
+arrival time, slot $r$ the last one's, slot $w$): so the job that starts is uniform among the waiting whatever
+their order; an arriving job starts service at once (slot 0, a waiting time of 0) or waits (slot $w + 1$). The
+event loop only records the server it moved; a loop of its own then updates the stores and histograms, event
+by event, after each block (`_random_order_jobs`), drawing $r$ from a word its event left unused.
 
 **One event at a time (CPU).** As `core._sequential_chunk`: an outer `lax.while_loop` iteration draws the
 state-independent part of the next `block` events at once (event times, the row, candidates with the unused ones
@@ -164,11 +163,11 @@ class Config(NamedTuple):
         choice number and candidates of the dispatch a clock action starts; with a pool, its draw; with a global
         phase, its move)."""
         s = self.structure
-        if self.exact:  # time, clock or stream, move, choice number, candidates, the clock's server, the stream,
-            # and the move of the dispatch a clock action starts (which samples the candidates a clock event leaves
-            # unused) or, with random order, the waiting job that starts service: tables that differ only in
-            # random order then run along the same path
-            return 7 + self.max_d
+        if self.exact:  # time, clock or stream, move, choice number, candidates, the clock's server, the stream
+            # (and the move of the dispatch a clock action starts, which samples the candidates a clock event leaves
+            # unused). With random order, the waiting job that starts service is drawn from a word the event leaves
+            # unused (`_random_order_jobs`), so that tables that differ only in random order run along the same path
+            return 6 + self.max_d + int(s.origins)
         return 4 + self.max_d + (2 + self.max_d if s.origins else 0) + int(s.pool) + int(s.phases > 0)
 
 
@@ -200,10 +199,9 @@ class Params(NamedTuple):
     # `Config.exact`: the clock's rate bound of each cell is quantum * weight[c] (`clock_weights`); zeros otherwise
     weight: jax.Array  # (C,) int32
     quantum: jax.Array  # float64
-    # random order: the `tables.ORDER_MOVES` code of each entry of the merged rows ((S + 1) * C * W,) and the waiting
-    # jobs of each cell (C,), int32; zeros otherwise
-    order: jax.Array
+    # random order: the waiting jobs and the jobs in service of each cell, (C,) int32 (zeros otherwise)
     waiting_jobs: jax.Array
+    in_service: jax.Array
 
 
 def clock_weights(tables, n: int) -> tuple[float, np.ndarray]:
@@ -261,8 +259,8 @@ def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
                                jnp.int32),
         phase_cum=jnp.asarray(phase_cum, jnp.float64), phase_init=jnp.asarray(phase_init, jnp.float64),
         weight=jnp.asarray(weight, jnp.int32), quantum=jnp.asarray(quantum, jnp.float64),
-        order=jnp.asarray(structure.order.reshape(-1), jnp.int32),
         waiting_jobs=jnp.asarray(structure.jobs - structure.in_service, jnp.int32),
+        in_service=jnp.asarray(structure.in_service, jnp.int32),
     )
 
 
@@ -342,7 +340,7 @@ def _draw_exact(cfg: Config, prep: _Prep, seed, ctr) -> _Draw:
     and rows depend on the state: `tau` holds unit exponentials, `kind` is unused, `table` the candidates
     (unmasked), the choice number each stream would draw and the stream of a stream event, `uni` the uniform of the
     move, the total weight from which the event is the clocks', the uniform of the clocks' server (and that of the
-    move of the dispatch a clock action starts, or with random order that of the waiting job that starts)."""
+    move of the dispatch a clock action starts)."""
     s = cfg.structure
     B, D, S = cfg.block, cfg.max_d, s.n_streams
     words = core._words(seed, ctr, B, cfg.n_words)
@@ -357,7 +355,7 @@ def _draw_exact(cfg: Config, prep: _Prep, seed, ctr) -> _Draw:
     clock_from = (1.0 / core._uniform(words[:, 1]) - 1.0) * streams / prep.quantum
     kind = core._categorical(core._uniform(words[:, 5 + D]) * streams, prep.stream_cum[:-1])
     uni = [core._uniform(words[:, 2]), clock_from, core._uniform(words[:, 4 + D])]
-    if s.origins or s.random_order:
+    if s.origins:
         uni.append(core._uniform(words[:, 6 + D]))
     cols.append(kind[:, None])
     table = jnp.concatenate([c.astype(jnp.int32) for c in cols], axis=1)
@@ -625,9 +623,9 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
     state: every write then comes before the reads of its array, and the decision, a chain of dependent reads, is
     computed once (XLA recomputes such a chain inside every fusion that uses its result, which made the loop too
     large to compile into one kernel: XLA's CPU backend does so below 1 KiB accessed per iteration by its cost
-    analysis). With random order the iteration that applies a move also updates the server's store (module
-    docstring), at `ring_base` in `state.ring`. `masked`: a loop of a fixed number of iterations (twice `block`
-    with origins), those after `t_end` changing nothing."""
+    analysis). With random order the event records also hold the server moved, and the servers' stores are
+    brought up to date after the loop (`_random_order_jobs`). `masked`: a loop of a fixed number of iterations
+    (twice `block` with origins), those after `t_end` changing nothing."""
     s = cfg.structure
     B, D, S, C, W = cfg.block, cfg.max_d, s.n_streams, s.n_cells, s.width
     NP, L, origins, ro = cfg.tree_size, cfg.tree_size.bit_length() - 1, s.origins, s.random_order
@@ -672,10 +670,9 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
     def running(i, pend, t_next):
         return (pend >= 0) | ((i < B) & (t_next <= t_end))
 
-    def decide(i, pend, t_next, packed, tree, ring=None):
+    def decide(i, pend, t_next, packed, tree):
         """The move of the next iteration: (server, its cell, the move's flat entry, 4 row + 2 (it starts a
-        dispatch) + (the cell is eligible)); with random order also what the move reads of the server's store
-        (`reads`)."""
+        dispatch) + (the cell is eligible))."""
         ii = jnp.minimum(i, B - 1)
         disp = pend >= 0  # the dispatch of event i, whose clock action came first
         total = one(tree, 1)
@@ -703,8 +700,6 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         c = one(packed, n).astype(jnp.int32)
         idx = move(row_c, c, unif(ii, jnp.where(disp, 3, 0) if origins else 0))
         eligible = one(params.key, row_c + c) < INELIGIBLE
-        if ro:
-            return (n, c, idx, 4 * stream + eligible.astype(jnp.int32), *reads(ring, ii, n, c))
         if not origins:
             return n, c, idx, 4 * stream + eligible.astype(jnp.int32)
         # Whether the move starts a dispatch (decided here, where the move's reads are made anyway: the loop's
@@ -713,34 +708,8 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         starts = eligible & (t < C) & (stream == S) & (one(params.stream, idx - S * C * W) >= 0)
         return n, c, idx, 4 * stream + 2 * starts.astype(jnp.int32) + eligible.astype(jnp.int32)
 
-    def reads(ring, ii, n, c):
-        """What the move of event ii at server n (in cell c) reads of the server's random-order store: the slot r
-        of the waiting job that would start (uniform on 1..w, w the waiting jobs), the arrival times in slot 0 (the
-        job in service), in slot r and in slot w (the last waiting job). Read where the move is decided, so that
-        the iteration that applies it writes the store before any read of it (reading it there made XLA copy the
-        store at every event)."""
-        w = one(params.waiting_jobs, c)
-        base = ring_base + n * s.slots
-        r = 1 + jnp.minimum((unif(ii, 3) * w.astype(jnp.float64)).astype(jnp.int32), jnp.maximum(w - 1, 0))
-        return r, one(ring, base), one(ring, base + r), one(ring, base + w)
-
-    def store(ring, times, row, n, c, idx, goes, t, r, a0, ar, last):
-        """The random-order store of server n after its move (entry idx from cell c, applied where `goes`) at time
-        t, from what `reads` read, and the sojourn and waiting times the move completes (-1 for none) in row `row`
-        of `times`."""
-        op = jnp.where(goes, one(params.order, idx), 0)
-        dep, start, now, waits = ((op & b) != 0 for b in (1, 2, 4, 8))
-        w = one(params.waiting_jobs, c)
-        base = ring_base + n * s.slots
-        ring = put(ring, base, jnp.where(start, ar, jnp.where(now, t, a0)))
-        ring = put(ring, base + jnp.where(waits, w + 1, r), jnp.where(start, last, jnp.where(waits, t, ar)))
-        soj = jnp.where(dep, t - a0, -1.0)
-        wait = jnp.where(start, t - ar, jnp.where(now, 0.0, -1.0))
-        times = lax.dynamic_update_slice(times, jnp.stack([soj, wait])[None], (row, jnp.zeros_like(row)))
-        return ring, times
-
     def body(carry):
-        (i, pend, t_next, packed, tree, rec, taus, *jobs), (n, c, idx, se, *held) = carry
+        (i, pend, t_next, packed, tree, rec, taus), (n, c, idx, se) = carry
         active = running(i, pend, t_next) if masked else True
         stream, ok = se // 4, active & (se % 2 == 1)
         ii = jnp.minimum(i, B - 1)
@@ -759,49 +728,120 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
             later = active & (se % 4 >= 2)  # the clock action starts a dispatch: the next iteration runs it
             rec_row = jnp.stack([c, ct_rec, stream])
             rec_col = jnp.where(disp, 3, 0).astype(jnp.int32)
-        else:
+        else:  # (with random order, the row and the server in one column: row + (S + 1) server)
             later = jnp.zeros((), bool)
-            rec_row, rec_col = jnp.stack([c, ct_rec, stream]), jnp.zeros_like(row)
+            rec_row = jnp.stack([c, ct_rec, stream + (S + 1) * n if ro else stream])
+            rec_col = jnp.zeros_like(row)
         rec = lax.dynamic_update_slice(rec, rec_row.astype(jnp.int32)[None], (row, rec_col))
-        if ro:
-            jobs = store(*jobs, row, n, c, idx, goes, t_next, *held)
         taus = put(taus, row, t_next)
         done = active & ~later  # event i is over
         i2 = i + done.astype(jnp.int32)
         t2 = jnp.where(i2 < B, _next_time(prep, params, t_next, tree, one(expo, jnp.minimum(i2, B - 1))), jnp.inf)
         t_next = jnp.where(done, t2, t_next)
         pend = jnp.where(active, jnp.where(later, s2, -1), pend) if origins else pend
-        st = (i2, pend, t_next, packed, tree, rec, taus, *jobs)
-        return st, decide(i2, pend, t_next, packed, tree, *jobs[:1])
+        st = (i2, pend, t_next, packed, tree, rec, taus)
+        return st, decide(i2, pend, t_next, packed, tree)
 
     zero = jnp.zeros((), jnp.int32)
     rec = jnp.zeros((B + 1, 6), jnp.int32).at[:, 5].set(-1) if origins else jnp.zeros((B + 1, 3), jnp.int32)
-    # with random order, the store and each event's (sojourn, waiting) times
-    jobs = (state.ring, jnp.full((B + 1, 2), -1.0, jnp.float64)) if ro else ()
-    st = (zero, zero - 1, state.next, state.packed, state.tree, rec, jnp.zeros(B + 1, jnp.float64), *jobs)
-    carry = (st, decide(*st[:5], *jobs[:1]))
+    st = (zero, zero - 1, state.next, state.packed, state.tree, rec, jnp.zeros(B + 1, jnp.float64))
+    carry = (st, decide(*st[:5]))
     if masked:
         carry = lax.fori_loop(0, B * (2 if origins else 1), lambda _, cr: body(cr), carry)
     else:
         carry = lax.while_loop(lambda cr: running(*cr[0][:3]), body, carry)
-    nv, _, _, packed, tree, rec, taus, *jobs = carry[0]
+    nv, _, _, packed, tree, rec, taus = carry[0]
     tau, rec = taus[:B], rec[:B]
+    if ro:
+        state = _random_order_jobs(cfg, params, state, rec, tau, nv, ring_base, hist_base, masked)
     ctr = state.ctr + nv.astype(jnp.uint64)
     t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
     draw = _draw(cfg, prep, state.seed, ctr, t)
     state = state._replace(ctr=ctr, t=t, packed=packed, tree=tree, draw=draw,
                            next=_next_time(prep, params, t, tree, draw.tau[0]))
-    if ro:
-        state = state._replace(ring=jobs[0])
-    kind = rec[:, 2]
+    kind = rec[:, 2] % (S + 1) if ro else rec[:, 2]
     moves = jnp.concatenate([rec[:, :2], rec[:, 3:]], axis=1) if origins else rec[:, :2]
-    return _finish(cfg, params, state, tau, kind, nv, moves, jobs[1][:B] if ro else None, hist_base)
+    return _finish(cfg, params, state, tau, kind, nv, moves, None, hist_base)
+
+
+def _random_order_jobs(cfg: Config, params: Params, state: State, rec, tau, nv, ring_base=0, hist_base=0,
+                       masked: bool = False) -> State:
+    """`state` with the random-order stores (module docstring) brought up to date after the first `nv` events of
+    a block, from their records (`rec[e]`: the cell moved from, the cell moved to or `C` for a refused move, the
+    row + (S + 1) the server) and times, and the sojourn time of each job that leaves (and the waiting time of
+    each that starts service, with `Config.waiting`) added to the histograms, the sum and the count. A move is
+    that of its cells' jobs in service and waiting (`tables.ORDER_MOVES`); the waiting job that starts is that of
+    slot r = 1 + floor(U w), w the waiting jobs, and the last one, slot w, takes its place. U is the uniform of a
+    word of the event that it leaves unused, hashed here for that event alone: a clock event's the one that draws
+    a stream event's stream, a stream event's the one that draws the clocks' server (`_draw_exact`).
+
+    A loop of its own after the event loop, which it leaves as it was but for one more number in a record: the
+    stores' reads and writes in the event loop made that loop too large to compile into one kernel, and drawing a
+    word more per event in `_draw_exact` (vectorised, 64-bit products) made it a third slower. An iteration writes
+    the store as the previous one decided (every write of the store then comes before its reads: reading it
+    before writing twice made XLA copy it at every event), adds the previous event's time to the histogram, then
+    reads what the next event's move needs, with the uniform hashed one iteration earlier still (each of the
+    decision's results is recomputed in every fusion that uses it: the hash then in one only)."""
+    s = cfg.structure
+    B, C, Q, S, D, nb = cfg.block, s.n_cells, s.slots, s.n_streams, cfg.max_d, cfg.n_bins + 2
+
+    def one(x, i):
+        return lax.dynamic_slice(x, (i,), (1,))[0]
+
+    def put(x, i, v):
+        return lax.dynamic_update_slice(x, v.astype(x.dtype)[None], (i,))
+
+    def field(e, j):
+        return lax.dynamic_slice(rec, (e, jnp.asarray(j, e.dtype)), (1, 1))[0, 0]
+
+    def uniform(e):  # event e's unused uniform (module docstring)
+        ee = jnp.minimum(e, B - 1)
+        word = jnp.where(field(ee, 2) % (S + 1) == S, 5 + D, 4 + D)
+        return core._uniform(core._word(state.seed, state.ctr + ee.astype(jnp.uint64), word, cfg.n_words))
+
+    def decide(e, ring, u):
+        """Event e's writes (slot 0's value; a second slot and its value), the time it completes (a sojourn or
+        waiting time) and which (0 none, 1 a sojourn time, 2 a waiting time)."""
+        ee = jnp.minimum(e, B - 1)
+        c, ct, row_n = field(ee, 0), field(ee, 1), field(ee, 2)
+        moved = (e < nv) & (ct < C) & (ct != c)
+        ct = jnp.minimum(ct, C - 1)
+        w = one(params.waiting_jobs, c)
+        dq, dw = one(params.in_service, ct) - one(params.in_service, c), one(params.waiting_jobs, ct) - w
+        dep, start = moved & (dq < 0), moved & (dq > 0) & (dw < 0)
+        now, waits = moved & (dq > 0) & (dw == 0), moved & (dq == 0) & (dw > 0)
+        r = 1 + jnp.minimum((u * w.astype(jnp.float64)).astype(jnp.int32), jnp.maximum(w - 1, 0))
+        base = ring_base + (row_n // (S + 1)) * Q
+        a0, ar, last = one(ring, base), one(ring, base + r), one(ring, base + w)
+        t = one(tau, ee)
+        time = jnp.where(dep, t - a0, jnp.where(start, t - ar, 0.0))
+        what = jnp.where(dep, 1, jnp.where(start | now, 2, 0))
+        return (base, jnp.where(start, ar, jnp.where(now, t, a0)), base + jnp.where(waits, w + 1, r),
+                jnp.where(start, last, jnp.where(waits, t, ar)), time, what)
+
+    def body(e, carry):
+        ring, hist, soj_sum, n_jobs, (base, first, slot, second, time, what), u = carry
+        ring = put(put(ring, base, first), slot, second)
+        left = what == 1
+        counted = left | ((what == 2) if cfg.waiting else False)
+        b = core._hist_bin(cfg, params, jnp.where(counted, time, 1.0)) + jnp.where(left, 0, nb) + hist_base
+        b = jnp.where(counted, b, hist_base)
+        hist = put(hist, b, one(hist, b) + counted.astype(hist.dtype))
+        soj_sum = soj_sum + jnp.where(left, time, 0.0)
+        n_jobs = n_jobs + left.astype(n_jobs.dtype)
+        return ring, hist, soj_sum, n_jobs, decide(e + 1, ring, u), uniform(e + 2)
+
+    zero = jnp.zeros((), jnp.int32)
+    hist = state.hist.reshape(-1)
+    carry = (state.ring, hist, state.soj_sum, state.n_jobs, decide(zero, state.ring, uniform(zero)), uniform(zero + 1))
+    ring, hist, soj_sum, n_jobs, _, _ = lax.fori_loop(zero, jnp.int32(B) if masked else nv, body, carry)
+    return state._replace(ring=ring, hist=hist.reshape(state.hist.shape), soj_sum=soj_sum, n_jobs=n_jobs)
 
 
 def _finish(cfg: Config, params: Params, state: State, tau, kind, nv, rec, arrived, hist_base) -> State:
-    """Statistics of the first `nv` events of a block from their records: `arrived` holds, with FCFS queues, the
-    arrival times the events read at the heads of the queues; with random order, the (sojourn, waiting) times
-    each event completes (-1 for none)."""
+    """Statistics of the first `nv` events of a block from their records (`arrived`: with FCFS queues, the arrival
+    times the events read at the heads of the queues; random order records its jobs' times itself,
+    `_random_order_jobs`)."""
     s = cfg.structure
     B, C = cfg.block, s.n_cells
     done = jnp.arange(B, dtype=jnp.int32) < nv
@@ -844,14 +884,6 @@ def _finish(cfg: Config, params: Params, state: State, tau, kind, nv, rec, arriv
             wait = jnp.where(nxt, tau - arrived[:, s.down], 0.0)
             wbins = core._hist_bin(cfg, params, jnp.where(starts, wait, 1.0)) + (cfg.n_bins + 2) + hist_base
             hist = hist.reshape(-1).at[wbins].add(starts.astype(jnp.int64)).reshape(hist.shape)
-    if s.random_order:
-        for col, times in enumerate((arrived[:, 0], arrived[:, 1])[: 1 + cfg.waiting]):
-            counted = done & (times >= 0)
-            bins = core._hist_bin(cfg, params, jnp.where(counted, times, 1.0)) + col * (cfg.n_bins + 2) + hist_base
-            hist = hist.reshape(-1).at[bins].add(counted.astype(jnp.int64)).reshape(hist.shape)
-            if col == 0:
-                soj_sum = soj_sum + jnp.sum(jnp.where(counted, times, 0.0))
-                n_jobs = n_jobs + jnp.sum(counted, dtype=jnp.int64)
     return state._replace(
         acc=acc, soj_sum=soj_sum, n_jobs=n_jobs, hist=hist,
         events=state.events + nv.astype(jnp.int64),

@@ -383,8 +383,7 @@ class Structure:
     padding; `C` for OVERFLOW) and job change `delta[r, c, e]`; for the clock, `stream[c, e]` is the stream the
     server then starts (-1: none). Actions and effects whose probability is 0 in every cell are left out
     (`act_cols`, `eff_cols`: those kept), so that padding costs the event loop nothing; the structure then also
-    holds which entries are 0 everywhere, and a run in which others are recompiles. With `random_order`,
-    `order[r, c, e]` is the entry's `ORDER_MOVES` code (0 for the self-loops and the padding)."""
+    holds which entries are 0 everywhere, and a run in which others are recompiles."""
 
     def __init__(self, t: SimTables):
         self.act_cols = _used_columns(t.act_prob.reshape(-1, t.act_prob.shape[-1]))
@@ -432,21 +431,18 @@ class Structure:
         self.pool_held = t.pool_held if self.pool else np.zeros(C, bool)
         self.pool_redirect = t.pool_redirect if self.pool else cells
         self.pool_promote = t.pool_promote if self.pool else np.full(C, -1)
-        # Random order (`SimTables.random_order`): each server's store of the arrival times of its jobs, `slots` per
-        # server (slot 0 the job in service, 1..w the w waiting ones), and the `ORDER_MOVES` code of each entry.
+        # Random order (`SimTables.random_order`): the jobs in service of each cell, and each server's store of the
+        # arrival times of its jobs, `slots` per server (slot 0 the job in service, 1..w the w waiting ones).
         self.random_order = bool(t.random_order)
         if self.random_order:
             self.in_service = np.asarray(t.in_service, np.int64)
             self.slots = 1 + max(int((t.jobs - self.in_service).max()), 1)
-            src = np.broadcast_to(cells[None, :, None], target.shape)
-            self.order = order_moves(t.jobs, self.in_service, src, np.where(target == C, OVERFLOW, target))[0]
         else:
             self.in_service, self.slots = np.zeros(C, np.int64), 0
-            self.order = np.zeros(target.shape, np.int32)
         h = hashlib.sha256()
         for a in (self.target, self.delta, self.stream, self.key, self.jobs, self.arrivals, self.level, self.status,
                   self.act_cols, self.eff_cols, self.pool_held, self.pool_redirect, self.pool_promote,
-                  self.in_service, self.order):
+                  self.in_service):
             h.update(str(a.shape).encode())
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(repr((C, S, W, self.max_d, self.fcfs, self.empty_cell, self.status_names, self.pool,
