@@ -791,27 +791,33 @@ def _random_order_jobs(cfg: Config, params: Params, state: State, rec, tau, nv, 
     def put(x, i, v):
         return lax.dynamic_update_slice(x, v.astype(x.dtype)[None], (i,))
 
-    def field(e, j):
-        return lax.dynamic_slice(rec, (e, jnp.asarray(j, e.dtype)), (1, 1))[0, 0]
+    # What each event does, computed for the whole block at once (vectorised), so that an iteration of the loop
+    # reads three numbers of its event: its server's slots, its move (0 none, 1 the job in service completes, 2 a
+    # waiting job starts, 3 an arriving job starts, 4 one waits) + 8 w (w its waiting jobs) + 8 (Q + 1) (it is a
+    # clock event), and its time.
+    c, ct = rec[:, 0], rec[:, 1]
+    moved = (jnp.arange(B, dtype=jnp.int32) < nv) & (ct < C) & (ct != c)
+    ct = jnp.minimum(ct, C - 1)
+    w = params.waiting_jobs[c]
+    dq, dw = params.in_service[ct] - params.in_service[c], params.waiting_jobs[ct] - w
+    op = jnp.where(~moved, 0, jnp.where(dq < 0, 1, jnp.where(dq > 0, jnp.where(dw < 0, 2, 3), jnp.where(dw > 0, 4, 0))))
+    code = (op + 8 * w + 8 * (Q + 1) * (rec[:, 2] % (S + 1) == S).astype(jnp.int32)).astype(jnp.int32)
+    slots = (ring_base + (rec[:, 2] // (S + 1)) * Q).astype(jnp.int32)
 
     def uniform(e):  # event e's unused uniform (module docstring)
         ee = jnp.minimum(e, B - 1)
-        word = jnp.where(field(ee, 2) % (S + 1) == S, 5 + D, 4 + D)
+        word = jnp.where(one(code, ee) >= 8 * (Q + 1), 5 + D, 4 + D)
         return core._uniform(core._word(state.seed, state.ctr + ee.astype(jnp.uint64), word, cfg.n_words))
 
     def decide(e, ring, u):
         """Event e's writes (slot 0's value; a second slot and its value), the time it completes (a sojourn or
         waiting time) and which (0 none, 1 a sojourn time, 2 a waiting time)."""
         ee = jnp.minimum(e, B - 1)
-        c, ct, row_n = field(ee, 0), field(ee, 1), field(ee, 2)
-        moved = (e < nv) & (ct < C) & (ct != c)
-        ct = jnp.minimum(ct, C - 1)
-        w = one(params.waiting_jobs, c)
-        dq, dw = one(params.in_service, ct) - one(params.in_service, c), one(params.waiting_jobs, ct) - w
-        dep, start = moved & (dq < 0), moved & (dq > 0) & (dw < 0)
-        now, waits = moved & (dq > 0) & (dw == 0), moved & (dq == 0) & (dw > 0)
+        k = one(code, ee)
+        m, w = k % 8, (k // 8) % (Q + 1)
+        dep, start, now, waits = m == 1, m == 2, m == 3, m == 4
         r = 1 + jnp.minimum((u * w.astype(jnp.float64)).astype(jnp.int32), jnp.maximum(w - 1, 0))
-        base = ring_base + (row_n // (S + 1)) * Q
+        base = one(slots, ee)
         a0, ar, last = one(ring, base), one(ring, base + r), one(ring, base + w)
         t = one(tau, ee)
         time = jnp.where(dep, t - a0, jnp.where(start, t - ar, 0.0))
