@@ -12,6 +12,10 @@ j theta made most events self-loops). Printed, measured in this run:
 - events, real events (that changed a server or refused a job), the real fraction, the median wall time of
   `--repeats` interleaved runs of `--time` time units, and real events per second; the ratio of re-probing to
   own-orbit real events per second, target >= 0.5;
+- the cost of each job's sojourn and waiting times: own-orbit retrials record them (their servers start their
+  waiting jobs in random order, `Description.random_order`), `own-little` runs the same tables without random
+  order (no per-job times: Little's law), `own+wait` also records the waiting times; the ratios of their real
+  events per second, measured in the same interleaved runs;
 - the same two models on the engine's other path, uniformisation at the largest rate of a cell (what ran these
   models before; `--uniform-time`, shorter, since most of its events are self-loops; `--uniform-time 0` skips it);
 - the real fraction of the events of each retrial example (`RetrialJSQ.examples()` and `examples/retrial_*.toml`),
@@ -31,7 +35,8 @@ import jax
 import jax.random as jr
 
 import jsmkt
-from jsmkt._simulate import plan
+from jsmkt._simulate import jsq_tables, plan
+from jsmkt._simulate.described import model_tables
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -44,18 +49,20 @@ def spec_model(path: pathlib.Path) -> jsmkt.RetrialJSQ:
     return jsmkt.RetrialJSQ(**{k: spec[k] for k in keys if k in spec})
 
 
-def run(model, n: int, t1: float, seed: int):
-    return jsmkt.simulate(model, n, t1, key=jr.key(seed), n_batches=2)
+def run(model, n: int, t1: float, seed: int, **kw):
+    return jsmkt.simulate(model, n, t1, key=jr.key(seed), n_batches=2, **kw)
 
 
 def timed(models: dict, n: int, t1: float, repeats: int) -> dict:
-    """Median wall time of `repeats` interleaved runs of each model, with the last run's result."""
+    """Median wall time of `repeats` interleaved runs of each model (a model, or a model and `simulate`'s keyword
+    arguments), with the last run's result."""
     walls = {name: [] for name in models}
     last = {}
     for r in range(repeats):
         for name, model in models.items():
+            model, kw = model if isinstance(model, tuple) else (model, {})
             t0 = time.perf_counter()
-            last[name] = run(model, n, t1, 100 + r)
+            last[name] = run(model, n, t1, 100 + r, **kw)
             walls[name].append(time.perf_counter() - t0)
     return {name: (statistics.median(walls[name]), last[name]) for name in models}
 
@@ -84,6 +91,12 @@ def main():
     base = spec_model(spec)
     kw = dict(lam=base.lam, theta=base.theta, d1=base.choice1.number, d2=base.choice2.number, mu=base.mu)
     models = {"own": jsmkt.RetrialJSQ(**kw, retrial="own"), "reprobe": jsmkt.RetrialJSQ(**kw, retrial="reprobe")}
+    own, top = models["own"], plan._mean_field_top(models["own"], args.n)
+    # the same tables without random order: no per-job times (Little's law), at the truncation `own` runs at
+    little = jsq_tables.TablesModel(lambda k: model_tables(own, k)._replace(random_order=False), float(own.load()),
+                                    "own-little")
+    jobs = {"own": (own, {"max_queue": top}), "own+wait": (own, {"max_queue": top, "waiting_times": True}),
+            "own-little": (little, {"max_queue": top})}
     print(f"jax {jax.__version__} on {jax.default_backend()}, {len(jax.devices())} device(s); N = {args.n}, "
           f"{spec.name}'s parameters (lam={float(base.lam)}, theta={float(base.theta)}, d1=d2={kw['d1']}, linear)")
 
@@ -98,19 +111,32 @@ def main():
     print(f"  re-probing / own-orbit real events per second: {ratio:.2f}  (target >= 0.5: "
           f"{'PASS' if ratio >= 0.5 else 'FAIL'})")
 
+    for name, (model, kw) in jobs.items():
+        run(model, args.n, 1.0, 0, **kw)
+    print(f"\nPer-job times of own-orbit retrials (max_queue={top}), {args.time:g} time units, median of "
+          f"{args.repeats} interleaved runs")
+    job_rates = table(timed(jobs, args.n, args.time, args.repeats))
+    print(f"  real events per second, per-job times / Little's law only: sojourn times "
+          f"{job_rates['own'] / job_rates['own-little']:.2f}, with waiting times "
+          f"{job_rates['own+wait'] / job_rates['own-little']:.2f}")
+
     if args.uniform_time > 0:
         exact = plan._exact_selection
         plan._exact_selection = lambda s: False
+        # (random order runs on the exact engine only: own-orbit retrials without per-job times here)
+        uniform = {"own": jobs["own-little"], "reprobe": models["reprobe"]}
         try:
-            for model in models.values():
-                run(model, args.n, 1.0, 0)
+            for model in uniform.values():
+                model, kw = model if isinstance(model, tuple) else (model, {})
+                run(model, args.n, 1.0, 0, **kw)
             print(f"\nUniformised at the largest rate of a cell (the engine's other path), {args.uniform_time:g} time "
-                  "units, median of 3")
-            old = table(timed(models, args.n, args.uniform_time, 3))
+                  "units, median of 3 (own-orbit retrials without per-job times)")
+            old = table(timed(uniform, args.n, args.uniform_time, 3))
         finally:
             plan._exact_selection = exact
         print(f"  re-probing / own-orbit: {old['reprobe'] / old['own']:.2f}; exact / uniformised real events per "
-              f"second: own {rates['own'] / old['own']:.1f}x, re-probing {rates['reprobe'] / old['reprobe']:.1f}x")
+              f"second: own (Little's law) {job_rates['own-little'] / old['own']:.1f}x, re-probing "
+              f"{rates['reprobe'] / old['reprobe']:.1f}x")
 
     examples = {**jsmkt.RetrialJSQ.examples(),
                 **{p.name: spec_model(p) for p in sorted((ROOT / "examples").glob("retrial_*.toml"))}}

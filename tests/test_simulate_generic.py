@@ -531,10 +531,11 @@ def test_batch_jsq_mean_field_n1000(getkey):
 # --- the exact engine (tables without FCFS queues: the retrial families) ----------------------------------------
 
 
-def _mm1_retrial_law(lam, theta, mu, top):
-    """Stationary law of one M/M/1 retrial queue with linear retrials, from its generator on the states (orbit j,
-    busy b), j <= top, solved numerically: (j, 0) -> (j, 1) at rate lam, (j, 1) -> (j + 1, 1) at lam (a blocked
-    arrival joins the orbit), (j, 1) -> (j, 0) at mu, (j, 0) -> (j - 1, 1) at j theta (a retrial served)."""
+def _mm1_retrial_law(lam, theta, mu, top, policy="linear"):
+    """Stationary law of one M/M/1 retrial queue, from its generator on the states (orbit j, busy b), j <= top,
+    solved numerically: (j, 0) -> (j, 1) at rate lam, (j, 1) -> (j + 1, 1) at lam (a blocked arrival joins the
+    orbit), (j, 1) -> (j, 0) at mu, (j, 0) -> (j - 1, 1) at j theta (linear retrials; theta for constant ones: a
+    retrial served)."""
     size = 2 * (top + 1)
     Q = np.zeros((size, size))
     for j in range(top + 1):
@@ -544,7 +545,7 @@ def _mm1_retrial_law(lam, theta, mu, top):
         if j < top:
             Q[busy, busy + 2] += lam
         if j > 0:
-            Q[idle, idle - 1] += j * theta
+            Q[idle, idle - 1] += j * theta if policy == "linear" else theta
     Q -= np.diag(Q.sum(axis=1))
     A = np.vstack([Q.T, np.ones(size)])
     p = np.linalg.lstsq(A, np.concatenate([np.zeros(size), [1.0]]), rcond=None)[0]
@@ -569,6 +570,146 @@ def test_exact_engine_m_m_1_retrial_queues(getkey):
     for k in (1, 2, 4):
         _assert_close(res, res.tails[k], res.tails_ci[k], float(orbit[k:].sum()), what=f"P(orbit >= {k})")
     assert res.real_events >= 0.875 * res.events, (res.real_events, res.events)
+
+
+def _mm1_retrial_tagged(lam, theta, mu, top, policy):
+    """A tagged job of one M/M/1 retrial queue whose orbit's retrials pick one of its jobs uniformly: the laws of
+    its sojourn and waiting times as phase-type laws of an absorbing chain, written out here. By PASTA it finds
+    (orbit m, busy b) with the stationary probabilities; if the server is idle it starts service at once (a
+    waiting time of 0), else it joins the orbit and waits in the states (m other orbit jobs, b): busy, the service
+    ends at mu and arrivals join the orbit at lam; idle, an arrival takes the server at lam, the tagged job
+    retries successfully at theta (linear retrials; theta / (m + 1) for constant ones, the orbit's retrial picking
+    it among m + 1) and another orbit job at m theta (theta m / (m + 1)). Once in service it leaves at rate mu.
+    Returns the survival functions of the sojourn and waiting times (on a grid of times), their mean sojourn time
+    and the law."""
+    import scipy.linalg
+
+    p = _mm1_retrial_law(lam, theta, mu, top, policy)
+    size = 2 * (top + 1)
+    served = size  # the tagged job in service
+    T = np.zeros((size + 1, size + 1))
+    for m in range(top + 1):
+        idle, busy = 2 * m, 2 * m + 1
+        T[busy, idle] += mu
+        if m < top:
+            T[busy, busy + 2] += lam
+        T[idle, busy] += lam
+        T[idle, served] += theta if policy == "linear" else theta / (m + 1)
+        if m > 0:
+            T[idle, idle - 1] += m * theta if policy == "linear" else theta * m / (m + 1)
+    T -= np.diag(T.sum(axis=1) + np.eye(size + 1)[served] * mu)
+    alpha = np.zeros(size + 1)
+    alpha[1:size:2] = p[:, 1]
+    alpha[served] = p[:, 0].sum()
+
+    def survival(states, h=0.01, t_max=100.0):  # alpha exp(T t) 1 over the transient `states`, t = 0, h, 2h, ...
+        step = scipy.linalg.expm(T[:states, :states] * h)
+        v, out = alpha[:states], []
+        for _ in range(int(round(t_max / h)) + 1):
+            out.append(v.sum())
+            v = v @ step
+        return np.arange(len(out)) * h, np.asarray(out)
+
+    mean = float(alpha @ np.linalg.solve(-T, np.ones(size + 1)))
+    return survival(size + 1), survival(size), mean, p
+
+
+def _quantile(survival, q):
+    """The q-th percentile of a law given by its survival function on a fine grid `(t, sf)`, interpolated linearly
+    (0 where an atom at 0 holds q % or more)."""
+    t, sf = survival
+    k = int(np.argmax(sf <= 1.0 - q / 100.0))
+    assert sf[k] <= 1.0 - q / 100.0, "the grid ends before the percentile"
+    if k == 0:
+        return 0.0
+    return float(t[k - 1] + (t[k] - t[k - 1]) * (sf[k - 1] - (1.0 - q / 100.0)) / (sf[k - 1] - sf[k]))
+
+
+@pytest.mark.parametrize(("policy", "lam", "theta"), [("linear", 0.6, 1.0), ("constant", 0.6, 4.0)])
+def test_own_orbit_sojourn_and_waiting_percentiles_m_m_1_retrial(getkey, policy, lam, theta):
+    """Own-orbit retrials with d1 = 1 and any N: every server is an M/M/1 retrial queue with Poisson(lam)
+    arrivals whose orbit's retrials pick one of its jobs uniformly. Each job's sojourn and waiting times are
+    recorded (not Little's law): their percentiles, the waiting time's atom at 0 (1 - rho by PASTA) and the mean
+    sojourn time agree with the tagged job's absorbing chain, solved here (`_mm1_retrial_tagged`); the chain's
+    own mean agrees with Little's law on the stationary law."""
+    top, mu = 50, 1.0
+    soj_sf, wait_sf, mean, p = _mm1_retrial_tagged(lam, theta, mu, 80, policy)
+    jobs = np.arange(p.shape[0])[:, None] + np.array([0, 1])[None, :]
+    assert mean == pytest.approx(float((jobs * p).sum()) / lam, rel=1e-8)  # the chain against Little's law
+    no_wait = 1.0 - wait_sf[1][0]
+    assert no_wait == pytest.approx(1.0 - lam / mu, rel=1e-9)  # and the busy fraction against the load
+    model = jsmkt.RetrialJSQ(lam, theta, d1=1, retrial="own", policy=policy, K=top)
+    res = jsmkt.simulate(model, 20, 1500.0, key=getkey(), n_replications=8, max_queue=top, waiting_times=True,
+                         percentiles=(50, 90, 99))
+    assert res.n_jobs > 0.9 * 20 * lam * 1350
+    _assert_close(res, res.mean_sojourn_time, res.mean_sojourn_time_ci, mean, what="E[T] per job")
+    for what, pct, ci, sf in (("sojourn", res.sojourn_time_percentiles, res.sojourn_time_percentiles_ci, soj_sf),
+                              ("waiting", res.waiting_time_percentiles, res.waiting_time_percentiles_ci, wait_sf)):
+        for q in (50, 90, 99):
+            exact = _quantile(sf, q)
+            # the histogram's bins are at most 0.4 % wide
+            _assert_close(res, pct[q], ci[q], exact, allowance=0.004 * exact, what=f"{what} p{q} ({policy})")
+    hist = res.waiting_time_histograms  # one row per replication: the fraction of jobs that did not wait
+    zero = hist[:, 0] / hist.sum(axis=1)
+    _assert_close(res, zero.mean(), driver._half_width(zero[:, None])[0], no_wait, what="P(wait = 0)")
+
+
+def test_own_orbit_per_job_mean_agrees_with_littles_law(getkey, monkeypatch):
+    """Own-orbit retrials with d1 = 2 (primaries join the idle or shortest-orbit sampled server): the per-job mean
+    sojourn time agrees with Little's law's, mean jobs over throughput, and as many jobs leave as arrive (to
+    those in the system at the ends). Recording the jobs changes nothing else: the same tables without random
+    order (Little's law, no per-job times) run along the same path. The jobs' times depend neither on the chunks
+    (the progress bar's) nor on the engine's form (the vmapped loop of a fixed length, run off a CPU, updates the
+    stores as the sequential one)."""
+    model = jsmkt.RetrialJSQ(0.7, 1.0, d1=2, retrial="own", K=12)
+    kw = dict(key=getkey(), max_queue=12, waiting_times=True, n_replications=4)
+    a = jsmkt.simulate(model, 30, 400.0, **kw)
+    unordered = _model(lambda top: model_tables(model, top)._replace(random_order=False), 0.7, "Unordered")
+    u = jsmkt.simulate(unordered, 30, 400.0, **(kw | dict(waiting_times=False)))
+    assert (u.events, u.real_events, u.n_jobs, u.sojourn_time_percentiles) == (a.events, a.real_events, 0, None)
+    np.testing.assert_array_equal(u.cell_fractions, a.cell_fractions)
+    # Little's law (each replication's mean jobs over its throughput) against the jobs' own times
+    _assert_close(a, a.mean_sojourn_time, a.mean_sojourn_time_ci, u.mean_sojourn_time, what="E[T] per job vs Little")
+    assert abs(a.n_jobs - a.throughput * 30 * 360 * 4) <= 30 * 4 * 14  # at most 13 jobs per server at either end
+    assert a.waiting_time_percentiles[50] < a.sojourn_time_percentiles[50]
+    b = jsmkt.simulate(model, 30, 400.0, progress=True, **kw)
+    monkeypatch.setattr(plan, "_generic_sequential", lambda: False)
+    c = jsmkt.simulate(model, 30, 400.0, **kw)
+    for r in (b, c):
+        assert (r.events, r.n_jobs) == (a.events, a.n_jobs)
+        assert r.mean_sojourn_time == pytest.approx(a.mean_sojourn_time, rel=1e-9)
+        np.testing.assert_array_equal(r.sojourn_time_histograms, a.sojourn_time_histograms)
+        np.testing.assert_array_equal(r.waiting_time_histograms, a.waiting_time_histograms)
+
+
+def test_reprobing_retrials_have_no_per_job_times(getkey):
+    """Re-probing retrials move jobs between servers: no per-job times, the mean sojourn time by Little's law, no
+    percentiles, and waiting times refused, each saying why."""
+    model = jsmkt.RetrialJSQ(0.7, 1.0, d1=2, d2=2, K=12)
+    res = jsmkt.simulate(model, 30, 150.0, key=getkey(), max_queue=12, n_batches=5)
+    assert res.sojourn_time_percentiles is None and res.sojourn_time_histograms is None and res.n_jobs == 0
+    assert res.mean_sojourn_time == pytest.approx(res.mean_queue_length / res.throughput, rel=1e-12)
+    assert res.to_dict()["sojourn_time_percentiles"] == {}
+    with pytest.raises(ValueError, match="no sojourn-time percentiles: the model's jobs move between servers"):
+        res.sojourn_time_percentile(99)
+    with pytest.raises(ValueError, match="waiting_times=True: a RetrialJSQ holds no FCFS queues"):
+        jsmkt.simulate(model, 30, 150.0, key=getkey(), max_queue=12, waiting_times=True)
+
+
+def test_random_order_tables_are_checked():
+    """Tables whose waiting jobs start in random order: a move that is none of the random-order moves, and
+    in-service counts that are not 0 or 1, are refused naming the entry."""
+    base = model_tables(jsmkt.RetrialJSQ(0.6, 1.0, d1=1, retrial="own", K=4), 4)
+    assert base.random_order and list(base.in_service[:4]) == [0, 1, 0, 1]
+    tm.check_tables(base)
+    target = base.act_target.copy()
+    target[3, 0] = 4  # (1, busy) -> (2, idle): the job in service would go back to waiting
+    with pytest.raises(ValueError, match=r"tables.act_target\(3, 0\): the move from cell 3 .* is none of those"):
+        tm.check_tables(base._replace(act_target=target))
+    with pytest.raises(ValueError, match=r"tables.in_service\[1\] = 2 must be 0 or 1"):
+        tm.check_tables(base._replace(in_service=np.where(np.arange(base.level.size) == 1, 2, base.in_service)))
+    with pytest.raises(ValueError, match="random_order needs tables.in_service"):
+        tm.check_tables(base._replace(in_service=None))
 
 
 def test_exact_engine_agrees_with_uniformisation(getkey, monkeypatch):

@@ -180,7 +180,17 @@ def _words(seed, first, n_events: int, n_words: int):
     shape `seed.shape + (n_events, n_words)`, uint64."""
     e = first[..., None] + jnp.arange(n_events, dtype=jnp.uint64)
     idx = e[..., None] * jnp.uint64(n_words) + jnp.arange(1, n_words + 1, dtype=jnp.uint64)
-    z = seed[..., None, None] + idx * jnp.uint64(_GAMMA)
+    return _mix(seed[..., None, None] + idx * jnp.uint64(_GAMMA))
+
+
+def _word(seed, event, word, n_words: int):
+    """The word `word` of event `event` (uint64 scalars) among `_words(seed, ..., n_words)`: one word, for a loop
+    that needs it for some events only."""
+    idx = event * jnp.uint64(n_words) + (word + 1).astype(jnp.uint64)
+    return _mix(seed + idx * jnp.uint64(_GAMMA))
+
+
+def _mix(z):
     z = (z ^ (z >> 30)) * jnp.uint64(_MIX1)
     z = (z ^ (z >> 27)) * jnp.uint64(_MIX2)
     return z ^ (z >> 31)

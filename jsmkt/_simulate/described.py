@@ -42,7 +42,9 @@ def _per_cell(C: int, source: np.ndarray, columns: list[np.ndarray], pads: list)
 def simulation_tables(desc: Description):
     """The generic simulator's `SimTables` of a description (concrete parameters): per cell its local events and
     the streams it starts, uniformised at the largest total rate of a cell; per stream its rate, choice law, keys
-    and effects. Moves above the truncation are overflows."""
+    and effects. Moves above the truncation are overflows. Servers hold FCFS queues where the description says
+    `fcfs` and no stream starts at a server; their waiting jobs start in random order where it says `random_order`
+    (and not `fcfs`)."""
     cells = desc.cells
     C = cells.size
     src, tgt, rate, stream = [], [], [], []
@@ -122,7 +124,8 @@ def simulation_tables(desc: Description):
         level=cells.level, status=cells.status, status_names=cells.status_names, jobs=cells.jobs, empty_cell=0,
         fcfs=bool(desc.fcfs and not origin), u=u, act_prob=act_prob, act_target=act_target, act_stream=act_stream,
         stream_rate=stream_rate, choice=choice, key=keys, eff_prob=eff_prob, eff_target=eff_target,
-        arrivals=arrivals, **env,
+        arrivals=arrivals, random_order=bool(desc.random_order and not desc.fcfs), in_service=cells.in_service,
+        **env,
     )
 
 

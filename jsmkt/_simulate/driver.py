@@ -57,9 +57,12 @@ def _compiled(cfg: core.Config | generic.Config, devices: tuple = ()):
         init = jax.shard_map(init, mesh=mesh, in_specs=(rest, rep), out_specs=rep, check_vma=False)
         run = jax.shard_map(run, mesh=mesh, in_specs=(rest, rep, rest), out_specs=(rep, rep), check_vma=False)
     # XLA's copy insertion with region analysis (not its default) proves that the sequential engine's inner loop
-    # may update the server array in place, saving a copy per event (`benchmarks/README.md`).
+    # may update the server array in place, saving a copy per event (`benchmarks/README.md`). Not for the stores of
+    # servers whose waiting jobs start in random order (`generic._random_order_jobs`): with it, that loop's reads
+    # of a store after its writes saw other values (a run's job times then depended on its chunks).
+    ordered = isinstance(cfg, generic.Config) and cfg.structure.random_order
     opts = ({"xla_cpu_copy_insertion_use_region_analysis": True}
-            if cfg.sequential or getattr(cfg, "sampler", None) else None)
+            if (cfg.sequential or getattr(cfg, "sampler", None)) and not ordered else None)
     return jax.jit(init), jax.jit(run, donate_argnums=1, compiler_options=opts)
 
 
@@ -176,13 +179,16 @@ def simulate(
       (`SimulationResult.sojourn_time_percentile`).
     - `waiting_times`: also record each job's waiting time (arrival to start of service), for
       `waiting_time_percentiles`; where a job starts service when it reaches the head of its FCFS queue (JSQ
-      models, batch arrivals, classes; not batch service or repairable servers). Off by default: it reads one
-      more arrival time per departure in the event loop.
+      models, batch arrivals, classes; not batch service or repairable servers), or when its server starts it
+      among its waiting jobs in random order (own-orbit retrials). Off by default: it reads one more arrival time
+      per departure in the event loop.
 
     **Returns:** a `jsmkt.SimulationResult`. Sojourn times are those of the jobs that leave during
     `[warmup, t1]` (FCFS, from arrival to departure); a `ValueError` says to raise `t1` when a replication saw no
-    job leave, or a single replication's jobs left in only one batch. Without FCFS queues (tables whose jobs move
-    between servers, `fcfs=False`) the mean sojourn time is the mean number of jobs over the accepted job rate
+    job leave, or a single replication's jobs left in only one batch. Servers whose waiting jobs start in random
+    order (own-orbit retrials: `Description.random_order`) record each job's times as well, a waiting job that
+    starts service being drawn uniformly. Where jobs move between servers (tables with `fcfs=False` otherwise,
+    e.g. re-probing retrials) the mean sojourn time is the mean number of jobs over the accepted job rate
     (Little's law) and there are no percentiles. The batch-means half-width of the mean sojourn time is that of a
     ratio estimator (delta method). `events` counts every event processed, the warm-up and the self-loops of
     uniformisation included; `real_events` only those that changed a server or refused a job. `t1` may be at
@@ -326,9 +332,9 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
     thr_rb = accepted / (n * batch_len[None, :])
     soj_sum = np.stack([s.soj_sum for s in per_batch], axis=1)  # (R, B)
     n_jobs = np.stack([s.n_jobs for s in per_batch], axis=1)
-    counted = n_jobs if plan.fcfs else accepted  # jobs the sojourn time is estimated from
+    counted = n_jobs if plan.per_job else accepted  # jobs the sojourn time is estimated from
     empty = int((counted.sum(axis=1) == 0).sum())
-    what = "left" if plan.fcfs else "was accepted"
+    what = "left" if plan.per_job else "was accepted"
     if empty:
         which = f"no job {what}" if n_rep == 1 else f"in {empty} of n_replications={n_rep} replications no job {what}"
         due = (f"about {n * plan.arrival_rate * (t1 - warmup):.3g} arrivals were due per replication"
@@ -340,7 +346,7 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
         )
     if n_rep == 1 and (counted[0] > 0).sum() < 2:
         raise ValueError(
-            f"jobs {'left' if plan.fcfs else 'were accepted'} in only one of the n_batches={n_batches} batches of "
+            f"jobs {'left' if plan.per_job else 'were accepted'} in only one of the n_batches={n_batches} batches of "
             f"[warmup, t1] = [{warmup:.6g}, {t1:.6g}]: batch means give no confidence interval; raise t1 (or lower "
             "n_batches)"
         )
@@ -351,7 +357,7 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
 
     tails_r, queue_r, cells_r, thr_r = rep(tails_rb), rep(queue_rb), rep(p), rep(thr_rb)
     tails_r[:, 0] = 1.0  # (the batch weights sum to 1 only to rounding)
-    if plan.fcfs:
+    if plan.per_job:
         soj_r = soj_sum.sum(axis=1) / n_jobs.sum(axis=1)
         num_b, den_b = soj_sum[0], n_jobs[0].astype(float)  # batch means of a ratio: sum of times / jobs
     else:  # Little's law: mean jobs / accepted job rate
@@ -405,7 +411,7 @@ def _result(plan: _Plan, per_batch, events: int, real_events: int, ends, n_run_b
     nb = _N_BINS + 2
     soj_hist = wait_hist = None
     soj_pct = soj_pct_ci = wait_pct = wait_pct_ci = None
-    if plan.fcfs:
+    if plan.per_job:
         soj_hist = sections[:, :nb]
         soj_pct, soj_pct_ci = _percentiles(soj_hist, percentiles, plan.hist_lo, False)
         if plan.cfg.waiting:

@@ -30,6 +30,17 @@ time, one that lowers them by $j$ removes the $j$ oldest jobs, whose sojourn tim
 changes are static (`Structure.up`, `.down`), so both are unrolled. Where jobs move between servers (a stream
 with an origin) there is no FCFS queue to keep, and the driver reports the mean sojourn time by Little's law.
 
+**Random order** (`Structure.random_order`: servers whose waiting jobs start in random order, as own-orbit
+retrials; run by the exact engine below). Each server keeps a store of the arrival times of its jobs in the ring
+buffer's place, `Structure.slots` per server: slot 0 the job in service (where its cell has one), slots
+$1..w$ its $w$ waiting jobs, in no order. A move is, by its cells' jobs in service and waiting
+(`tables.ORDER_MOVES`): the job in service completes (its sojourn time is recorded from slot 0); a waiting job
+starts service, the one in slot $r$, $r$ uniform on $1..w$ (its waiting time is recorded, slot 0 takes its
+arrival time, slot $r$ the last one's, slot $w$): so the job that starts is uniform among the waiting whatever
+their order; an arriving job starts service at once (slot 0, a waiting time of 0) or waits (slot $w + 1$). The
+event loop only records the server it moved; a loop of its own then updates the stores and histograms, event
+by event, after each block (`_random_order_jobs`), drawing $r$ from a word its event left unused.
+
 **One event at a time (CPU).** As `core._sequential_chunk`: an outer `lax.while_loop` iteration draws the
 state-independent part of the next `block` events at once (event times, the row, candidates with the unused ones
 masked, the uniforms of the moves; `_draw`, vectorised, carried in the state), an inner loop applies the events
@@ -137,7 +148,9 @@ class Config(NamedTuple):
 
     @property
     def ring_size(self) -> int:
-        return self.n * self.structure.queue if self.structure.fcfs else 0
+        """Slots of the ring buffers (FCFS) or of the random-order stores of the `n` servers (else 0)."""
+        s = self.structure
+        return self.n * (s.queue if s.fcfs else s.slots)
 
     @property
     def packed_dtype(self):
@@ -152,7 +165,8 @@ class Config(NamedTuple):
         s = self.structure
         if self.exact:  # time, clock or stream, move, choice number, candidates, the clock's server, the stream
             # (and the move of the dispatch a clock action starts, which samples the candidates a clock event leaves
-            # unused)
+            # unused). With random order, the waiting job that starts service is drawn from a word the event leaves
+            # unused (`_random_order_jobs`), so that tables that differ only in random order run along the same path
             return 6 + self.max_d + int(s.origins)
         return 4 + self.max_d + (2 + self.max_d if s.origins else 0) + int(s.pool) + int(s.phases > 0)
 
@@ -185,6 +199,9 @@ class Params(NamedTuple):
     # `Config.exact`: the clock's rate bound of each cell is quantum * weight[c] (`clock_weights`); zeros otherwise
     weight: jax.Array  # (C,) int32
     quantum: jax.Array  # float64
+    # random order: the waiting jobs and the jobs in service of each cell, (C,) int32 (zeros otherwise)
+    waiting_jobs: jax.Array
+    in_service: jax.Array
 
 
 def clock_weights(tables, n: int) -> tuple[float, np.ndarray]:
@@ -242,6 +259,8 @@ def params_of(structure: Structure, tables, hist_lo: int, n: int = 0) -> Params:
                                jnp.int32),
         phase_cum=jnp.asarray(phase_cum, jnp.float64), phase_init=jnp.asarray(phase_init, jnp.float64),
         weight=jnp.asarray(weight, jnp.int32), quantum=jnp.asarray(quantum, jnp.float64),
+        waiting_jobs=jnp.asarray(structure.jobs - structure.in_service, jnp.int32),
+        in_service=jnp.asarray(structure.in_service, jnp.int32),
     )
 
 
@@ -351,7 +370,7 @@ class State(NamedTuple):
     t: jax.Array  # time of the last event
     a: jax.Array  # start of the current chunk
     packed: jax.Array  # (n,) head * C + cell with FCFS queues, else the cell
-    ring: jax.Array | None  # (n * queue,) arrival times (FCFS), else None
+    ring: jax.Array | None  # (n * queue,) arrival times (FCFS), (n * slots,) (random order), else None
     draw: _Draw
     acc: jax.Array  # (C,) time-integral corrections of the cell counts in the current chunk
     soj_sum: jax.Array  # sum of the sojourn times of the jobs that left in the current chunk
@@ -406,7 +425,7 @@ def init_state(cfg: Config, params: Params, key) -> State:
     return State(
         seed=seed, ctr=ctr, t=zero, a=zero,
         packed=packed,
-        ring=jnp.zeros(cfg.ring_size, jnp.float64) if cfg.structure.fcfs else None,
+        ring=jnp.zeros(cfg.ring_size, jnp.float64) if cfg.ring_size else None,
         draw=draw,
         acc=jnp.zeros(cfg.n_cells, jnp.float64), soj_sum=zero, n_jobs=i64,
         hist=jnp.zeros(cfg.hist_size, jnp.int64), events=i64, real=i64, accepted=i64, overflow=i64, blocks=i64,
@@ -594,7 +613,7 @@ def _block(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
     return _finish(cfg, params, state, tau, kind, nv, rec, arrived, hist_base)
 
 
-def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, hist_base=0,
+def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_base=0, hist_base=0,
                  masked: bool = False) -> State:
     """The events of the drawn block up to `t_end` for `Config.exact` (module docstring): one loop iteration per
     event, and one more for the dispatch a clock action starts, so that every iteration writes one server, once
@@ -604,11 +623,12 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
     state: every write then comes before the reads of its array, and the decision, a chain of dependent reads, is
     computed once (XLA recomputes such a chain inside every fusion that uses its result, which made the loop too
     large to compile into one kernel: XLA's CPU backend does so below 1 KiB accessed per iteration by its cost
-    analysis). `masked`: a loop of a fixed number of iterations (twice `block` with origins), those after `t_end`
-    changing nothing."""
+    analysis). With random order the event records also hold the server moved, and the servers' stores are
+    brought up to date after the loop (`_random_order_jobs`). `masked`: a loop of a fixed number of iterations
+    (twice `block` with origins), those after `t_end` changing nothing."""
     s = cfg.structure
     B, D, S, C, W = cfg.block, cfg.max_d, s.n_streams, s.n_cells, s.width
-    NP, L, origins = cfg.tree_size, cfg.tree_size.bit_length() - 1, s.origins
+    NP, L, origins, ro = cfg.tree_size, cfg.tree_size.bit_length() - 1, s.origins, s.random_order
     expo, _, table, uni = state.draw
     pd = cfg.packed_dtype
 
@@ -708,9 +728,10 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
             later = active & (se % 4 >= 2)  # the clock action starts a dispatch: the next iteration runs it
             rec_row = jnp.stack([c, ct_rec, stream])
             rec_col = jnp.where(disp, 3, 0).astype(jnp.int32)
-        else:
+        else:  # (with random order, the row and the server in one column: row + (S + 1) server)
             later = jnp.zeros((), bool)
-            rec_row, rec_col = jnp.stack([c, ct_rec, stream]), jnp.zeros_like(row)
+            rec_row = jnp.stack([c, ct_rec, stream + (S + 1) * n if ro else stream])
+            rec_col = jnp.zeros_like(row)
         rec = lax.dynamic_update_slice(rec, rec_row.astype(jnp.int32)[None], (row, rec_col))
         taus = put(taus, row, t_next)
         done = active & ~later  # event i is over
@@ -731,18 +752,102 @@ def _block_exact(cfg: Config, params: Params, prep: _Prep, t_end, state: State, 
         carry = lax.while_loop(lambda cr: running(*cr[0][:3]), body, carry)
     nv, _, _, packed, tree, rec, taus = carry[0]
     tau, rec = taus[:B], rec[:B]
+    if ro:
+        state = _random_order_jobs(cfg, params, state, rec, tau, nv, ring_base, hist_base, masked)
     ctr = state.ctr + nv.astype(jnp.uint64)
     t = jnp.where(nv > 0, tau[jnp.maximum(nv - 1, 0)], state.t)
     draw = _draw(cfg, prep, state.seed, ctr, t)
     state = state._replace(ctr=ctr, t=t, packed=packed, tree=tree, draw=draw,
                            next=_next_time(prep, params, t, tree, draw.tau[0]))
-    kind = rec[:, 2]
+    kind = rec[:, 2] % (S + 1) if ro else rec[:, 2]
     moves = jnp.concatenate([rec[:, :2], rec[:, 3:]], axis=1) if origins else rec[:, :2]
     return _finish(cfg, params, state, tau, kind, nv, moves, None, hist_base)
 
 
+def _random_order_jobs(cfg: Config, params: Params, state: State, rec, tau, nv, ring_base=0, hist_base=0,
+                       masked: bool = False) -> State:
+    """`state` with the random-order stores (module docstring) brought up to date after the first `nv` events of
+    a block, from their records (`rec[e]`: the cell moved from, the cell moved to or `C` for a refused move, the
+    row + (S + 1) the server) and times, and the sojourn time of each job that leaves (and the waiting time of
+    each that starts service, with `Config.waiting`) added to the histograms, the sum and the count. A move is
+    that of its cells' jobs in service and waiting (`tables.ORDER_MOVES`); the waiting job that starts is that of
+    slot r = 1 + floor(U w), w the waiting jobs, and the last one, slot w, takes its place. U is the uniform of a
+    word of the event that it leaves unused, hashed here for that event alone: a clock event's the one that draws
+    a stream event's stream, a stream event's the one that draws the clocks' server (`_draw_exact`).
+
+    A loop of its own after the event loop, which it leaves as it was but for one more number in a record: the
+    stores' reads and writes in the event loop made that loop too large to compile into one kernel, and drawing a
+    word more per event in `_draw_exact` (vectorised, 64-bit products) made it a third slower. An iteration writes
+    the store as the previous one decided (every write of the store then comes before its reads: reading it
+    before writing twice made XLA copy it at every event), adds the previous event's time to the histogram, then
+    reads what the next event's move needs, with the uniform hashed one iteration earlier still (each of the
+    decision's results is recomputed in every fusion that uses it: the hash then in one only)."""
+    s = cfg.structure
+    B, C, Q, S, D, nb = cfg.block, s.n_cells, s.slots, s.n_streams, cfg.max_d, cfg.n_bins + 2
+
+    def one(x, i):
+        return lax.dynamic_slice(x, (i,), (1,))[0]
+
+    def put(x, i, v):
+        return lax.dynamic_update_slice(x, v.astype(x.dtype)[None], (i,))
+
+    # What each event does, computed for the whole block at once (vectorised), so that an iteration of the loop
+    # reads three numbers of its event: its server's slots, its move (0 none, 1 the job in service completes, 2 a
+    # waiting job starts, 3 an arriving job starts, 4 one waits) + 8 w (w its waiting jobs) + 8 (Q + 1) (it is a
+    # clock event), and its time.
+    c, ct = rec[:, 0], rec[:, 1]
+    moved = (jnp.arange(B, dtype=jnp.int32) < nv) & (ct < C) & (ct != c)
+    ct = jnp.minimum(ct, C - 1)
+    w = params.waiting_jobs[c]
+    dq, dw = params.in_service[ct] - params.in_service[c], params.waiting_jobs[ct] - w
+    op = jnp.where(~moved, 0, jnp.where(dq < 0, 1, jnp.where(dq > 0, jnp.where(dw < 0, 2, 3), jnp.where(dw > 0, 4, 0))))
+    code = (op + 8 * w + 8 * (Q + 1) * (rec[:, 2] % (S + 1) == S).astype(jnp.int32)).astype(jnp.int32)
+    slots = (ring_base + (rec[:, 2] // (S + 1)) * Q).astype(jnp.int32)
+
+    def uniform(e):  # event e's unused uniform (module docstring)
+        ee = jnp.minimum(e, B - 1)
+        word = jnp.where(one(code, ee) >= 8 * (Q + 1), 5 + D, 4 + D)
+        return core._uniform(core._word(state.seed, state.ctr + ee.astype(jnp.uint64), word, cfg.n_words))
+
+    def decide(e, ring, u):
+        """Event e's writes (slot 0's value; a second slot and its value), the time it completes (a sojourn or
+        waiting time) and which (0 none, 1 a sojourn time, 2 a waiting time)."""
+        ee = jnp.minimum(e, B - 1)
+        k = one(code, ee)
+        m, w = k % 8, (k // 8) % (Q + 1)
+        dep, start, now, waits = m == 1, m == 2, m == 3, m == 4
+        r = 1 + jnp.minimum((u * w.astype(jnp.float64)).astype(jnp.int32), jnp.maximum(w - 1, 0))
+        base = one(slots, ee)
+        a0, ar, last = one(ring, base), one(ring, base + r), one(ring, base + w)
+        t = one(tau, ee)
+        time = jnp.where(dep, t - a0, jnp.where(start, t - ar, 0.0))
+        what = jnp.where(dep, 1, jnp.where(start | now, 2, 0))
+        return (base, jnp.where(start, ar, jnp.where(now, t, a0)), base + jnp.where(waits, w + 1, r),
+                jnp.where(start, last, jnp.where(waits, t, ar)), time, what)
+
+    def body(e, carry):
+        ring, hist, soj_sum, n_jobs, (base, first, slot, second, time, what), u = carry
+        ring = put(put(ring, base, first), slot, second)
+        left = what == 1
+        counted = left | ((what == 2) if cfg.waiting else False)
+        b = core._hist_bin(cfg, params, jnp.where(counted, time, 1.0)) + jnp.where(left, 0, nb) + hist_base
+        b = jnp.where(counted, b, hist_base)
+        hist = put(hist, b, one(hist, b) + counted.astype(hist.dtype))
+        soj_sum = soj_sum + jnp.where(left, time, 0.0)
+        n_jobs = n_jobs + left.astype(n_jobs.dtype)
+        return ring, hist, soj_sum, n_jobs, decide(e + 1, ring, u), uniform(e + 2)
+
+    zero = jnp.zeros((), jnp.int32)
+    hist = state.hist.reshape(-1)
+    carry = (state.ring, hist, state.soj_sum, state.n_jobs, decide(zero, state.ring, uniform(zero)), uniform(zero + 1))
+    ring, hist, soj_sum, n_jobs, _, _ = lax.fori_loop(zero, jnp.int32(B) if masked else nv, body, carry)
+    return state._replace(ring=ring, hist=hist.reshape(state.hist.shape), soj_sum=soj_sum, n_jobs=n_jobs)
+
+
 def _finish(cfg: Config, params: Params, state: State, tau, kind, nv, rec, arrived, hist_base) -> State:
-    """Statistics of the first `nv` events of a block from their records."""
+    """Statistics of the first `nv` events of a block from their records (`arrived`: with FCFS queues, the arrival
+    times the events read at the heads of the queues; random order records its jobs' times itself,
+    `_random_order_jobs`)."""
     s = cfg.structure
     B, C = cfg.block, s.n_cells
     done = jnp.arange(B, dtype=jnp.int32) < nv
@@ -799,7 +904,7 @@ def _chunk(cfg: Config, params: Params, prep: _Prep, t_end, state: State, ring_b
     """Advance one replication to `t_end`, one event at a time."""
     if cfg.exact:
         return lax.while_loop(lambda st: st.next <= t_end,
-                              lambda st: _block_exact(cfg, params, prep, t_end, st, hist_base), state)
+                              lambda st: _block_exact(cfg, params, prep, t_end, st, ring_base, hist_base), state)
     return lax.while_loop(
         lambda st: st.draw.tau[0] <= t_end,
         lambda st: _block(cfg, params, prep, t_end, st, ring_base, hist_base),
@@ -811,7 +916,7 @@ def _sequential_batch(cfg: Config, params: Params, prep: _Prep, t_end, states: S
     """Each replication of the batch in turn; the ring buffers and histograms stay in place, flattened over the
     batch (as `core._sequential_batch`: slicing them out and back cost more than a short chunk's events)."""
     n_rep = states.packed.shape[0]
-    big = ("ring", "hist") if cfg.structure.fcfs else ("hist",)
+    big = ("ring", "hist") if cfg.ring_size else ("hist",)
     small = states._replace(**{f: None for f in big})
 
     def one(r, carry):

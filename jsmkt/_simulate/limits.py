@@ -129,8 +129,11 @@ def _check_sizes(n_rep: int, n: int, max_queue: int, note: str, slot_bytes: int,
 
 def _check_waiting(model, structure) -> None:
     """Waiting times are recorded where a job starts service when it reaches the head of its FCFS queue: the head
-    of a non-empty queue is always in service, and jobs leave one at a time."""
+    of a non-empty queue is always in service, and jobs leave one at a time; or where servers say which of their
+    jobs is in service and start their waiting jobs in random order (`Structure.random_order`)."""
     name = type(model).__name__
+    if structure.random_order:
+        return
     if not structure.fcfs:
         raise ValueError(f"waiting_times=True: a {name} holds no FCFS queues (jobs move between servers), so no job "
                          "waits in a queue; give waiting_times=False")

@@ -114,7 +114,7 @@ class _Plan(NamedTuple):
     level: np.ndarray  # (C,) level of each engine cell
     jobs: np.ndarray  # (C,) jobs of each engine cell
     group: int  # engine cells ordered by level, `group` per level (fast engines); 0: any order (generic)
-    fcfs: bool  # per-job sojourn times (else Little's law)
+    per_job: bool  # per-job sojourn times: FCFS queues or random order (else Little's law)
     hist_lo: int
     out_level: np.ndarray  # (C_out,) level of each reported cell
     out_status: np.ndarray  # (C_out,) status of each reported cell
@@ -216,7 +216,7 @@ def _fast_plan(fast: JSQFastPath, service, n: int, n_rep: int, replace: bool, ma
     status, names = _jsq_status(m_out, max_queue)
     return _Plan(
         engine="fast", kind=kind, cfg=cfg, params=params, max_queue=max_queue, default_note=note,
-        level=level, jobs=level, group=m, fcfs=True, hist_lo=hist_lo,
+        level=level, jobs=level, group=m, per_job=True, hist_lo=hist_lo,
         out_level=level if m_out == m else np.repeat(np.arange(max_queue + 1, dtype=np.int32), m_out),
         out_status=status, status_names=names, m=m, reach=reach, service=service, arrival_rate=lam,
     )
@@ -298,16 +298,22 @@ def _tables_plan(model, fast: JSQFastPath | None, service, n: int, n_rep: int, r
     C = structure.n_cells
     if waiting:
         _check_waiting(model, structure)
-    _check_sizes(n_rep, n, structure.queue if structure.fcfs else 0, note, 8, C, f"{C} cells", _hist_bins(waiting))
+    store = structure.queue if structure.fcfs else structure.slots  # arrival-time slots per server
+    _check_sizes(n_rep, n, store, note, 8, C, f"{C} cells", _hist_bins(waiting))
     sequential = _generic_sequential()
+    exact = _exact_selection(structure)
+    if structure.random_order and not exact:
+        raise ValueError(f"{type(model).__name__}: servers whose waiting jobs start in random order run on the exact "
+                         "engine only (generic._block_exact)")
     cfg = generic.Config(n=n, structure=structure, replace=replace,
                          block=_SEQUENTIAL_BLOCK if sequential else _GENERIC_BLOCK, n_bins=_N_BINS,
-                         sequential=sequential, waiting=waiting, exact=_exact_selection(structure))
+                         sequential=sequential, waiting=waiting, exact=exact)
     hist_lo = _hist_key(t1 * 2.0 ** (1 - _HIST_OCTAVES))
     arrival_rate = float(np.asarray(tables.stream_rate)[np.asarray(tables.arrivals, bool)].sum())
     return _Plan(
         engine="generic", kind="tables", cfg=cfg, params=generic.params_of(structure, tables, hist_lo, n),
-        max_queue=max_queue, default_note=note, level=tables.level, jobs=tables.jobs, group=0, fcfs=tables.fcfs,
+        max_queue=max_queue, default_note=note, level=tables.level, jobs=tables.jobs, group=0,
+        per_job=tables.fcfs or tables.random_order,
         hist_lo=hist_lo, out_level=tables.level, out_status=tables.status,
         status_names=tables.status_names, m=1,
         reach=None, service=None, arrival_rate=arrival_rate,
@@ -317,7 +323,8 @@ def _tables_plan(model, fast: JSQFastPath | None, service, n: int, n_rep: int, r
 def _exact_selection(structure: tables_mod.Structure) -> bool:
     """Whether the generic engine draws the servers' clock events exactly (`generic._block_exact`) rather than
     uniformised at the largest rate of a cell: for tables without FCFS queues, a pool or a global phase (the
-    retrial families, whose rates grow with the orbit and whose retrials may start at a server)."""
+    retrial families, whose rates grow with the orbit and whose retrials may start at a server). It is the engine of
+    tables whose waiting jobs start in random order (own-orbit retrials), which have none of them."""
     return not (structure.fcfs or structure.pool or structure.phases)
 
 

@@ -28,12 +28,13 @@ class SimulationResult:
     - `mean_queue_length`, `mean_queue_length_ci`: mean number of jobs per server (the time average of the jobs
       its cell holds; $\sum_{k\ge1} s_k$ for the JSQ models).
     - `mean_sojourn_time`, `mean_sojourn_time_ci`: mean time from arrival to departure, averaged directly over the
-      jobs that left during `[warmup, t1]` (FCFS queues); for a model whose jobs move between servers (tables
-      with `fcfs=False`), by Little's law, `mean_queue_length / throughput`.
+      jobs that left during `[warmup, t1]` (FCFS queues, or servers whose waiting jobs start in random order, as
+      own-orbit retrials); for a model whose jobs move between servers (tables with `fcfs=False`, e.g.
+      re-probing retrials), by Little's law, `mean_queue_length / throughput`.
     - `sojourn_time_percentiles`: `{50: ..., 90: ..., 99: ...}` (the `percentiles` asked of `simulate`), from a
       log-spaced histogram of all those jobs (bins of at most 0.4 % relative width) from E[S] * 2**-20 to
       E[S] * 2**20 (generic engine: from t1 * 2**-39 to t1 * 2); a percentile outside that range is reported as
-      its nearer end. `None` without FCFS queues.
+      its nearer end. `None` where jobs move between servers (no per-job times).
     - `sojourn_time_percentiles_ci`: their 95 % Student-t half-widths, by sectioning: the spread of the
       percentiles of groups of replications (at most 32 groups; every replication when fewer) or, for one
       replication, of the batches.
@@ -46,7 +47,8 @@ class SimulationResult:
       of uniformisation included).
     - `real_events`: the events among them that changed a server's cell or refused a job, summed over
       replications (warm-up included).
-    - `n_jobs`: jobs whose sojourn times were recorded, summed over replications (0 without FCFS queues).
+    - `n_jobs`: jobs whose sojourn times were recorded, summed over replications (0 where jobs move between
+      servers).
     - `overflow`: arrivals that found a queue of `max_queue` jobs, or moves beyond the truncation (always 0:
       `simulate` raises otherwise).
     - `throughput`, `throughput_ci`: jobs accepted per unit time and server (those brought by arrival streams).
@@ -136,7 +138,8 @@ class SimulationResult:
 
     def _percentile(self, what: str, hists, q, zero_below: bool) -> tuple[float, float]:
         if hists is None:
-            why = ("the model holds no FCFS queues" if what == "sojourn" else
+            why = ("the model's jobs move between servers (it holds no FCFS queues nor servers whose waiting jobs "
+                   "start in random order), so no job's sojourn time is recorded" if what == "sojourn" else
                    "the run recorded no waiting times (simulate(..., waiting_times=True) records them)")
             raise ValueError(f"no {what}-time percentiles: {why}")
         (q,) = _percentile_args([q])
@@ -146,7 +149,7 @@ class SimulationResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (Python floats, ints and lists). `tail` and `tail_ci` list $s_k$ from $k = 0$ up to
         the last $k$ with $s_k > 0$; `sojourn_time_percentiles` (keys `p50`, `p99.9`, ...) and its half-widths
-        `sojourn_time_percentiles_ci` are `{}` without FCFS queues; `waiting_time_percentiles` and
+        `sojourn_time_percentiles_ci` are `{}` where jobs move between servers; `waiting_time_percentiles` and
         `waiting_time_percentiles_ci` are there when the run recorded waiting times; each of `metrics` is there
         under its name, its half-width under the name with `_ci`. A percentile's key is `p` and the shortest text
         that reads back as its float (`jsmkt._errors.percentile_label`: `p99.9999999`)."""

@@ -23,6 +23,13 @@ What a model's `simulation_tables(top)` returns, as `simulate` uses it:
   uniformly chosen server in a waiting cell (`pool_promote >= 0`), moving it to its `pool_promote` cell. The empty
   cell neither holds nor waits; redirects and promotions keep the level and the jobs; no stream has an origin and
   no move goes from a held cell straight to a waiting one;
+- optionally servers whose waiting jobs start in random order (`random_order`, with `fcfs=False`, and
+  `in_service`, 0 or 1 job in service per cell): a server holds `jobs - in_service` waiting jobs, and no job
+  moves to another server. Each possible move changes the waiting and in-service counts by one of:
+  nothing; (-1, +1), a waiting job chosen uniformly starts service (an own-orbit retrial); (0, -1), the job in
+  service completes; (0, +1), an arriving job starts service at once; (+1, 0), an arriving job waits. Per-job
+  sojourn and waiting times are then recorded as with FCFS queues. No stream has an origin, and there is no pool
+  or global phase;
 - optionally a global phase (`phase_rates`, `phase_init`): a Markov chain $J$ on `m` phases, started from
   `phase_init`, whose moves come with the streams' events: in phase $i$ stream $s$ fires at rate
   $N$ `phase_rates[s, i, j]` together with a move to phase $j$ ($j = i$: the phase stays). `stream_rate[s]` is
@@ -91,6 +98,10 @@ class SimTables(NamedTuple):
     # an optional global phase (module docstring); None: none
     phase_rates: np.ndarray | None = None  # (S, m, m) float: per-server rate of stream s in phase i moving it to j
     phase_init: np.ndarray | None = None  # (m,) float: the law of the phase at time 0
+    # servers hold their waiting jobs in random order (module docstring); `in_service` (C,) int, 0 or 1, is then the
+    # number of the cell's jobs in service
+    random_order: bool = False
+    in_service: np.ndarray | None = None
 
 
 _TOL = 1e-9  # rounding allowed in probability sums
@@ -212,11 +223,78 @@ def check_tables(tables) -> SimTables:
                          "FCFS queue to keep (give fcfs=False; the mean sojourn time then comes from Little's law)")
     pool = _check_pool(tables, C, level, jobs, empty, act_stream)
     phase = _check_phase(tables, stream_rate, act_stream)
-    return SimTables(
+    checked = SimTables(
         level=level, status=status, status_names=names, jobs=jobs, empty_cell=empty, fcfs=fcfs, u=u,
         act_prob=act_prob, act_target=act_target, act_stream=act_stream, stream_rate=stream_rate, choice=choice,
         key=key, eff_prob=eff_prob, eff_target=eff_target, arrivals=arrivals, **pool, **phase,
     )
+    return _check_random_order(tables, checked)
+
+
+# The moves of a server whose waiting jobs start in random order, by (change of the waiting jobs, change of the jobs
+# in service): bit 0 the job in service completes, bit 1 a uniformly chosen waiting job starts service, bit 2 an
+# arriving job starts service at once, bit 3 an arriving job waits (0: the jobs stay as they are).
+ORDER_MOVES = {(0, 0): 0, (0, -1): 1, (-1, 1): 2, (0, 1): 4, (1, 0): 8}
+_ORDER_WORDS = {(0, -1): "the job in service completes", (-1, 1): "a waiting job starts service",
+                (0, 1): "an arriving job starts service", (1, 0): "an arriving job waits"}
+
+
+def order_moves(jobs: np.ndarray, in_service: np.ndarray, source, target) -> tuple[np.ndarray, np.ndarray]:
+    """`ORDER_MOVES` codes of the moves `source -> target` (cells; `target` may be `OVERFLOW`, a refused move:
+    code 0), and where a move is none of them (then code 0)."""
+    source, target = np.broadcast_arrays(np.asarray(source), np.asarray(target))
+    t = np.where(target >= 0, target, source)
+    dq = in_service[t] - in_service[source]
+    dw = (jobs[t] - in_service[t]) - (jobs[source] - in_service[source])
+    code = np.zeros(source.shape, np.int32)
+    known = np.zeros(source.shape, bool)
+    for (w, q), c in ORDER_MOVES.items():
+        hit = (dw == w) & (dq == q)
+        code[hit], known[hit] = c, True
+    return code, ~known
+
+
+def _check_random_order(tables, t: SimTables) -> SimTables:
+    """`t` with the checked `random_order` and `in_service` of `tables` (module docstring)."""
+    ro = tables.random_order
+    if not isinstance(ro, (bool, np.bool_)):
+        raise ValueError(f"tables.random_order={ro!r} must be True or False")
+    if not ro:
+        return t
+    C = t.level.size
+    if tables.in_service is None:
+        raise ValueError("tables.random_order needs tables.in_service (the jobs in service of each cell, 0 or 1)")
+    ins = _int_table("in_service", tables.in_service, (C,))
+    bad = (ins < 0) | (ins > 1) | (ins > t.jobs)
+    if bad.any():
+        c = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"tables.in_service[{c}] = {int(ins[c])} must be 0 or 1 and at most the cell's jobs "
+                         f"({int(t.jobs[c])})")
+    why = ("the FCFS queues (give fcfs=False)" if t.fcfs else
+           "streams that start at servers (act_stream >= 0: their jobs move between servers)"
+           if (t.act_stream >= 0).any() else "a pool" if t.pool_held is not None else
+           "a global phase" if t.phase_rates is not None else None)
+    if why:
+        raise ValueError(f"tables.random_order is True with {why}; servers whose waiting jobs start in random order "
+                         "have none")
+    if t.jobs[t.empty_cell] != 0:
+        raise ValueError(f"tables.random_order: the empty cell {t.empty_cell} holds {int(t.jobs[t.empty_cell])} jobs "
+                         "(a server starts empty)")
+    cells = np.arange(C)
+    for name, src, tgt, prob in (("act_target", cells[:, None], t.act_target, t.act_prob),
+                                 ("eff_target", cells[None, :, None], t.eff_target,
+                                  t.eff_prob * (t.key < INELIGIBLE)[:, :, None])):
+        _, unknown = order_moves(t.jobs, ins, np.broadcast_to(src, tgt.shape), tgt)
+        bad = unknown & (prob > 0)
+        if bad.any():
+            i = tuple(int(x) for x in np.argwhere(bad)[0])
+            c, d = int(np.broadcast_to(src, tgt.shape)[i]), int(tgt[i])
+            raise ValueError(
+                f"tables.{name}{i}: the move from cell {c} ({int(ins[c])} job(s) in service, "
+                f"{int(t.jobs[c] - ins[c])} waiting) to cell {d} ({int(ins[d])} in service, {int(t.jobs[d] - ins[d])} "
+                "waiting) is none of those of servers whose waiting jobs start in random order: "
+                + "; ".join(f"{dw:+d} waiting, {dq:+d} in service: {w}" for (dw, dq), w in _ORDER_WORDS.items()))
+    return t._replace(random_order=True, in_service=ins)
 
 
 def _check_phase(tables, stream_rate, act_stream) -> dict:
@@ -353,13 +431,22 @@ class Structure:
         self.pool_held = t.pool_held if self.pool else np.zeros(C, bool)
         self.pool_redirect = t.pool_redirect if self.pool else cells
         self.pool_promote = t.pool_promote if self.pool else np.full(C, -1)
+        # Random order (`SimTables.random_order`): the jobs in service of each cell, and each server's store of the
+        # arrival times of its jobs, `slots` per server (slot 0 the job in service, 1..w the w waiting ones).
+        self.random_order = bool(t.random_order)
+        if self.random_order:
+            self.in_service = np.asarray(t.in_service, np.int64)
+            self.slots = 1 + max(int((t.jobs - self.in_service).max()), 1)
+        else:
+            self.in_service, self.slots = np.zeros(C, np.int64), 0
         h = hashlib.sha256()
         for a in (self.target, self.delta, self.stream, self.key, self.jobs, self.arrivals, self.level, self.status,
-                  self.act_cols, self.eff_cols, self.pool_held, self.pool_redirect, self.pool_promote):
+                  self.act_cols, self.eff_cols, self.pool_held, self.pool_redirect, self.pool_promote,
+                  self.in_service):
             h.update(str(a.shape).encode())
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(repr((C, S, W, self.max_d, self.fcfs, self.empty_cell, self.status_names, self.pool,
-                       self.phases)).encode())
+                       self.phases, self.random_order)).encode())
         self._digest = h.digest()
 
     def __hash__(self) -> int:
@@ -371,4 +458,4 @@ class Structure:
     def __repr__(self) -> str:
         return (f"Structure(cells={self.n_cells}, streams={self.n_streams}, width={self.width}, max_d={self.max_d}, "
                 f"fcfs={self.fcfs}, origins={self.origins}, pool={self.pool}, phases={self.phases}, up={self.up}, "
-                f"down={self.down})")
+                f"down={self.down}, random_order={self.random_order})")
