@@ -496,7 +496,9 @@ class Bordered(lx.AbstractLinearSolver):
     elimination) and $S$, and `compute` does one banded solve and a $p \times p$ dense one: for a state that
     serves many solves (a chord iteration's). With `reuse=False` `init` only reads the blocks and `compute` finds
     $W$ and $J_{II}^{-1} b_I$ in one elimination ($p + 1$ right-hand sides): one elimination per solve instead of
-    two, for a state that serves one solve (a Newton step's, an implicit adjoint's).
+    two, for a state that serves one solve (a Newton step's, an implicit adjoint's); it then needs no products
+    with the transpose either: the state keeps the operator, and $J_{BI}$ is applied to $[W, J_{II}^{-1} b_I]$ as
+    the border rows of $p + 1$ products with those columns (zero on the border).
     Cost $O(K b m^2 (b m + p) + p^3)$. A singular $J_{II}$ or $S$ gives `RESULTS.singular`.
 
     The operator must be square with outputs flattened like its inputs, as for `BlockBanded`.
@@ -533,13 +535,13 @@ class Bordered(lx.AbstractLinearSolver):
         units = jnp.asarray(np.arange(grid.n)[None, :] == grid.border[:, None], dtype=dtype)  # (p, n)
         # the band's probes and the border's unit vectors in one batch of products
         blocks, cols = _band_blocks(operator, grid, units)  # cols[c] = J[:, border[c]]
-        transposed = operator.transpose()
-        rows = jax.vmap(lambda v: ravel_pytree(transposed.mv(unravel_out(v)))[0])(units)  # rows[a] = J[border[a]]
         J_IB = _to_grid(grid, cols.T)  # (N*B, p)
-        J_BI = _to_grid(grid, rows.T).T  # (p, N*B)
         J_BB = cols[:, grid.border].T
         if not self.reuse:
-            return (blocks, J_IB, J_BI, J_BB), (operator.in_structure(), operator.out_structure())
+            return (blocks, J_IB, J_BB, operator), (operator.in_structure(), operator.out_structure())
+        transposed = operator.transpose()
+        rows = jax.vmap(lambda v: ravel_pytree(transposed.mv(unravel_out(v)))[0])(units)  # rows[a] = J[border[a]]
+        J_BI = _to_grid(grid, rows.T).T  # (p, N*B)
         W = _band_solve(blocks, grid, J_IB)
         S = J_BB - J_BI @ W
         return (blocks, J_IB, J_BI, W, S), (operator.in_structure(), operator.out_structure())
@@ -553,31 +555,45 @@ class Bordered(lx.AbstractLinearSolver):
         if self.reuse:
             blocks, _, J_BI, W, S = arrays
             y = _band_solve(blocks, grid, b_I)
+            x_B = jnp.linalg.solve(S, b[grid.border][:, None] - J_BI @ y)
         else:
-            blocks, J_IB, J_BI, J_BB = arrays
+            # J_BI applied to [W, y] as the border rows of the products with [W, y] (zero on the border)
+            blocks, J_IB, J_BB, operator = arrays
             p = J_IB.shape[1]
             Z = _band_solve(blocks, grid, jnp.concatenate([J_IB, b_I], axis=1))
             W, y = Z[:, :p], Z[:, p:]
-            S = J_BB - J_BI @ W
-        x_B = jnp.linalg.solve(S, b[grid.border][:, None] - J_BI @ y)
+            unravel, dtype = _unravel(operator.in_structure())
+            flat = jnp.concatenate([Z, jnp.zeros((p, p + 1), Z.dtype)])[grid.out_src]  # (n, p + 1)
+            JZ = jax.vmap(lambda v: ravel_pytree(operator.mv(unravel(v)))[0])(flat.T.astype(dtype))  # (p + 1, n)
+            BZ = JZ[:, grid.border].T  # J_BI [W, y]
+            x_B = jnp.linalg.solve(J_BB - BZ[:, :p], b[grid.border][:, None] - BZ[:, p:])
         x_I = y - W @ x_B
         return _solution(jnp.concatenate([x_I[:, 0], x_B[:, 0]])[grid.out_src], in_structure)
 
     def transpose(self, state, options):
         """$J^T$ has interior $J_{II}^T$, border columns $J_{BI}^T$, border rows $J_{IB}^T$ and Schur complement
         $S^T$ (border block $J_{BB}^T$); with `reuse=True` only the counterpart of $W$, $J_{II}^{-T} J_{BI}^T$,
-        needs a solve (banded, $p$ right-hand sides)."""
+        needs a solve (banded, $p$ right-hand sides); with `reuse=False` the border columns of $J^T$ are $p$
+        products with the transposed operator, which the state keeps for its solves."""
         arrays, (in_structure, out_structure) = state
         blocks_t = _transpose_blocks(*arrays[0])
-        J_IB_t, J_BI_t = arrays[2].T, arrays[1].T
+        grid = self._grid()
         if not self.reuse:
-            return ((blocks_t, J_IB_t, J_BI_t, arrays[3].T), (out_structure, in_structure)), options
-        W_t = _band_solve(blocks_t, self._grid(), J_IB_t)
+            _, _, J_BB, operator = arrays
+            transposed = operator.transpose()
+            unravel_out, dtype = _unravel(out_structure)
+            units = jnp.asarray(np.arange(grid.n)[None, :] == grid.border[:, None], dtype=dtype)
+            rows = jax.vmap(lambda v: ravel_pytree(transposed.mv(unravel_out(v)))[0])(units)  # rows[a] = J[border[a]]
+            state_t = (blocks_t, _to_grid(grid, rows.T), J_BB.T, transposed)
+            return (state_t, (out_structure, in_structure)), options
+        J_IB_t, J_BI_t = arrays[2].T, arrays[1].T
+        W_t = _band_solve(blocks_t, grid, J_IB_t)
         return ((blocks_t, J_IB_t, J_BI_t, W_t, arrays[4].T), (out_structure, in_structure)), options
 
     def conj(self, state, options):
         (blocks, *rest), structures = state
-        return ((tuple(a.conj() for a in blocks), *(a.conj() for a in rest)), structures), options
+        rest = [lx.conj(a) if isinstance(a, lx.AbstractLinearOperator) else a.conj() for a in rest]
+        return ((tuple(a.conj() for a in blocks), *rest), structures), options
 
     def assume_full_rank(self):
         return True
