@@ -530,7 +530,7 @@ class Bordered(lx.AbstractLinearSolver):
         del options
         grid = self._grid()
         _check_operator(operator, grid, "Bordered")
-        unravel_in, dtype = _unravel(operator.in_structure())
+        _, dtype = _unravel(operator.in_structure())
         unravel_out, _ = _unravel(operator.out_structure())
         units = jnp.asarray(np.arange(grid.n)[None, :] == grid.border[:, None], dtype=dtype)  # (p, n)
         # the band's probes and the border's unit vectors in one batch of products
