@@ -58,6 +58,28 @@ def linear_solver(model: AbstractSupermarketModel) -> lx.AbstractLinearSolver:
     return newton_system(model).solver()
 
 
+class _Newton(optx.Newton):
+    r"""`optx.Newton` (Cauchy termination: a step and the residual within the tolerances) that also stops once
+    its steps shrink quadratically to below the tolerance. With $\delta_k$ the size of step $k$ in units of the
+    tolerance (`atol + rtol |y|`, max norm) and $q_k = \delta_k / \delta_{k-1}$, Newton's quadratic convergence
+    $\delta_{k+1} \approx C \delta_k^2$ with $C \approx \delta_k / \delta_{k-1}^2$ predicts $\delta_{k+1}
+    \approx \delta_k q_k^2$: when that is below `_PREDICTED` and $q_k$ below `_RATE` (the steps contract fast,
+    so the iterate is inside Newton's region of quadratic convergence), the next step would be below the
+    tolerance and is not taken; the current iterate is already that accurate. This spares the last step of Cauchy
+    termination, whose Jacobian and linear solve only confirm convergence."""
+
+    def terminate(self, fn, y, args, options, state, tags):
+        terminate, result = super().terminate(fn, y, args, options, state, tags)
+        rate = state.diffsize / state.diffsize_prev
+        quadratic = ((state.step >= 2) & (rate < _RATE) & (state.diffsize * rate**2 < _PREDICTED)
+                     & (state.result == optx.RESULTS.successful))
+        return terminate | quadratic, result
+
+
+_RATE = 1e-2  # the largest step ratio at which `_Newton` trusts its prediction of the next step
+_PREDICTED = 1e-2  # the largest predicted next step (in units of the tolerance) at which `_Newton` stops
+
+
 @jax.custom_jvp
 def _nan_derivatives(y, params, poison):
     """`y`, whose derivatives with respect to `params` get `poison` added (0 or NaN per entry): marks the
@@ -92,7 +114,7 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None)
         # Under `jax.vmap`, Newton's iteration runs in vmapped blocks (`jsmkt._batched`): a vmapped while loop runs
         # every lane until the slowest converges, with temporaries as large as the batch.
         adjoint = ChunkedImplicitAdjoint(adjoint)
-    solver = optx.Newton(rtol=rtol, atol=atol, linear_solver=linear_solver(model) if lin is None else lin)
+    solver = _Newton(rtol=rtol, atol=atol, linear_solver=linear_solver(model) if lin is None else lin)
     if system is None or not system.occupancy:
         sol = optx.root_find(_scaled_residual_fn, solver, y0, args=model, max_steps=max_steps, adjoint=adjoint,
                              throw=False)

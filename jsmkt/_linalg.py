@@ -388,18 +388,23 @@ def _check_operator(operator: lx.AbstractLinearOperator, grid: _Grid, name: str)
         raise ValueError(f"{name} was given levels for {grid.n} unknowns, but the operator has {operator.in_size()}")
 
 
-def _band_blocks(operator: lx.AbstractLinearOperator, grid: _Grid):
+def _band_blocks(operator: lx.AbstractLinearOperator, grid: _Grid, extra=None):
     r"""The block-tridiagonal super-blocks `(L, D, U)`, each `(N, B, B)`, of the operator's interior on the grid,
     read off $(2b + 1) m$ products `operator.mv`: probe $(c, j)$ is the sum of the unit vectors of column `j` of
     every interior level $l \equiv c \pmod{2b + 1}$. Row level `k` meets only column levels `k - b .. k + b`, which
     have distinct colours, so entry $(k, i; l, j)$ with $|k - l| \le b$ is entry $(k, i)$ of the product of probe
-    $(l \bmod (2b + 1), j)$. Rows and columns of dummy slots become those of the identity."""
+    $(l \bmod (2b + 1), j)$. Rows and columns of dummy slots become those of the identity. With `extra` (`(q, n)`
+    vectors), their products come in the same batch and are returned too."""
     unravel, dtype = _unravel(operator.in_structure())
     probes = jnp.asarray(grid.probes, dtype=dtype)
+    P = probes.shape[0]
+    if extra is not None:
+        probes = jnp.concatenate([probes, extra.astype(dtype)])
     Y = jax.vmap(lambda v: ravel_pytree(operator.mv(unravel(v)))[0])(probes)  # (probe, n)
-    G = jnp.concatenate([Y.reshape(-1), jnp.asarray([0.0, 1.0], dtype=dtype)])[grid.band]  # one gather
+    G = jnp.concatenate([Y[:P].reshape(-1), jnp.asarray([0.0, 1.0], dtype=dtype)])[grid.band]  # one gather
     B = grid.B
-    return G[:, :, :B], G[:, :, B:2 * B], G[:, :, 2 * B:]
+    blocks = G[:, :, :B], G[:, :, B:2 * B], G[:, :, 2 * B:]
+    return blocks if extra is None else (blocks, Y[P:])
 
 
 def _band_solve(blocks, grid: _Grid, v: Array) -> Array:
@@ -484,10 +489,16 @@ class Bordered(lx.AbstractLinearSolver):
     $J_{II}$ is factored as in `BlockBanded`, on the grid of the interior unknowns (a border unknown takes no slot,
     and a level it leaves short is padded with a dummy unknown like any other, so the levels stay uniform), from
     $(2b + 1) m$ products whose probes leave out the border columns;
-    the border columns $J_{\cdot B}$ are $p$ products `operator.mv` with unit vectors, and the border rows
-    $J_{B \cdot}$ are $p$ products with the transpose (`operator.transpose().mv`: a vector-Jacobian product for
-    `lx.JacobianLinearOperator`, `jax.linear_transpose` for `lx.FunctionLinearOperator`). `init` forms $W$ ($p$
-    right-hand sides in one elimination) and $S$; `compute` does one banded solve and a $p \times p$ dense one.
+    the border columns $J_{\cdot B}$ are $p$ products `operator.mv` with unit vectors, in the same batch as those
+    probes, and the border rows $J_{B \cdot}$ are $p$ products with the transpose (`operator.transpose().mv`: a
+    vector-Jacobian product for `lx.JacobianLinearOperator`, `jax.linear_transpose` for
+    `lx.FunctionLinearOperator`). With `reuse=True` (the default) `init` forms $W$ ($p$ right-hand sides in one
+    elimination) and $S$, and `compute` does one banded solve and a $p \times p$ dense one: for a state that
+    serves many solves (a chord iteration's). With `reuse=False` `init` only reads the blocks and `compute` finds
+    $W$ and $J_{II}^{-1} b_I$ in one elimination ($p + 1$ right-hand sides): one elimination per solve instead of
+    two, for a state that serves one solve (a Newton step's, an implicit adjoint's); it then needs no products
+    with the transpose either: the state keeps the operator, and $J_{BI}$ is applied to $[W, J_{II}^{-1} b_I]$ as
+    the border rows of $p + 1$ products with those columns (zero on the border).
     Cost $O(K b m^2 (b m + p) + p^3)$. A singular $J_{II}$ or $S$ gives `RESULTS.singular`.
 
     The operator must be square with outputs flattened like its inputs, as for `BlockBanded`.
@@ -498,12 +509,14 @@ class Bordered(lx.AbstractLinearSolver):
         unknowns have levels too (their position in the flattened unknown).
     - `bandwidth`: the largest level distance of a nonzero entry between interior unknowns.
     - `border`: the indices of the border unknowns in the flattened unknown.
+    - `reuse`: whether `init` eliminates for $W$ (above).
     """
 
     levels: tuple[int, ...] = eqx.field(static=True, converter=_as_indices)
     bandwidth: int = eqx.field(static=True, converter=_index)
     border: tuple[int, ...] = eqx.field(static=True, converter=_as_border)
     block_levels: int | None = eqx.field(static=True, default=None)
+    reuse: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         _check_structure(self.levels, self.bandwidth, self.border)
@@ -517,44 +530,70 @@ class Bordered(lx.AbstractLinearSolver):
         del options
         grid = self._grid()
         _check_operator(operator, grid, "Bordered")
-        blocks = _band_blocks(operator, grid)
-        unravel_in, dtype = _unravel(operator.in_structure())
+        _, dtype = _unravel(operator.in_structure())
         unravel_out, _ = _unravel(operator.out_structure())
         units = jnp.asarray(np.arange(grid.n)[None, :] == grid.border[:, None], dtype=dtype)  # (p, n)
-        cols = jax.vmap(lambda v: ravel_pytree(operator.mv(unravel_in(v)))[0])(units)  # cols[c] = J[:, border[c]]
+        # the band's probes and the border's unit vectors in one batch of products
+        blocks, cols = _band_blocks(operator, grid, units)  # cols[c] = J[:, border[c]]
+        J_IB = _to_grid(grid, cols.T)  # (N*B, p)
+        J_BB = cols[:, grid.border].T
+        if not self.reuse:
+            return (blocks, J_IB, J_BB, operator), (operator.in_structure(), operator.out_structure())
         transposed = operator.transpose()
         rows = jax.vmap(lambda v: ravel_pytree(transposed.mv(unravel_out(v)))[0])(units)  # rows[a] = J[border[a]]
-        J_IB = _to_grid(grid, cols.T)  # (N*B, p)
         J_BI = _to_grid(grid, rows.T).T  # (p, N*B)
-        J_BB = cols[:, grid.border].T
         W = _band_solve(blocks, grid, J_IB)
         S = J_BB - J_BI @ W
         return (blocks, J_IB, J_BI, W, S), (operator.in_structure(), operator.out_structure())
 
     def compute(self, state, vector, options):
         del options
-        (blocks, _, J_BI, W, S), (in_structure, _) = state
+        arrays, (in_structure, _) = state
         grid = self._grid()
         b, _ = ravel_pytree(vector)
-        y = _band_solve(blocks, grid, _to_grid(grid, b[:, None]))
-        x_B = jnp.linalg.solve(S, b[grid.border][:, None] - J_BI @ y)
+        b_I = _to_grid(grid, b[:, None])
+        if self.reuse:
+            blocks, _, J_BI, W, S = arrays
+            y = _band_solve(blocks, grid, b_I)
+            x_B = jnp.linalg.solve(S, b[grid.border][:, None] - J_BI @ y)
+        else:
+            # J_BI applied to [W, y] as the border rows of the products with [W, y] (zero on the border)
+            blocks, J_IB, J_BB, operator = arrays
+            p = J_IB.shape[1]
+            Z = _band_solve(blocks, grid, jnp.concatenate([J_IB, b_I], axis=1))
+            W, y = Z[:, :p], Z[:, p:]
+            unravel, dtype = _unravel(operator.in_structure())
+            flat = jnp.concatenate([Z, jnp.zeros((p, p + 1), Z.dtype)])[grid.out_src]  # (n, p + 1)
+            JZ = jax.vmap(lambda v: ravel_pytree(operator.mv(unravel(v)))[0])(flat.T.astype(dtype))  # (p + 1, n)
+            BZ = JZ[:, grid.border].T  # J_BI [W, y]
+            x_B = jnp.linalg.solve(J_BB - BZ[:, :p], b[grid.border][:, None] - BZ[:, p:])
         x_I = y - W @ x_B
         return _solution(jnp.concatenate([x_I[:, 0], x_B[:, 0]])[grid.out_src], in_structure)
 
     def transpose(self, state, options):
         """$J^T$ has interior $J_{II}^T$, border columns $J_{BI}^T$, border rows $J_{IB}^T$ and Schur complement
-        $S^T$; only the counterpart of $W$, $J_{II}^{-T} J_{BI}^T$, needs a solve (banded, $p$ right-hand
-        sides)."""
-        (blocks, J_IB, J_BI, _, S), (in_structure, out_structure) = state
-        blocks_t = _transpose_blocks(*blocks)
-        J_IB_t, J_BI_t = J_BI.T, J_IB.T
-        W_t = _band_solve(blocks_t, self._grid(), J_IB_t)
-        return ((blocks_t, J_IB_t, J_BI_t, W_t, S.T), (out_structure, in_structure)), options
+        $S^T$ (border block $J_{BB}^T$); with `reuse=True` only the counterpart of $W$, $J_{II}^{-T} J_{BI}^T$,
+        needs a solve (banded, $p$ right-hand sides); with `reuse=False` the border columns of $J^T$ are $p$
+        products with the transposed operator, which the state keeps for its solves."""
+        arrays, (in_structure, out_structure) = state
+        blocks_t = _transpose_blocks(*arrays[0])
+        grid = self._grid()
+        if not self.reuse:
+            _, _, J_BB, operator = arrays
+            transposed = operator.transpose()
+            unravel_out, dtype = _unravel(out_structure)
+            units = jnp.asarray(np.arange(grid.n)[None, :] == grid.border[:, None], dtype=dtype)
+            rows = jax.vmap(lambda v: ravel_pytree(transposed.mv(unravel_out(v)))[0])(units)  # rows[a] = J[border[a]]
+            state_t = (blocks_t, _to_grid(grid, rows.T), J_BB.T, transposed)
+            return (state_t, (out_structure, in_structure)), options
+        J_IB_t, J_BI_t = arrays[2].T, arrays[1].T
+        W_t = _band_solve(blocks_t, grid, J_IB_t)
+        return ((blocks_t, J_IB_t, J_BI_t, W_t, arrays[4].T), (out_structure, in_structure)), options
 
     def conj(self, state, options):
-        (blocks, J_IB, J_BI, W, S), structures = state
-        blocks = tuple(a.conj() for a in blocks)
-        return ((blocks, J_IB.conj(), J_BI.conj(), W.conj(), S.conj()), structures), options
+        (blocks, *rest), structures = state
+        rest = [lx.conj(a) if isinstance(a, lx.AbstractLinearOperator) else a.conj() for a in rest]
+        return ((tuple(a.conj() for a in blocks), *rest), structures), options
 
     def assume_full_rank(self):
         return True
@@ -563,7 +602,7 @@ class Bordered(lx.AbstractLinearSolver):
 # --- choosing a structure --------------------------------------------------------------------------------------
 
 
-def structure_solver(levels, bandwidth: int, border=()) -> lx.AbstractLinearSolver:
+def structure_solver(levels, bandwidth: int, border=(), *, reuse: bool = True) -> lx.AbstractLinearSolver:
     r"""The Lineax solver for a Jacobian with the structure `(levels, bandwidth, border)` (see `BlockBanded` and
     `Bordered`; `classify_sparsity` finds one from a sparsity pattern).
 
@@ -576,7 +615,8 @@ def structure_solver(levels, bandwidth: int, border=()) -> lx.AbstractLinearSolv
         many entries as the dense matrix, $(3N - 2) B^2 \ge n^2 / 2$ (few super-blocks, or levels so uneven that
         the padding dominates), or the border holds at least an eighth of the unknowns, $8p \ge n$;
     - `BlockBanded(levels, bandwidth)` when there is no border;
-    - `Bordered(levels, bandwidth, border)` otherwise.
+    - `Bordered(levels, bandwidth, border, reuse=reuse)` otherwise: `reuse=False` for a solver whose states each
+        serve one solve (Newton's steps), which then eliminate once per solve.
     """
     levels, bandwidth, border = _as_indices(levels), _index(bandwidth), _as_border(border)
     _check_structure(levels, bandwidth, border)
@@ -590,7 +630,7 @@ def structure_solver(levels, bandwidth: int, border=()) -> lx.AbstractLinearSolv
         return lx.LU()
     if not border:
         return BlockBanded(levels, bandwidth)
-    return Bordered(levels, bandwidth, border)
+    return Bordered(levels, bandwidth, border, reuse=reuse)
 
 
 def _pattern_levels(pattern, levels) -> tuple[np.ndarray, np.ndarray]:

@@ -271,9 +271,11 @@ BORDERED_CASES = [  # (level sizes, bandwidth, border)
 ]
 
 
-@pytest.mark.parametrize("sizes, bandwidth, border", BORDERED_CASES)
-def test_bordered_matches_dense(sizes, bandwidth, border):
-    solver = Bordered(_levels(sizes), bandwidth, border)
+@pytest.mark.parametrize("sizes, bandwidth, border, reuse", [case + (True,) for case in BORDERED_CASES]
+                         + [case + (False,) for case in BORDERED_CASES[3:6]])
+def test_bordered_matches_dense(sizes, bandwidth, border, reuse):
+    """Both ways of `Bordered`: W formed in `init` (reuse) or with each right-hand side."""
+    solver = Bordered(_levels(sizes), bandwidth, border, reuse=reuse)
     assert solver.border == tuple(sorted(border))
     _check_against_dense(solver, sizes, bandwidth, border, seed=len(sizes) * 10 + bandwidth + 100)
 
@@ -294,13 +296,14 @@ def test_bordered_with_a_total_takes_no_grid_slot(total_level):
     _assert_close(x, np.linalg.solve(A, b))
 
 
-@pytest.mark.parametrize("sizes, bandwidth, border", [
-    ([1] + [2] * 8, 2, ()),
-    ([1] + [2] * 8, 1, (0, 8, 16)),
+@pytest.mark.parametrize("sizes, bandwidth, border, reuse", [
+    ([1] + [2] * 8, 2, (), True),
+    ([1] + [2] * 8, 1, (0, 8, 16), True),
+    ([1] + [2] * 8, 1, (0, 8, 16), False),
 ])
-def test_transposed_solves_and_gradients_match_dense(sizes, bandwidth, border):
+def test_transposed_solves_and_gradients_match_dense(sizes, bandwidth, border, reuse):
     levels = _levels(sizes)
-    solver = Bordered(levels, bandwidth, border) if border else BlockBanded(levels, bandwidth)
+    solver = Bordered(levels, bandwidth, border, reuse=reuse) if border else BlockBanded(levels, bandwidth)
     A, J, args = _problem(solver, sizes, bandwidth, border, seed=len(sizes) + bandwidth)
     b = np.asarray(args[-1])
     x_matrix_t, x_jac_t, grad_b, grad_A = _transposed_solves(solver, *args)

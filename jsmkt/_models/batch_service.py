@@ -189,9 +189,11 @@ class JSQdBatchService(AbstractDescribedModel):
         return Description(cells, tuple(events), (arrival,))
 
     def initial_guess(self):
-        r"""Geometric tails: each server an M/M$^{[B]}$/1 queue of the rule with μ = 1/E[S] (the root $r$ of the
-        class docstring, by bisection), its phase mix $\propto \alpha(-T)^{-1}$; exact for exponential epochs and
-        `d = 1`. No derivatives (Newton's starting point)."""
+        r"""Tails $s_k = r^{e_k}$, $r$ the tail ratio of the M/M$^{[B]}$/1 queue of the rule with μ = 1/E[S] (the
+        root of the class docstring, by bisection), and the JSQ(d) rule's doubly exponential decay with levels
+        counted in mean batches, $e_k = E[B]\,(\delta^{k/E[B]} - 1)/(\delta - 1)$ for $\delta = E[D] > 1$ ($e_k = k$
+        for $\delta = 1$: the geometric tails of that queue, exact for exponential epochs and `d = 1`); the phase
+        mix $\propto \alpha(-T)^{-1}$. No derivatives (Newton's starting point)."""
         m = jax.tree_util.tree_map(lambda x: jax.lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, self)
         mu, p = 1.0 / m.service.mean, m.service_batch_sizes
         sizes = jnp.arange(1, p.shape[0] + 1, dtype=p.dtype)
@@ -207,7 +209,12 @@ class JSQdBatchService(AbstractDescribedModel):
 
         (lo, hi), _ = jax.lax.scan(step, (jnp.zeros(()), jnp.ones(()) - 1e-12), None, length=60)
         r = 0.5 * (lo + hi)
-        s = r ** jnp.arange(1, self.K + 1, dtype=p.dtype)
+        k = jnp.arange(1, self.K + 1, dtype=p.dtype)
+        mean_b, delta = m.mean_service_batch_size, m.choice.mean
+        several = delta > 1.0 + 1e-9
+        safe = jnp.where(several, delta, 2.0)
+        e = jnp.where(several, mean_b * jnp.expm1(k / mean_b * jnp.log(safe)) / (safe - 1.0), k)
+        s = r**e
         phase = jnp.linalg.solve(-m.service.T.T, m.service.alpha)
         return s[:, None] * (phase / jnp.sum(phase))[None, :]
 

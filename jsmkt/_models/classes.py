@@ -17,7 +17,7 @@ from .parameters import TRUNCATION, FamilyTable, Parameter
 
 
 _MAX_BATCH = 4096
-_BISECTION = 60  # bisection steps per level of the initial guess with helpers
+_GUESS_NEWTON = 10  # Newton steps per level of the initial guess with helpers
 
 
 def _sequence(name: str, x) -> list:
@@ -325,8 +325,8 @@ class JSQdClasses(AbstractDescribedModel):
         return {f"prob_wait_class_{j + 1}": wait(f"class {j + 1} arrival") for j in range(self.n_classes)}
 
     def initial_guess(self):
-        r"""The cut balance of the class docstring solved level by level with $\mu = 1/E[S]$ (bisection in $s_k$
-        where there are helpers), the phase of the job in service distributed as in an M/PH/1 queue's busy
+        r"""The cut balance of the class docstring solved level by level with $\mu = 1/E[S]$ (Newton's method in
+        $s_k$ where there are helpers), the phase of the job in service distributed as in an M/PH/1 queue's busy
         periods ($\propto \alpha(-T)^{-1}$). Exact for exponential service. No derivatives (Newton's starting
         point)."""
         model = jax.tree_util.tree_map(lambda x: jax.lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, self)
@@ -389,14 +389,13 @@ def _forward_tails(model: JSQdClasses) -> Float[Array, " K"]:
     def level(G, _):  # G[j, i] = g_j(s_{k-1-i}), i = 0..B-1
         rhs = sum(cj[0] * G[j, 0] + jnp.sum((G[j, 1:] - G[j, :-1]) * cj[1:]) for j, cj in enumerate(c))
         if model.helper_choices:
-            def step(bounds, _):
-                lo, hi = bounds
-                mid = 0.5 * (lo + hi)
-                low = helped(mid) < rhs
-                return (jnp.where(low, mid, lo), jnp.where(low, hi, mid)), None
+            # helped(s) - rhs is increasing and concave in s (a pgf is convex), so Newton's iterates from s = 0 rise
+            # monotonically to the root, kept in [0, 1]
+            def step(s, _):
+                value, slope = jax.jvp(helped, (s,), (jnp.ones_like(s),))
+                return jnp.clip(s - (value - rhs) / slope, 0.0, 1.0), None
 
-            (lo, hi), _ = jax.lax.scan(step, (jnp.zeros(()), jnp.ones(())), None, length=_BISECTION)
-            s = 0.5 * (lo + hi)
+            s, _ = jax.lax.scan(step, jnp.zeros(()), None, length=_GUESS_NEWTON)
         else:
             s = jnp.minimum(rhs / mu, 1.0)
         gs = jnp.stack([ch.pgf(s) for ch in model.choices])

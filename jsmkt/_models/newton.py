@@ -71,11 +71,12 @@ class NewtonSystem(NamedTuple):
     structure: Structure
 
     def solver(self):
-        """Newton's (and the implicit adjoint's) Lineax solver for this system."""
+        """Newton's (and the implicit adjoint's) Lineax solver for this system: each Jacobian serves one solve
+        (`reuse=False`)."""
         from .. import _linalg
 
         s = self.structure
-        return _linalg.structure_solver(s.levels, s.bandwidth, s.border)
+        return _linalg.structure_solver(s.levels, s.bandwidth, s.border, reuse=False)
 
 
 def _state_shape(model):
