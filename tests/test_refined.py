@@ -203,50 +203,25 @@ def test_without_replacement_lowers_the_bias():
 
 def _finite_n_chain(N, K, lam, d, replace):
     """The Markov chain of JSQ(d) with N exponential servers (rate 1) on the counts c_0..c_K of servers with k jobs
-    (arrivals to a queue of K jobs are lost): `(C, G)`, the states (rows of counts) and the generator (CSR, rows =
-    from). An arrival finds all d sampled servers with >= k jobs with probability (m/N)^d with replacement,
-    C(m, d)/C(N, d) without, m = number of such servers."""
-    import itertools
-    from math import comb
+    (arrivals to a queue of K jobs are lost): `(C, G, join)`, the states (rows of counts), the generator (CSR, rows
+    = from) and per state the probability that an arrival joins a server with k < K jobs. It is
+    `experiments/refined/compute.py`'s `jsq_chain`, written from the physical system alone (tests/test_experiments.py
+    checks its d = 1 case against independent M/M/1/K queues)."""
+    import importlib.util
+    from pathlib import Path
 
-    import scipy.sparse as sp
-    import scipy.sparse.linalg as spla
-
-    states = []
-    for bars in itertools.combinations(range(N + K), K):  # stars and bars
-        edges = (-1, *bars, N + K)
-        states.append(tuple(edges[i + 1] - edges[i] - 1 for i in range(K + 1)))
-    index = {s: i for i, s in enumerate(states)}
-
-    def all_at_least(m):
-        return (m / N) ** d if replace else comb(m, d) / comb(N, d)
-
-    rows, cols, rates = [], [], []
-    for i, c in enumerate(states):
-        S = np.cumsum(c[::-1])[::-1]  # servers with >= k jobs
-        for k in range(K):
-            p = all_at_least(S[k]) - all_at_least(S[k + 1])
-            if p > 0:
-                n = list(c)
-                n[k] -= 1
-                n[k + 1] += 1
-                rows.append(i), cols.append(index[tuple(n)]), rates.append(N * lam * p)
-        for k in range(1, K + 1):
-            if c[k]:
-                n = list(c)
-                n[k] -= 1
-                n[k - 1] += 1
-                rows.append(i), cols.append(index[tuple(n)]), rates.append(float(c[k]))
-    n = len(states)
-    G = sp.csr_matrix((rates, (rows, cols)), shape=(n, n))
-    return np.array(states, dtype=float), (G - sp.diags(np.asarray(G.sum(axis=1)).ravel())).tocsr()
+    path = Path(__file__).resolve().parents[1] / "experiments" / "refined" / "compute.py"
+    spec = importlib.util.spec_from_file_location("_exp_refined_compute", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.jsq_chain(N, K, lam, d, replace)
 
 
 def _exact_finite_n_tails(N, K, lam, d, replace):
     """E[s_k], k = 0..K, from the exact stationary law of `_finite_n_chain`."""
     import scipy.sparse.linalg as spla
 
-    C, G = _finite_n_chain(N, K, lam, d, replace)
+    C, G, _ = _finite_n_chain(N, K, lam, d, replace)
     G = G.T.tocsc()
     pi = np.concatenate([[1.0], spla.spsolve(G[1:, 1:], -G[1:, 0].toarray().ravel())])
     pi /= pi.sum()
@@ -258,7 +233,7 @@ def _exact_finite_n_transient_tails(N, K, lam, d, replace, ts):
     `_finite_n_chain`, p(t) = p(0) exp(G t) (SciPy's `expm_multiply`)."""
     import scipy.sparse.linalg as spla
 
-    C, G = _finite_n_chain(N, K, lam, d, replace)
+    C, G, _ = _finite_n_chain(N, K, lam, d, replace)
     p0 = (C[:, 0] == N).astype(float)
     P = spla.expm_multiply(G.T.tocsc(), p0, start=0.0, stop=float(ts[-1]), num=len(ts), endpoint=True)
     return P @ (np.cumsum(C[:, ::-1], axis=1)[:, ::-1] / N)

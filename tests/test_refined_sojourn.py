@@ -19,21 +19,14 @@ def _exact_survival(N, replace, ts):
     """P(T > t) of JSQ(2) with N exponential servers (rate 1) and buffer K_SMALL, exactly: an arrival sees the
     stationary counts (PASTA), joins a server with k jobs with probability P(all d sampled have >= k) -
     P(all d have >= k + 1), and, FCFS, stays an Erlang(k + 1) time; jobs that find a full queue are lost."""
-    from math import comb
-
     import scipy.sparse.linalg as spla
     from scipy.stats import gamma
 
-    C, G = _finite_n_chain(N, K_SMALL, LAM, D, replace)
+    _, G, join = _finite_n_chain(N, K_SMALL, LAM, D, replace)
     G = G.T.tocsc()
     pi = np.concatenate([[1.0], spla.spsolve(G[1:, 1:], -G[1:, 0].toarray().ravel())])
     pi /= pi.sum()
-    S = np.cumsum(C[:, ::-1], axis=1)[:, ::-1]  # servers with >= k jobs
-
-    def all_at_least(m):
-        return (m / N) ** D if replace else np.array([comb(int(v), D) for v in m]) / comb(N, D)
-
-    join = pi @ np.stack([all_at_least(S[:, k]) - all_at_least(S[:, k + 1]) for k in range(K_SMALL)], axis=1)
+    join = pi @ join
     join /= join.sum()
     return np.array([sum(join[k] * gamma.sf(t, k + 1) for k in range(K_SMALL)) for t in ts])
 
