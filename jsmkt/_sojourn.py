@@ -202,8 +202,7 @@ def _random_order_defect(desc: Description) -> str | None:
 def _facts(model: AbstractDescribedModel) -> _Facts:
     """`_Facts` of `model`'s description, kept per model structure (its tree structure, static fields included,
     and the shapes of its arrays)."""
-    leaves, treedef = jax.tree_util.tree_flatten(model)
-    key = (treedef, tuple(getattr(x, "shape", None) for x in leaves))
+    key = _maps.signature(model)
     out = _FACTS.get(key)
     if out is None:
         desc = model.description()
@@ -951,11 +950,10 @@ def _stay_depends(model: AbstractDescribedModel, stream: str | None) -> bool:
     stay, not only the server it joins, depends on the other servers: a static fact, found from the derivative of
     the chain's rates at a generic occupancy and kept per model structure. A traced model whose structure was not
     seen yet is taken as dependent (the full chain: the same law, at a higher cost)."""
-    leaves, treedef = jax.tree_util.tree_flatten(model)
-    key = (treedef, tuple(getattr(x, "shape", None) for x in leaves), stream)
+    key = (_maps.signature(model), stream)
     out = _DEPENDS.get(key)
     if out is None:
-        if not is_concrete(*leaves):
+        if not is_concrete(model):
             return True
         desc = model.description()
         x = np.random.default_rng(0).uniform(0.5, 1.5, desc.cells.size)
