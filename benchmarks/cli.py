@@ -3,12 +3,12 @@
 Each command runs as its own process, as a user runs it: `jsmkt --help`, a spec error (an unknown key), a value
 error (an unstable load), `jsmkt solve` of `examples/jsq2_h2.toml`, `jsmkt solve` of a copy at another λ with K fixed
 (the same model structure, new values: what a loop over λ runs), a short `jsmkt simulate`, and the floor: a process
-that imports JAX and runs one function exported by an earlier one, as the warm solve does, and nothing else.
+that imports JAX and runs one function compiled and kept by an earlier one, as the warm solve does, and nothing else.
 Cold: the first run, with an empty cache folder; warm: the median of `--repeats` later runs, interleaved round by round so that load from
 other processes hits every command alike. The CPU column is the warm run's user + system time (JAX's compiler
 threads can make it exceed the wall time; on a loaded machine it moves less than the wall time). Targets (issue
 25): `--help` and a spec error under 1 s, a repeated `jsmkt solve` at most 1.5 s. A warm `jsmkt solve` loads the
-solve that the cold run traced and exported (`jsmkt._exported`), and JAX's compiled kernels, from the cache folder.
+solve that the cold run compiled and kept (`jsmkt._exported`) from the cache folder.
 For reference, the times of `python -c 'import jax'` and of importing ml_dtypes (which JAX imports; its version
 0.7.0 takes about 1.4 s, `constraints.txt`).
 
@@ -86,24 +86,27 @@ def _commands(folder: pathlib.Path, cache: pathlib.Path) -> list[tuple[str, list
     ]
 
 
-# The least a process that imports JAX and runs one function that an earlier process exported can take here: what
-# a warm `jsmkt solve` does besides its own work (imports of Equinox and jsmkt, the spec and the model, the output).
-# It exits as the console script does (exit handlers, then no teardown), and as every exported call on the CPU it
-# initialises JAX's LAPACK kernels (which imports SciPy's).
+# The least a process that imports JAX and runs one function that an earlier process compiled and kept can take
+# here: what a warm `jsmkt solve` does besides its own work (imports of Equinox and jsmkt, the spec and the model, the
+# output). It exits as the console script does (exit handlers, then no teardown), and as a warm solve whose
+# executable calls LAPACK it registers JAX's LAPACK kernels first (which imports SciPy's).
 _FLOOR = r"""
-import atexit, os, pathlib, sys
+import atexit, os, pathlib, pickle, sys
 import jax
 import numpy as np
-from jax import export
+from jax.experimental import serialize_executable
 jax.config.update("jax_enable_x64", True)
 folder = pathlib.Path(sys.argv[1])
-jax.config.update("jax_compilation_cache_dir", str(folder / "jax"))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-path = folder / "function.jax-export"
+path = folder / "function.pickle"
 if not path.exists():
     folder.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(export.export(jax.jit(lambda x: {"y": 2.0 * x + 1.0}))(np.float64(0.0)).serialize())
-print(float(export.deserialize(bytearray(path.read_bytes())).call(np.float64(0.5))["y"]))
+    compiled = jax.jit(lambda x: (2.0 * x + 1.0,)).lower(np.float64(0.0)).compile()
+    path.write_bytes(pickle.dumps(serialize_executable.serialize(compiled)[0]))
+jax.jit(jax.numpy.linalg.solve).lower(np.eye(2), np.ones(2))  # LAPACK's kernels, as jsmkt._exported registers them
+run = serialize_executable.deserialize_and_load(pickle.loads(path.read_bytes()),
+                                                jax.tree_util.tree_structure(((0,), {})),
+                                                jax.tree_util.tree_structure((0,)))
+print(float(run(np.float64(0.5))[0]))
 sys.stdout.flush()
 atexit._run_exitfuncs()
 os._exit(0)

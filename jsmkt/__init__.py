@@ -16,6 +16,7 @@ from . import _config
 
 if typing.TYPE_CHECKING:  # every public name; at run time each is imported on first use (`__getattr__` below)
     from ._config import use_cpu_cores as use_cpu_cores
+    from ._config import use_fast_compilation as use_fast_compilation
     from . import published as published
     from ._capacity import Capacity as Capacity
     from ._capacity import max_load as max_load

@@ -18,6 +18,7 @@ import optimistix as optx
 from jaxtyping import Array, PyTree
 
 from . import _maps
+from ._compile import fast_jit
 from ._batched import ChunkedImplicitAdjoint
 from ._errors import all_finite, error_if, is_concrete
 from ._linalg import NeverFails
@@ -96,7 +97,7 @@ def _nan_derivatives_jvp(primals, tangents):
     return y, jax.tree_util.tree_map(lambda t: t + poison * total, t_y)
 
 
-@eqx.filter_jit
+@fast_jit
 def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None):
     if y0 is None:  # the model's initial guess, Newton's starting point (no derivatives flow through it)
         y0 = jax.tree_util.tree_map(jax.lax.stop_gradient, model.initial_guess())

@@ -22,12 +22,12 @@ evaluates them too.
 
 import functools
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._compile import fast_jit
 from ._models.base import AbstractSupermarketModel, Occupancy
 from ._solution import FixedPoint, Trajectory, nan_if_failed
 
@@ -58,7 +58,7 @@ def _simulated(state) -> Occupancy | None:
     return occ if isinstance(occ, Occupancy) else None
 
 
-@eqx.filter_jit
+@fast_jit
 def _observables_at(model: AbstractSupermarketModel, z, names: tuple[str, ...], reduced: bool) -> dict[str, Array]:
     """The observables `names` at the reduced state `z` (`reduced`) or the occupancy `z`, compiled once per model
     structure."""
@@ -120,7 +120,7 @@ def observable_gradients(model: AbstractSupermarketModel, occupancy: Occupancy) 
     return {n: grads[n] for n in names}
 
 
-@eqx.filter_jit
+@fast_jit
 def _observable_gradients(model, x, names):
     return {n: jax.grad(lambda z, n=n: _observables_at(model, z, (n,), False)[n])(x) for n in names}
 

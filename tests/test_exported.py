@@ -4,6 +4,7 @@ what the usual path prints, for new values of the same model structure too, and 
 
 import warnings
 
+import jax
 import numpy as np
 import pytest
 
@@ -67,7 +68,7 @@ def test_a_foreign_file_or_new_code_is_traced_again(folder, monkeypatch):
     expected, how = _exported.call("test", cli._exact_outputs, model)
     (path,) = folder.iterdir()
     path.write_bytes(b"not an exported function")
-    with pytest.warns(_exported.CacheWarning, match="is not a jsmkt exported function"):
+    with pytest.warns(_exported.CacheWarning, match="is not a jsmkt compiled function"):
         values, how = _exported.call("test", cli._exact_outputs, model)
     assert how == "exported" and values.keys() == expected.keys()
     assert all(np.array_equal(values[k], expected[k], equal_nan=True) for k in values)  # NaN: JSQd has no PH
@@ -169,3 +170,81 @@ def test_building_and_describing_a_model_from_a_spec_runs_no_jax_computation():
     proc = subprocess.run([sys.executable, "-c", _COUNT_COMPUTATIONS, *specs], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [f"{s} []" for s in specs]
+
+
+_LOAD_IN_A_FRESH_PROCESS = """
+import sys
+import jsmkt
+from jsmkt import _exported, cli
+_exported.use_folder(sys.argv[1])
+model = jsmkt.JSQdPH(float(sys.argv[2]), jsmkt.hyperexponential2(1.0, 4.0), d=2, K=24)
+values, how = _exported.call("test", cli._exact_outputs, model)
+print(how, repr(float(values["mean_queue_length"])))
+"""
+
+
+def test_a_lapack_solve_loads_in_a_fresh_process(tmp_path):
+    """A JSQ(2)-H2 solve calls LAPACK (its blocks' LU): a process that loads its executable before it has lowered
+    any LAPACK call must register LAPACK's kernels first (without, the call crashes the process). A second process
+    loads the file the first kept, at a new λ, and prints the numbers of the usual path."""
+    import subprocess
+    import sys
+
+    def run(lam):
+        proc = subprocess.run([sys.executable, "-c", _LOAD_IN_A_FRESH_PROCESS, str(tmp_path), str(lam)],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        how, value = proc.stdout.split()
+        return how, float(value)
+
+    assert run(0.8)[0] == "exported"
+    how, value = run(0.7)
+    model = jsmkt.JSQdPH(0.7, jsmkt.hyperexponential2(1.0, 4.0), d=2, K=24)
+    usual = jsmkt.mean_queue_length(model, jsmkt.solve_fixed_point(model))
+    assert how == "loaded" and value == pytest.approx(float(usual), rel=1e-12)
+
+
+def test_an_entry_that_fails_to_run_is_computed_again(folder, monkeypatch):
+    """A kept executable whose copy lacks a kernel fails when it runs (as one that JAX's persistent cache gave and
+    that was serialised again did: "NOT_FOUND: Function iota.23_kernel not found"): the call warns, computes it
+    again, and replaces the file."""
+    from jax.experimental import serialize_executable
+
+    model = jsmkt.JSQd(0.7, d=2, K=12)
+    _exported.call("test", cli._exact_outputs, model)
+
+    def broken(*args, **kwargs):
+        def run(*_):
+            raise jax.errors.JaxRuntimeError("NOT_FOUND: Function iota.23_kernel not found (type id: 1)")
+        return run
+
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", broken)
+    with pytest.warns(_exported.CacheWarning, match="is damaged; computing it again"):
+        values, how = _exported.call("test", cli._exact_outputs, model)
+    assert how == "exported"
+    assert float(values["mean_queue_length"]) == pytest.approx(sum(0.7 ** (2**k - 1) for k in range(1, 12)), rel=1e-12)
+    monkeypatch.undo()
+    assert _exported.call("test", cli._exact_outputs, model)[1] == "loaded"
+
+
+def test_a_solve_compiled_before_is_kept_whole(folder, tmp_path):
+    """With JAX's persistent compilation cache on (as the CLI has it) and holding the solve already, the file kept
+    is still whole: `_compiled` compiles without that cache, whose executables serialise to copies that lack
+    kernels."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+    compilation_cache.reset_cache()
+    try:
+        model = jsmkt.JSQd(0.7, d=2, K=12)
+        for sub in ("one", "two"):  # the second compilation would come from JAX's cache
+            _exported.use_folder(folder / sub)
+            _exported.call("test", cli._exact_outputs, model)
+            values, how = _exported.call("test", cli._exact_outputs, model.with_K(12))
+            assert how == "loaded"
+            assert float(values["mean_queue_length"]) == pytest.approx(
+                sum(0.7 ** (2**k - 1) for k in range(1, 12)), rel=1e-12)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        compilation_cache.reset_cache()

@@ -43,6 +43,7 @@ import numpy as np
 from jaxtyping import Array, Float, PyTree
 
 from .._choice import AbstractChoice
+from .._compile import fast_jit
 from .._distributions.ph import PH, reachable_phases
 from .._errors import check_count, concrete_array, is_concrete, number_texts
 from .description import Description
@@ -331,7 +332,7 @@ class Totals(NamedTuple):
     waiting_flow: Array
 
 
-@eqx.filter_jit
+@fast_jit
 def _described_totals(model: "AbstractDescribedModel", y, stream: str | None) -> Totals:
     """`AbstractDescribedModel.totals`, compiled once per model structure (run op by op, its few dozen operations
     would compile one by one for every new shape)."""
@@ -396,7 +397,7 @@ def fmt(template: str, *, default: str, **values: Any) -> str:
 _VALUE_CHECK_K = 2  # the truncation of the copy `check_values` checks (value checks do not depend on K)
 
 
-@eqx.filter_jit
+@fast_jit
 def _value_flags(model: AbstractSupermarketModel) -> list[Array]:
     return [bad for bad, _ in model.value_errors()]
 

@@ -33,13 +33,13 @@ before anything of its size is traced.
 
 from typing import NamedTuple
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from .. import _maps
+from .._compile import fast_jit
 from .meanfield import drift, stream_rate, transitions
 from .reduced import pinned_tail
 from .structure import _CACHE as _STRUCTURES
@@ -130,7 +130,7 @@ _CACHE: dict = {}
 _maps.on_clear(_CACHE.clear)
 
 
-@eqx.filter_jit
+@fast_jit
 def _occupancy_jacobian(probe, streams, z):
     return jax.jacfwd(lambda u: occupancy_residual(probe, streams, u))(z)
 

@@ -29,6 +29,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .. import _maps
+from .._compile import fast_jit
 from .._choice import AbstractChoice
 from .._errors import staging
 
@@ -78,7 +79,7 @@ def _probe_model(model):
     return jax.tree_util.tree_map(generic, model, is_leaf=lambda x: isinstance(x, AbstractChoice))
 
 
-@eqx.filter_jit
+@fast_jit
 def _jacobian(probe, z):
     _, unravel = ravel_pytree(probe.initial_state())
     f = lambda u: ravel_pytree(probe.vector_field(0.0, unravel(u), None))[0]  # noqa: E731
@@ -170,7 +171,7 @@ def check_declared(model) -> Structure:
     return structure(model)
 
 
-@eqx.filter_jit
+@fast_jit
 def _probe_at(s: Structure, probe, z):
     _, unravel = ravel_pytree(probe.initial_state())
     return probe_violation(s, lambda u: ravel_pytree(probe.vector_field(0.0, unravel(u), None))[0], z)

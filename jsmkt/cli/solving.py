@@ -63,7 +63,7 @@ def _choose_K(model, attempt, grown_by: str | None):
     None when the tail mass at `K` is small enough, else what was found (for the error). K is doubled (up to
     `_auto_max_K`) while it is too small: when `grown_by` says what grows it, to give the result there; otherwise
     only to suggest a K in the error about the spec's K (0, "not known", when an attempt at a larger K fails)."""
-    max_K = _auto_max_K(model.K)
+    max_K = functools.partial(_auto_max_K, model.K)  # the solver's default, read (imported) only when needed
     first = None  # (K, found) of the spec's K, when it stands and is too small
     while True:
         try:
@@ -71,16 +71,17 @@ def _choose_K(model, attempt, grown_by: str | None):
         except (ValueError, RuntimeError):
             if first is None:
                 raise
-            raise _too_small(*first, 0, None, max_K) from None  # e.g. too large to solve: no K to suggest
+            raise _too_small(*first, 0, None, max_K()) from None  # e.g. too large to solve: no K to suggest
         if found is None:
             if first is None:
                 return result, model
-            raise _too_small(*first, model.K, None, max_K)
+            raise _too_small(*first, model.K, None, max_K())
         if grown_by is None and first is None:
             first = (model.K, found)
-        if model.K >= max_K:
-            raise _too_small(*first, None, None, max_K) if first else _too_small(model.K, found, None, grown_by, max_K)
-        model = model.with_K(min(2 * model.K, max_K))
+        if model.K >= max_K():
+            raise (_too_small(*first, None, None, max_K()) if first
+                   else _too_small(model.K, found, None, grown_by, max_K()))
+        model = model.with_K(min(2 * model.K, max_K()))
 
 
 def _solved(model):
@@ -151,7 +152,7 @@ def _exact_attempt(model, exportable: bool, percentiles):
 
 def _solve_exact(model, grown_by, servers, sampling, percentiles, order=1) -> Solved:
     """The exact mean field. With the cache on, and neither the refined mean field nor percentiles (the
-    sojourn-time distribution checks its inputs with host callbacks, which `jax.export` cannot serialise), from the
+    sojourn-time distribution checks its inputs with host callbacks, which a kept executable cannot carry), from the
     exported solve when it succeeds; otherwise (and after its failures, which then raise the usual errors) by
     `solve_fixed_point` and the compiled metrics."""
     import numpy as np
@@ -197,7 +198,7 @@ def _solve_exact(model, grown_by, servers, sampling, percentiles, order=1) -> So
 
 def _exact_outputs(model):
     """What `jsmkt solve` prints of the exact mean field at the model's `K`, as one function of the model (traced
-    whole, for `jax.export`): the fixed point (`solve_fixed_point` with `throw=False`, whose failures show in
+    whole, to be compiled and kept by `jsmkt._exported`): the fixed point (`solve_fixed_point` with `throw=False`, whose failures show in
     `successful` and `truncated`), its metrics, and the numbers of the model's description (`described_load`, ...)."""
     import jsmkt
 
@@ -216,10 +217,11 @@ def _from_export(model) -> dict[str, Any] | None:
     cannot be exported, or a model too large to solve or of a structure refused (whose error the usual path
     raises)."""
     from .. import _exported
-    from .._models.newton import check_size, newton_system
 
     def before_export(model):
         # Once per model structure, which both depend on alone: a file that exists passed them.
+        from .._models.newton import check_size, newton_system
+
         check_size(model)
         newton_system(model)
 
