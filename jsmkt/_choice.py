@@ -91,6 +91,9 @@ class AbstractChoice(eqx.Module):
 
     def pgf(self, s: ArrayLike) -> Array:
         r"""$g(s) = E[s^D]$."""
+        w, sc = concrete_array(self.weights()), concrete_array(s)
+        if w is not None and sc is not None:  # concrete (a model's checks): on the host, nothing to compile
+            return constant(np.tensordot(w, np.stack([sc ** (j + 1) for j in range(self.max_d)]), axes=1))
         s = jnp.asarray(s)
         if self.max_d > _UNROLL_MAX_D:
             return _weighted_pgf(self.weights(), s)
@@ -146,7 +149,8 @@ class FixedChoice(AbstractChoice):
         return constant(np.eye(1, self.d, self.d - 1)[0])  # a constant, not operations run one by one
 
     def pgf(self, s: ArrayLike) -> Array:
-        return jnp.asarray(s) ** self.d
+        sc = concrete_array(s)
+        return jnp.asarray(s) ** self.d if sc is None else constant(sc**self.d)
 
     def join_factor(self, a: ArrayLike, b: ArrayLike) -> Array:
         a, b = jnp.asarray(a), jnp.asarray(b)
@@ -249,11 +253,14 @@ class InterpolatedChoice(AbstractChoice):
         # vector regardless. At d = d_max the derivative is the left one (lo = d_max - 1, frac = 1).
         if self.d_max == 1:  # the only law is D = 1, whatever d (its tangent too)
             return jnp.ones(1, dtype=self.d.dtype)
-        d = jnp.where(self.d > self.d_max, float(self.d_max), jnp.where(self.d < 1.0, 1.0, self.d))
-        lo = jnp.minimum(jnp.floor(d), float(max(self.d_max - 1, 1)))
+        dc = concrete_array(self.d)
+        xp, d = (jnp, self.d) if dc is None else (np, dc)  # a concrete d (a model's checks): on the host
+        d = xp.where(d > self.d_max, float(self.d_max), xp.where(d < 1.0, 1.0, d))
+        lo = xp.minimum(xp.floor(d), float(max(self.d_max - 1, 1)))
         frac = d - lo
-        j = jnp.arange(1, self.d_max + 1, dtype=d.dtype)
-        return jnp.where(j == lo, 1.0 - frac, 0.0) + jnp.where(j == lo + 1, frac, 0.0)
+        j = xp.arange(1, self.d_max + 1, dtype=d.dtype)
+        w = xp.where(j == lo, 1.0 - frac, 0.0) + xp.where(j == lo + 1, frac, 0.0)
+        return w if dc is None else constant(w)
 
     def value_errors(self):
         return [(~(self.d >= 1.0) | (self.d > self.d_max), f"choice number `d` must lie in [1, d_max={self.d_max}]")]
@@ -262,7 +269,7 @@ class InterpolatedChoice(AbstractChoice):
         """`d` drawn inside $(1, d_{max})$: a `d` at or below 1 samples one server, which couples nothing."""
         if self.d_max == 1:
             return self
-        d = 1.0 + (self.d_max - 1) * draw((), 0.25, 0.75)
+        d = 1.0 + (self.d_max - 1) * np.asarray(draw((), 0.25, 0.75))  # on the host: no operation to compile
         return eqx.tree_at(lambda c: c.d, self, jnp.asarray(d, dtype=jnp.result_type(self.d)))
 
 

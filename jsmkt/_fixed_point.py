@@ -125,14 +125,14 @@ def _solve(model, y0, rtol, atol, max_steps, tail_tol, throw, adjoint, lin=None)
         sol = optx.root_find(_scaled_system_fn, solver, z0, args=model, max_steps=max_steps, adjoint=adjoint,
                              throw=False)
         y = system_state(system, model, sol.value)
-    residual = _max_abs(_residual_fn(y, model))
+    residual = _max_abs(_residual_fn(y, model))  # `_scaled_residual_fn`'s max is this over the rate scale
     tail_mass = model.tails(y)[-1]
     finite = all_finite(y)
     newton = RESULTS.promote(sol.result)
     # Near saturation (1 - rho of order 1e-5 and below) the Jacobian is so ill-conditioned that rounding keeps
     # Newton's steps above `rtol` after the residual has reached `atol`: that iterate is as accurate as float64
     # allows, so a residual within `atol` at the step limit counts as converged.
-    converged = jax.lax.stop_gradient(_max_abs(_scaled_residual_fn(y, model))) <= atol
+    converged = jax.lax.stop_gradient(residual / model.rate_scale()) <= atol
     newton = RESULTS.where((newton == RESULTS.nonlinear_max_steps_reached) & converged, RESULTS.successful, newton)
     out = RESULTS.where(result == RESULTS.successful, newton, result)
     out = RESULTS.where((out == RESULTS.successful) & ~finite, RESULTS.nonfinite_solution, out)
@@ -252,8 +252,8 @@ def solve_fixed_point(
             newton_system(model)
         # With x0 None, `_solve` starts from the model's initial guess, computed in the same compiled call.
         fp = _solve(model, x0, rtol, atol, max_steps, tail_tol, False, adjoint, linear_solver)
-        newton_failed = fp.result not in (RESULTS.successful, RESULTS.unstable, RESULTS.invalid_parameters,
-                                          RESULTS.truncation_too_small)
+        newton_failed = not _is(fp.result, RESULTS.successful, RESULTS.unstable, RESULTS.invalid_parameters,
+                                RESULTS.truncation_too_small)
         if newton_failed and x0 is None:
             # Newton did not converge from the model's initial guess (it diverged, stalled, met a singular or
             # non-finite linear system): start it from the ODE's steady state instead.
@@ -261,24 +261,30 @@ def solve_fixed_point(
 
             y_ode, _ = steady_state(model, rtol=1e-8, atol=1e-10, throw=False)
             fp = _solve(model, y_ode, rtol, atol, max_steps, tail_tol, False, adjoint, linear_solver)
-        if not (auto_K and fp.result == RESULTS.truncation_too_small and model.K < max_K):
+        if not (auto_K and _is(fp.result, RESULTS.truncation_too_small) and model.K < max_K):
             break
         model, x0 = model.with_K(min(2 * model.K, max_K)), None
-    if throw and fp.result != RESULTS.successful:
+    if throw and not _is(fp.result, RESULTS.successful):
         _raise_for(fp, tail_tol, max_steps, auto_K, max_K)
     return fp
 
 
 def _raise_for(fp: FixedPoint, tail_tol: float, max_steps: int, auto_K: bool = False, max_K: int = 4096):
-    if fp.result == RESULTS.truncation_too_small:
+    if _is(fp.result, RESULTS.truncation_too_small):
         raise TruncationError(fp.model.K, float(fp.tail_mass), tail_tol, auto_K, max_K)
-    if fp.result in (RESULTS.unstable, RESULTS.invalid_parameters):
+    if _is(fp.result, RESULTS.unstable, RESULTS.invalid_parameters):
         raise ValueError(_message(fp.result))
     raise RuntimeError(
         f"the fixed-point solve did not converge ({_message(fp.result)}); residual {float(fp.residual):.3g} after "
         f"{int(fp.stats['num_steps'])} Newton steps (max_steps={max_steps}). Try a larger max_steps, a starting "
         "point x0 from jsmkt.integrate(model, t1).ys[-1], or a larger K"
     )
+
+
+def _is(result, *codes) -> bool:
+    """Whether the concrete result code `result` is one of `codes`, read on the host (`==` on codes would compile
+    an operation of its own in a fresh process)."""
+    return _message(result) in {RESULTS[c] for c in codes}
 
 
 def _message(result) -> str:

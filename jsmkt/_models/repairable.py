@@ -7,6 +7,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, named_choice, named_value_errors
+from .._compile import fast_jit
 from .._errors import as_float_array, check_positive, concrete_array
 from .base import AbstractDescribedModel, check_K, choice_text, default_K, fmt
 from .description import INELIGIBLE, Description, Dispatch, LocalEvent, Moves, Pool, make_cells
@@ -35,6 +36,13 @@ def availability_r2(alpha, beta, pgf, j=0.0, steps: int = 60):
     sa, sb, sj = (jax.lax.stop_gradient(v) for v in (alpha, beta, j))
     a = jax.lax.fori_loop(0, steps, lambda _, a: newton(a, sa, sb, sj), jnp.ones_like(alpha) - sj)
     return newton(jax.lax.stop_gradient(a), alpha, beta, j)
+
+
+@fast_jit
+def _availability_r2(alpha, beta, choice2, j):
+    """`availability_r2` of the pgf of `choice2`, compiled whole: run operation by operation (a model's checks, as
+    it is built) its loop and Newton step would compile a dozen operations one by one."""
+    return availability_r2(alpha, beta, choice2.pgf, j)
 
 
 class RepairableJSQ(AbstractDescribedModel):
@@ -229,9 +237,9 @@ class RepairableJSQ(AbstractDescribedModel):
     def availability(self) -> Array:
         """The stationary fraction of working servers (class docstring)."""
         if self.repair == "R2":
-            return availability_r2(self.alpha, self.beta, self.choice2.pgf)
+            return _availability_r2(self.alpha, self.beta, self.choice2, 0.0)
         if self.saturated:
-            return availability_r2(self.alpha, self.beta, self.choice2.pgf, self.j)
+            return _availability_r2(self.alpha, self.beta, self.choice2, self.j)
         return self.beta / (self.alpha + self.beta)
 
     def load(self) -> Array:

@@ -139,10 +139,14 @@ class RetrialJSQ(AbstractDescribedModel):
         lc, mc = concrete_array(self.lam), concrete_array(self.mu)
         if lc is not None and mc is not None and not lc < mc:
             raise ValueError(self._unstable_message())  # the words of `value_errors`, as `solve` and `simulate` say
-        if policy == "constant" and lc is not None and mc is not None:
-            bad = [msg for flag, msg in self.value_errors()[-1:] if concrete_array(flag) is not None and bool(flag)]
-            if bad:
-                raise ValueError(bad[0])
+        tc = concrete_array(self.theta)
+        if policy == "constant" and lc is not None and mc is not None and tc is not None:
+            rho = lc / mc  # on the host: a model built once (the CLI) compiles nothing for its checks
+            g1, g2 = (concrete_array(c.pgf(rho)) for c in (self.choice1, self.choice2))
+            if g1 is not None and g2 is not None:
+                flag, msg = _orbit_balance(lc, tc, g1, g2, rho, retrial)
+                if bool(flag):
+                    raise ValueError(msg)
         if K is None:
             if not all(concrete_array(a) is not None for a in (self.lam, self.theta, self.mu,
                                                                 self.choice1.weights(), self.choice2.weights())):
@@ -236,16 +240,8 @@ class RetrialJSQ(AbstractDescribedModel):
             (~(rho < 1.0), self._unstable_message()),
         ]
         if self.policy == "constant":
-            inflow = self.lam * self.choice1.pgf(rho)
-            if self.retrial == "reprobe":
-                cap, what = self.theta * (1.0 - self.choice2.pgf(rho)), "theta*(1 - g2(rho))"
-            else:
-                cap, what = self.theta * (1.0 - rho), "theta*(1 - rho)"
-            out.append((~(inflow < cap), "unstable: " + fmt(
-                f"with constant retrials the orbits fill at rate lam*g1(rho)={{a}} (blocked primaries) but empty at "
-                f"most at rate {what}={{b}}", a=inflow, b=cap,
-                default=f"with constant retrials lam*g1(rho) >= {what}: the orbits fill faster than they empty")
-                + "; raise theta, d1 or d2, or lower lam"))
+            out.append(_orbit_balance(self.lam, self.theta, self.choice1.pgf(rho), self.choice2.pgf(rho), rho,
+                                      self.retrial))
         return out
 
     def _unstable_message(self) -> str:
@@ -357,6 +353,22 @@ def _mm1_retrial_occupancy(lam, theta, mu, policy: str, K: int) -> Float[Array, 
     return p / jnp.sum(p)
 
 
+def _orbit_balance(lam, theta, g1, g2, rho, retrial: str) -> tuple:
+    """`(flag, message)`: whether constant retrials cannot empty the orbits, whose inflow `lam*g1(rho)` (blocked
+    primaries) must stay below the most they empty, `theta*(1 - g2(rho))` (re-probing) or `theta*(1 - rho)` (own);
+    NumPy or JAX values alike (`g1`, `g2` the pgfs of d1 and d2 at rho)."""
+    inflow = lam * g1
+    if retrial == "reprobe":
+        cap, what = theta * (1.0 - g2), "theta*(1 - g2(rho))"
+    else:
+        cap, what = theta * (1.0 - rho), "theta*(1 - rho)"
+    return (~(inflow < cap), "unstable: " + fmt(
+        f"with constant retrials the orbits fill at rate lam*g1(rho)={{a}} (blocked primaries) but empty at "
+        f"most at rate {what}={{b}}", a=inflow, b=cap,
+        default=f"with constant retrials lam*g1(rho) >= {what}: the orbits fill faster than they empty")
+        + "; raise theta, d1 or d2, or lower lam")
+
+
 def _mean_orbit_bound(lam, theta, mu, choice1, choice2, retrial: str) -> tuple[float, str]:
     r"""For linear retrials, a lower bound on the mean orbit size at the fixed point, and its formula. Every blocked
     primary (rate $\lambda g_1(\rho)$) joins an orbit, and each orbit customer retries at rate θ: re-probing
@@ -365,9 +377,9 @@ def _mean_orbit_bound(lam, theta, mu, choice1, choice2, retrial: str) -> tuple[f
     least $\lambda g_1(\rho)/\theta$."""
     lam, theta, mu = (float(np.asarray(v)) for v in (lam, theta, mu))
     rho = lam / mu
-    inflow = lam * float(choice1.pgf(jnp.asarray(rho)))
+    inflow = lam * float(choice1.pgf(rho))
     if retrial == "reprobe":
-        return inflow / (theta * (1.0 - float(choice2.pgf(jnp.asarray(rho))))), "lam*g1(rho)/(theta*(1 - g2(rho)))"
+        return inflow / (theta * (1.0 - float(choice2.pgf(rho)))), "lam*g1(rho)/(theta*(1 - g2(rho)))"
     return inflow / theta, "at least lam*g1(rho)/theta"
 
 
@@ -381,8 +393,8 @@ def _default_K(lam, theta, mu, choice1, choice2, retrial: str, policy: str, tol:
     twice the largest K is refined on the law itself."""
     lt, tt, mt = (float(np.asarray(v)) for v in (lam, theta, mu))
     rho = lt / mt
-    success = 1.0 - (float(choice2.pgf(jnp.asarray(rho))) if retrial == "reprobe" else rho)
-    ratio = lt * float(choice1.pgf(jnp.asarray(rho))) / (tt * success)  # the guess's mean orbit, or its q
+    success = 1.0 - (float(choice2.pgf(rho)) if retrial == "reprobe" else rho)
+    ratio = lt * float(choice1.pgf(rho)) / (tt * success)  # the guess's mean orbit, or its q
     formula = "lam*g1(rho)/(theta*" + ("(1 - g2(rho)))" if retrial == "reprobe" else "(1 - rho))")
     if policy == "linear":
         estimate = ratio + 8.0 * math.sqrt(ratio)
