@@ -1,4 +1,4 @@
-"""Linear algebra helpers: small dense solves, and Lineax solvers for the structured Jacobians of the queueing
+"""Linear algebra helpers: small dense solves (`jsmkt._dense`), and Lineax solvers for the structured Jacobians of the queueing
 models (block tridiagonal, block banded, bordered by a few dense rows and columns) with the choice of a structure
 from a Jacobian's sparsity pattern."""
 
@@ -14,62 +14,8 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
+from ._dense import _UNROLL_MAX, small_solve
 from ._errors import all_finite
-
-
-_UNROLL_MAX = 6
-
-
-def mmatrix_solve(A: Float[Array, "m m"], b: Float[Array, " m"]) -> Float[Array, " m"]:
-    """Solve `A x = b` for a nonsingular M-matrix `A` (or its transpose).
-
-    Gaussian elimination without pivoting is stable for M-matrices (all pivots stay positive), so for the small
-    phase counts of PH models it is written out in full: inside `lax.scan` loops this avoids one LAPACK call per
-    iteration, which costs more than the arithmetic. Larger systems use `jnp.linalg.solve`.
-    """
-    m = A.shape[0]
-    if m > _UNROLL_MAX:
-        return jnp.linalg.solve(A, b)
-    a = [[A[i, j] for j in range(m)] for i in range(m)]
-    y = [b[i] for i in range(m)]
-    for k in range(m):
-        for i in range(k + 1, m):
-            f = a[i][k] / a[k][k]
-            for j in range(k + 1, m):
-                a[i][j] = a[i][j] - f * a[k][j]
-            y[i] = y[i] - f * y[k]
-    x: list = [None] * m
-    for i in reversed(range(m)):
-        acc = y[i]
-        for j in range(i + 1, m):
-            acc = acc - a[i][j] * x[j]
-        x[i] = acc / a[i][i]
-    return jnp.stack(x)
-
-
-def small_solve(A: Float[Array, "m m"], B: Float[Array, "m k"]) -> Float[Array, "m k"]:
-    """Solve `A X = B` for a small nonsingular `A`: Gaussian elimination with partial pivoting, written out for
-    `m <= _UNROLL_MAX` (inside `lax.scan` loops one LAPACK call per iteration costs more than the arithmetic;
-    `benchmarks/README.md`), `jnp.linalg.solve` above. A singular
-    `A` gives non-finite entries."""
-    m = A.shape[0]
-    if m > _UNROLL_MAX:
-        return jnp.linalg.solve(A, B)
-    M = jnp.concatenate([A, B], axis=1)
-    rows = jnp.arange(m)
-    for k in range(m - 1):
-        p = jnp.argmax(jnp.where(rows >= k, jnp.abs(M[:, k]), -1.0))  # pivot row
-        row_k, row_p = M[k], M[p]
-        M = jnp.where((rows == k)[:, None], row_p[None], jnp.where((rows == p)[:, None], row_k[None], M))
-        f = jnp.where(rows > k, M[:, k] / M[k, k], 0.0)
-        M = M - f[:, None] * M[k][None]
-    X: list = [None] * m
-    for i in reversed(range(m)):
-        acc = M[i, m:]
-        for j in range(i + 1, m):
-            acc = acc - M[i, j] * X[j]
-        X[i] = acc / M[i, i]
-    return jnp.stack(X)
 
 
 def _small_matmul(A, B):
@@ -555,7 +501,7 @@ class Bordered(lx.AbstractLinearSolver):
         if self.reuse:
             blocks, _, J_BI, W, S = arrays
             y = _band_solve(blocks, grid, b_I)
-            x_B = jnp.linalg.solve(S, b[grid.border][:, None] - J_BI @ y)
+            x_B = small_solve(S, b[grid.border][:, None] - J_BI @ y)
         else:
             # J_BI applied to [W, y] as the border rows of the products with [W, y] (zero on the border)
             blocks, J_IB, J_BB, operator = arrays
@@ -566,7 +512,7 @@ class Bordered(lx.AbstractLinearSolver):
             flat = jnp.concatenate([Z, jnp.zeros((p, p + 1), Z.dtype)])[grid.out_src]  # (n, p + 1)
             JZ = jax.vmap(lambda v: ravel_pytree(operator.mv(unravel(v)))[0])(flat.T.astype(dtype))  # (p + 1, n)
             BZ = JZ[:, grid.border].T  # J_BI [W, y]
-            x_B = jnp.linalg.solve(J_BB - BZ[:, :p], b[grid.border][:, None] - BZ[:, p:])
+            x_B = small_solve(J_BB - BZ[:, :p], b[grid.border][:, None] - BZ[:, p:])
         x_I = y - W @ x_B
         return _solution(jnp.concatenate([x_I[:, 0], x_B[:, 0]])[grid.out_src], in_structure)
 

@@ -16,11 +16,10 @@ from jsmkt._linalg import (
     BlockTridiagonal,
     Bordered,
     classify_sparsity,
-    mmatrix_solve,
-    small_solve,
     structure_solver,
     structure_violations,
 )
+from jsmkt._dense import mmatrix_solve, small_solve
 
 
 @settings(max_examples=30, deadline=None)

@@ -16,6 +16,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
+from .._dense import small_solve
 from .._errors import as_float_array, check_count, concrete_array
 from .._graph import reachable
 
@@ -177,7 +178,7 @@ def stationary_vector(G: Float[Array, "m m"]) -> Float[Array, " m"]:
     the normalisation replacing the last balance equation; differentiable)."""
     m = G.shape[0]
     A = jnp.concatenate([G[:, :-1], jnp.ones((m, 1), G.dtype)], axis=1)
-    return jnp.linalg.solve(A.T, jnp.zeros(m, G.dtype).at[-1].set(1.0))
+    return small_solve(A.T, jnp.zeros((m, 1), G.dtype).at[-1, 0].set(1.0))[:, 0]
 
 
 @functools.partial(jax.jit, static_argnums=4)

@@ -17,6 +17,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._dense import mmatrix_solve
 from .._errors import TINY as _TINY
 from .._errors import as_float_array, concrete_array
 
@@ -235,7 +236,7 @@ class PH(eqx.Module):
     @property
     def mean_remaining(self) -> Float[Array, " m"]:
         r"""Mean time to absorption from each phase, $(-T)^{-1}\mathbf{1}$."""
-        return jnp.linalg.solve(-self.T, jnp.ones(self.order))
+        return mmatrix_solve(-self.T, jnp.ones(self.order))
 
     @property
     def mean(self) -> Float[Array, ""]:
@@ -254,7 +255,7 @@ class PH(eqx.Module):
             raise ValueError(f"n={n!r} exceeds {_MAX_MOMENT}: n! overflows float64 beyond it; ask for a lower moment")
         v = jnp.ones(self.order)
         for _ in range(n):
-            v = jnp.linalg.solve(-self.T, v)
+            v = mmatrix_solve(-self.T, v)
         return float(math.factorial(n)) * (self.alpha @ v)
 
     def moments(self, n: int) -> Float[Array, " n"]:
@@ -278,7 +279,7 @@ class PH(eqx.Module):
     def stationary_vector(self) -> Float[Array, " m"]:
         r"""Stationary vector $\omega$ of $T + T^0\alpha$: the phase seen by a server that is always busy,
         $\omega = \alpha(-T)^{-1} / E[S]$ (also the initial vector of the equilibrium residual time)."""
-        v = jnp.linalg.solve(-self.T.T, self.alpha)
+        v = mmatrix_solve(-self.T.T, self.alpha)
         return v / jnp.sum(v)
 
     def _expm(self, x: Array) -> Float[Array, "... m m"]:

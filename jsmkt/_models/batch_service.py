@@ -215,8 +215,7 @@ class JSQdBatchService(AbstractDescribedModel):
         safe = jnp.where(several, delta, 2.0)
         e = jnp.where(several, mean_b * jnp.expm1(k / mean_b * jnp.log(safe)) / (safe - 1.0), k)
         s = r**e
-        phase = jnp.linalg.solve(-m.service.T.T, m.service.alpha)
-        return s[:, None] * (phase / jnp.sum(phase))[None, :]
+        return s[:, None] * m.service.stationary_vector[None, :]
 
     def occupancy(self, y):
         X = y - jnp.concatenate([y[1:], jnp.zeros((1, self.m))])

@@ -331,8 +331,7 @@ class JSQdClasses(AbstractDescribedModel):
         point)."""
         model = jax.tree_util.tree_map(lambda x: jax.lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, self)
         s = _forward_tails(model)
-        phase = jnp.linalg.solve(-model.service.T.T, model.service.alpha)
-        return s[:, None] * (phase / jnp.sum(phase))[None, :]
+        return s[:, None] * model.service.stationary_vector[None, :]
 
     def occupancy(self, y):
         X = y - jnp.concatenate([y[1:], jnp.zeros((1, self.m))])

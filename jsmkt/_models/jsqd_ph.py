@@ -7,6 +7,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._choice import AbstractChoice, as_choice
+from .._dense import mmatrix_solve
 from .._distributions.ph import PH, concrete_mean_scv, not_a_ph
 from .._errors import as_float_array, concrete_array
 from .base import AbstractDescribedModel, JSQFastPath, check_K, choice_text, default_K, fmt, mph1_tail_decay
@@ -206,8 +207,6 @@ class JSQdPH(AbstractDescribedModel):
             s = jnp.clip(lam * choice.pgf(s_prev) / jnp.maximum(phase_mix @ T0, 1e-300), 0.0, s_prev)
 
             def S_of(s):
-                from .._linalg import mmatrix_solve  # here: building a model needs no Lineax
-
                 h = choice.join_factor(s_prev, s)
                 return mmatrix_solve((lam * h * shift - T).T, lam * h * S_prev + lam * choice.pgf(s) * alpha)
 
