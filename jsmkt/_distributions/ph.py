@@ -13,7 +13,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
-import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
@@ -298,7 +297,9 @@ class PH(eqx.Module):
             c = min(max(float(c), 1.0), float(np.finfo(float).max))
             squarings = max(16, int(np.floor(np.log2(c / _EXPM_MAXNORM))) + 2)
         t = jnp.minimum(x, horizon).reshape(-1)
-        E = jax.vmap(lambda u: jsl.expm(T * u, max_squarings=squarings))(t).reshape(*x.shape, *T.shape)
+        import jax.scipy.linalg  # here: a model's construction and solve need none of it (the CLI's start-up)
+
+        E = jax.vmap(lambda u: jax.scipy.linalg.expm(T * u, max_squarings=squarings))(t).reshape(*x.shape, *T.shape)
         return jnp.where((x >= horizon)[..., None, None], 0.0, E)  # NaN stays NaN
 
     def cdf(self, x: ArrayLike) -> Float[Array, "..."]:
