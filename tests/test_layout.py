@@ -98,6 +98,24 @@ def test_every_family_file_declares_its_table(cls):
         assert (PACKAGE.parent / spec).is_file(), spec
 
 
+def test_a_table_in_another_layout_is_read_from_the_whole_file(tmp_path):
+    """`read_table` parses the one `    table = ...` statement alone; a file laid out otherwise (a class body
+    indented by two, a table whose statement the heuristic cannot cut out) is parsed whole, to the same table."""
+    from jsmkt._models.parameters import FamilyTable, Parameter, _table_statement, read_table
+
+    expected = FamilyTable("toy", (Parameter("lam", "rate", "arrival rate", field="lam"),))
+    two = tmp_path / "two.py"
+    two.write_text('class Toy:\n  table = FamilyTable("toy", (\n      Parameter("lam", "rate", "arrival rate", '
+                   'field="lam"),\n  ))\n')
+    assert _table_statement(two.read_text(), str(two)) is None
+    assert read_table(two) == ("Toy", expected)
+    four = tmp_path / "four.py"
+    four.write_text('class Toy:\n    """A toy."""\n\n    table = FamilyTable("toy", (\n        Parameter("lam", "rate", '
+                    '"arrival rate", field="lam"),\n    ))\n\n    def f(self):\n        return 1\n')
+    assert _table_statement(four.read_text(), str(four))[0] == "Toy"
+    assert read_table(four) == ("Toy", expected)
+
+
 @pytest.mark.parametrize("fam", ["jsq", "jsq-batch", "jsq-bmap", "retrial", "repairable"])
 def test_rate_checks_are_generated_from_the_table(fam):
     """Every rate of a family's table (kind `rate`, with a field) is checked finite and positive by `value_errors`,

@@ -23,6 +23,8 @@ One naming rule for every consumer: a parameter is named by its TOML path, dotte
 
 import ast
 import pathlib
+import re
+import textwrap
 from typing import Any, NamedTuple
 
 
@@ -141,24 +143,49 @@ def read_table(path: str | pathlib.Path) -> tuple[str, FamilyTable] | None:
     read from its source without importing it; `None` where the file defines no family. The table's expression is
     evaluated with this module's names alone: a table that uses anything else is refused (`ValueError`)."""
     source = pathlib.Path(path).read_text(encoding="utf-8")
-    tree = ast.parse(source, str(path))
-    for node in tree.body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for stmt in node.body:
-            if isinstance(stmt, ast.Assign) and [ast.unparse(t) for t in stmt.targets] == ["table"]:
-                code = compile(ast.Expression(stmt.value), str(path), "eval")
-                names = {"Parameter": Parameter, "FamilyTable": FamilyTable, "REQUIRED": REQUIRED,
-                         "TRUNCATION": TRUNCATION}
-                try:
-                    table = eval(code, {"__builtins__": {}}, names)  # noqa: S307  (literals and this module's types)
-                except Exception as e:  # noqa: BLE001
-                    raise ValueError(f"{path}: the table of {node.name} is not plain data ({type(e).__name__}: "
-                                     f"{e}); use literals, Parameter and FamilyTable only") from None
-                if not isinstance(table, FamilyTable):
-                    raise ValueError(f"{path}: {node.name}.table must be a FamilyTable")
-                return node.name, table
-    return None
+    found = _table_statement(source, str(path))
+    if found is None:  # not in the usual layout: the whole file
+        found = next(((node.name, stmt) for node in ast.parse(source, str(path)).body if isinstance(node, ast.ClassDef)
+                      for stmt in node.body
+                      if isinstance(stmt, ast.Assign) and [ast.unparse(t) for t in stmt.targets] == ["table"]), None)
+    if found is None:
+        return None
+    name, stmt = found
+    code = compile(ast.Expression(stmt.value), str(path), "eval")
+    names = {"Parameter": Parameter, "FamilyTable": FamilyTable, "REQUIRED": REQUIRED, "TRUNCATION": TRUNCATION}
+    try:
+        table = eval(code, {"__builtins__": {}}, names)  # noqa: S307  (literals and this module's types)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{path}: the table of {name} is not plain data ({type(e).__name__}: {e}); use literals, "
+                         "Parameter and FamilyTable only") from None
+    if not isinstance(table, FamilyTable):
+        raise ValueError(f"{path}: {name}.table must be a FamilyTable")
+    return name, table
+
+
+_CLASS = re.compile(r"^class (\w+)\b", re.MULTILINE)
+_TABLE = re.compile(r"^    table = ", re.MULTILINE)
+_BODY_STATEMENT = re.compile(r"^(?: {4})?[^\s)\]}]")  # a line that starts a statement of a class body or module
+
+
+def _table_statement(source: str, where: str) -> tuple[str, ast.Assign] | None:
+    """`(class name, the assignment)` of the one `    table = ...` of a class body, parsed alone (parsing a whole
+    family file costs several milliseconds, which every command start-up would pay per family); None where the
+    file is not laid out so (no such line or several, a class body not at 4 spaces): `read_table` then parses the
+    whole file."""
+    starts = [m.start() for m in _TABLE.finditer(source)]
+    classes = [m for m in _CLASS.finditer(source) if starts and m.start() < starts[0]]
+    if len(starts) != 1 or not classes:
+        return None
+    lines = source[starts[0]:].splitlines()
+    end = next((i for i, line in enumerate(lines[1:], 1) if _BODY_STATEMENT.match(line)), len(lines))
+    try:
+        tree = ast.parse(textwrap.dedent("\n".join(lines[:end])), where)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
+        return None
+    return classes[-1].group(1), tree.body[0]
 
 
 FAMILY_MODULES = ("jsqd", "jsqd_ph", "batch", "classes", "batch_service", "bmap", "retrial", "repairable")
