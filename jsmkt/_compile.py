@@ -1,12 +1,11 @@
 """How jsmkt compiles what it runs once: a solve of concrete inputs, a check of a model's values, a structure probe.
 
-On a CPU, XLA's backend compilation (LLVM's optimisation passes and code generation) is most of a first solve:
-about 0.6 s for `JSQd` and 3 s for `JSQdClasses` on two cores, against a few milliseconds for the solve it
-compiles. A function decorated with `fast_jit` is `eqx.filter_jit` whose eager calls (concrete inputs, no
-enclosing trace) compile with `options()`, the XLA options that make compilation fastest (`FAST_OPTIONS`: LLVM's
-optimisation off, XLA's loop emitters rather than its fusion emitters, one module per executable). Those
-executables run a little slower (up to about 1.5x for a solve, measured in `benchmarks/compile.py`), which a
-solve of one model never recovers from.
+On a CPU, XLA's backend compilation (LLVM's optimisation passes and code generation) is most of a first solve,
+and takes hundreds of times as long as the solve it compiles (`benchmarks/compile.py`). A function decorated with
+`fast_jit` is `eqx.filter_jit` whose eager calls (concrete inputs, no enclosing trace) compile with `options()`,
+the XLA options that make compilation fastest (`FAST_OPTIONS`: LLVM's optimisation off, XLA's loop emitters rather
+than its fusion emitters, one module per executable). Those executables run somewhat slower (the benchmark's
+`default ms` column), which one solve of a model never earns back.
 
 The options are per executable (`jax.jit`'s `compiler_options`), so nothing else changes: inside a user's
 `jax.jit` or `jax.vmap`, and in jsmkt's batched paths (`jsmkt.batched`, `jsmkt.sweep`), a `fast_jit` function is

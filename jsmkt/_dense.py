@@ -1,7 +1,7 @@
 """Small dense solves written out in XLA's operations, without LAPACK: for the phase counts of PH models and the
 blocks of the structured Jacobians, one LAPACK call inside a `lax.scan` loop costs more than the arithmetic
 (`benchmarks/README.md`), and a program without LAPACK calls spares a process importing SciPy, whose BLAS
-jaxlib's LAPACK kernels take (about 0.1 s at the first solve). Larger systems use `jnp.linalg.solve`. Utility
+jaxlib's LAPACK kernels take, at its first solve. Larger systems use `jnp.linalg.solve`. Utility
 layer: the PH laws (`jsmkt._distributions`) use it as well as the structured solvers (`jsmkt._linalg`)."""
 
 import jax.numpy as jnp

@@ -54,8 +54,8 @@ _folder: pathlib.Path | None = None
 
 
 class CacheWarning(UserWarning):
-    """An entry of the exported-function cache was not used as it is: it holds another key or is damaged (it is
-    traced again and overwritten), or it cannot be written."""
+    """An entry of the compiled-function cache was not used as it is: it holds another key or is damaged (it is
+    compiled again and overwritten), or it cannot be written."""
 
 
 def use_folder(path: str | os.PathLike | None) -> None:
