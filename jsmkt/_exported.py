@@ -5,11 +5,12 @@ the function: tracing jsmkt's solver through Optimistix, Lineax and Equinox and 
 repeated `jsmkt solve` would otherwise spend after its imports, and JAX's own persistent compilation cache, which
 the CLI also turns on, needs both to find its entry.
 
-A file is keyed by jsmkt's source code, the versions of JAX, jaxlib, Equinox, Optimistix and Lineax, the backend
-and the CPU it compiled for, the XLA options, the function's name and the model's structure: its static fields and
-the shapes and dtypes of its arrays. The model's array values are the arguments, so a loop over λ (or any other
-value) reuses one file, while a new `K`, phase count or family gets its own. A model whose structure has no stable
-description (a static field printed with a memory address) is not kept. The function must return a dict of arrays.
+A file is keyed by jsmkt's source code, the versions of JAX, jaxlib, Equinox, Optimistix and Lineax, the backend,
+the device (its model and runtime version) and the CPU it compiled for, the XLA options, the function's name and the
+model's structure: its static fields and the shapes and dtypes of its arrays. The model's array values are the
+arguments, so a loop over λ (or any other value) reuses one file, while a new `K`, phase count or family gets its
+own. A model whose structure has no stable description (a static field printed with a memory address) is not kept.
+The function must return a dict of arrays.
 
 The file's name is a hash of its key, and the file holds the whole key too, ahead of the executable: a load checks
 it, so that a file put under another file's name (the solve of another model of the same shapes, say d = 3 under
@@ -120,7 +121,9 @@ def _key(name: str, treedef, static_leaves, leaves) -> bytes | None:
     if " at 0x" in text:
         return None
     options = repr(sorted((_compile.options() or {}).items()))
-    return "\n".join([code_digest(), *versions, jax.default_backend(), _machine(), options, text]).encode()
+    device = jax.devices()[0]  # an accelerator's model and its runtime's version (a GPU's driver), on a CPU "cpu"
+    return "\n".join([code_digest(), *versions, jax.default_backend(), device.device_kind,
+                      device.client.platform_version, _machine(), options, text]).encode()
 
 
 def _file_name(key: bytes) -> str:
