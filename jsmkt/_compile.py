@@ -1,4 +1,5 @@
-"""How jsmkt compiles what it runs once: a solve of concrete inputs, a check of a model's values, a structure probe.
+"""How jsmkt compiles what it runs once: a solve of concrete inputs, a check of a model's values, a structure probe,
+the construction of a sojourn-time law or of the refined mean field.
 
 On a CPU, XLA's backend compilation (LLVM's optimisation passes and code generation) is most of a first solve,
 and takes hundreds of times as long as the solve it compiles (`benchmarks/compile.py`). A function decorated with

@@ -79,11 +79,12 @@ def use_fast_compilation(enabled: bool = True) -> None:
     """Whether jsmkt compiles what it runs once for compilation speed (the default) or with XLA's defaults.
 
     On a CPU, a solve of concrete inputs (`jsmkt.solve_fixed_point(model)` outside `jit` and `vmap`), a check of a
-    model's values and a structure probe are compiled with LLVM's optimisation off and XLA's simpler emitters
-    (`jsmkt._compile.FAST_OPTIONS`): a family's first solve compiles in a fraction of the time, and runs somewhat
-    slower (`benchmarks/compile.py`). `use_fast_compilation(False)` suits a script whose Python loop solves one model structure eagerly
-    many thousands of times; `jax.vmap`, `jax.jit` and jsmkt's batched paths (`jsmkt.batched`, `jsmkt.sweep`) are
-    compiled with XLA's defaults either way. Other backends always use XLA's defaults. It applies from the next call on.
+    model's values, a structure probe, and the construction of a sojourn-time law or of the refined mean field are
+    compiled with LLVM's optimisation off and XLA's simpler emitters (`jsmkt._compile.FAST_OPTIONS`): a family's
+    first solve compiles in a fraction of the time, and runs somewhat slower (`benchmarks/compile.py`).
+    `use_fast_compilation(False)` suits a script whose Python loop solves one model structure eagerly many thousands
+    of times; `jax.vmap`, `jax.jit` and jsmkt's batched paths (`jsmkt.batched`, `jsmkt.sweep`) are compiled with
+    XLA's defaults either way. Other backends always use XLA's defaults. It applies from the next call on.
 
     **Raises:** `ValueError` if `enabled` is not a bool."""
     global _fast_compilation

@@ -37,6 +37,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from . import _maps
+from ._compile import fast_jit
 from ._choice import (
     _UNROLL_MAX_D,
     AbstractChoice,
@@ -329,7 +330,7 @@ def refined_mean_field(fixed_point: FixedPoint, sampling: str = "with_replacemen
     return out
 
 
-@eqx.filter_jit
+@fast_jit
 def _refine(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -> RefinedMeanField:
     flat, unravel = ravel_pytree(y)
     # Time in units of 1/model.rate_scale(): W and V do not depend on the unit of time, and rates of 1e-160 or
@@ -393,7 +394,7 @@ def _contract_third(fn: Callable, z: Float[Array, " n"], M: Float[Array, "n n n"
     return jnp.sum(jax.vmap(slab, in_axes=(0, 1), out_axes=-1)(M, eye), axis=-1)
 
 
-@eqx.filter_jit
+@fast_jit
 def _refine2(model: AbstractSupermarketModel, y: PyTree[Array], replace: bool) -> RefinedMeanField:
     r"""The expansion to order $1/N^2$ (Gast, Bortolussi & Tribastone, *Size expansions of mean field
     approximation: transient and steady-state analysis*, 2019), by the moment equations of the $N$-server chain.

@@ -77,6 +77,7 @@ from jax.scipy.special import gammaln, xlogy
 from jaxtyping import Array, ArrayLike, Float
 
 from . import _maps
+from ._compile import fast_jit
 from ._errors import error_if, is_concrete
 from ._graph import reachable
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
@@ -664,7 +665,7 @@ def _probabilities(p) -> Array:
 # --- public entry points --------------------------------------------------------------------------------------
 
 
-@eqx.filter_jit
+@fast_jit
 def _compute(model: AbstractDescribedModel, y, stream, waiting: Array, max_terms: int, lumped, bad: Array):
     """The uniformised survival steps (`waiting` traced: the sojourn and waiting times of a model compile once).
     Where `bad` (a failed fixed point, whose occupancy is NaN) the chain starts with no job, so that no step is
@@ -973,7 +974,7 @@ def _stay_depends(model: AbstractDescribedModel, stream: str | None) -> bool:
     return out
 
 
-@eqx.filter_jit
+@fast_jit
 def _refined_steps(model, y, V, W, stream, waiting, max_terms: int, replace: bool, depends: bool):
     r"""The uniformised steps $a_n$ (mean field) and $c_n$ (the $1/N$ term) of a tagged job's survival function.
 
