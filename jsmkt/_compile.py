@@ -33,6 +33,9 @@ FAST_OPTIONS: dict[str, Any] = {
 }
 """The XLA options of an eager call of a `fast_jit` function on a CPU (the tests' `FAST_COMPILE_FLAGS`)."""
 
+RUNTIME_ERROR: type[Exception] = getattr(jax.errors, "JaxRuntimeError", RuntimeError)
+"""XLA's runtime error (`jax.errors.JaxRuntimeError`; older JAX raises a `RuntimeError` subclass without the name)."""
+
 _refused: set[str] = set()  # options this jaxlib's XLA refused ("No such compile option")
 _REFUSAL = re.compile(r"No such compile option: '(\w+)'")
 
@@ -47,7 +50,7 @@ def options() -> dict[str, Any] | None:
 
 def _dropped_refused(e: Exception, opts: dict[str, Any]) -> bool:
     """Whether `e` is XLA's refusal of one of `opts` (then dropped from `options()` for good)."""
-    refused = _REFUSAL.search(str(e)) if isinstance(e, jax.errors.JaxRuntimeError) else None
+    refused = _REFUSAL.search(str(e)) if isinstance(e, RUNTIME_ERROR) else None
     if refused is None or refused.group(1) not in opts:
         return False
     _refused.add(refused.group(1))
@@ -60,7 +63,7 @@ def compile(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
         opts = options()
         try:
             return lowered.compile(compiler_options=opts or None)
-        except jax.errors.JaxRuntimeError as e:
+        except RUNTIME_ERROR as e:
             if not opts or not _dropped_refused(e, opts):
                 raise
 
@@ -89,7 +92,7 @@ class _FastJit:
             jitted = self._fast[key] = eqx.filter_jit(self.__wrapped__, compiler_options=dict(opts))
         try:
             return jitted(*args, **kwargs)
-        except jax.errors.JaxRuntimeError as e:
+        except RUNTIME_ERROR as e:
             if not _dropped_refused(e, opts):
                 raise
             return self(*args, **kwargs)  # compiled again without the option this XLA does not know

@@ -268,7 +268,7 @@ def call(name: str, fn: Callable[..., dict], model, before_export=None) -> tuple
         names, executable = loaded
         try:
             return {k: np.asarray(v) for k, v in zip(names, executable(*leaves), strict=True)}, "loaded"
-        except jax.errors.JaxRuntimeError:  # e.g. a kernel missing from the file (see `_compiled`)
+        except _compile.RUNTIME_ERROR:  # e.g. a kernel missing from the file (see `_compiled`)
             _warn(f"the cache entry {path} is damaged; computing it again (and replacing it)")
     if before_export is not None:
         before_export(model)
