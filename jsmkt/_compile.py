@@ -22,6 +22,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import numpy as np
 
 from . import _config
 
@@ -69,7 +70,15 @@ def compile(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
 
 
 def _traced(tree) -> bool:
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+    """Whether `tree` holds a tracer, or a trace encloses this call (a user's `jit` of a function that closes over a
+    concrete model): then the call is traced into the enclosing computation, where a nested `jit` may not carry
+    compiler options. A copy to the device is staged, as a tracer, exactly when a trace encloses it."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree)):
+        return True
+    return isinstance(jax.device_put(_ZERO), jax.core.Tracer)
+
+
+_ZERO = np.zeros(())
 
 
 class _FastJit:

@@ -22,6 +22,16 @@ def test_eager_calls_compile_fast_and_traced_calls_do_not():
         assert list(f._fast) == [tuple(sorted(_compile.options().items()))]
 
 
+def test_a_call_inside_a_users_jit_on_concrete_arguments_is_traced():
+    """A user's `jit` of a function that closes over concrete arguments: the call is traced into the enclosing
+    computation (a nested `jit` may not carry compiler options: JAX refuses it)."""
+    f = _compile.fast_jit(lambda x: x * 2.0)
+    x = jnp.arange(3.0)
+    np.testing.assert_array_equal(jax.jit(lambda: f(x))(), 2.0 * np.arange(3.0))
+    np.testing.assert_array_equal(jax.jit(lambda y: f(x) + y)(1.0), 2.0 * np.arange(3.0) + 1.0)
+    assert not f._fast
+
+
 def test_an_option_xla_does_not_know_is_dropped(monkeypatch):
     if jax.default_backend() != "cpu":
         pytest.skip("the options apply on a CPU")
