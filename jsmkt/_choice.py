@@ -91,14 +91,15 @@ class AbstractChoice(eqx.Module):
 
     def pgf(self, s: ArrayLike) -> Array:
         r"""$g(s) = E[s^D]$."""
-        w, sc = concrete_array(self.weights()), concrete_array(s)
+        weights = self.weights()
+        w, sc = concrete_array(weights), concrete_array(s)
         if w is not None and sc is not None:  # concrete (a model's checks): on the host, nothing to compile
             return constant(np.tensordot(w, np.stack([sc ** (j + 1) for j in range(self.max_d)]), axes=1))
         s = jnp.asarray(s)
         if self.max_d > _UNROLL_MAX_D:
-            return _weighted_pgf(self.weights(), s)
+            return _weighted_pgf(weights, s)
         powers = jnp.stack([s ** (j + 1) for j in range(self.max_d)])
-        return jnp.tensordot(self.weights(), powers, axes=1)
+        return jnp.tensordot(weights, powers, axes=1)
 
     def join_factor(self, a: ArrayLike, b: ArrayLike) -> Array:
         r"""Divided difference $h(a, b) = (g(a) - g(b))/(a - b)$, computed without division."""

@@ -18,8 +18,8 @@ import optimistix as optx
 from jaxtyping import Array, PyTree
 
 from . import _maps
-from ._compile import fast_jit
 from ._batched import ChunkedImplicitAdjoint
+from ._compile import fast_jit
 from ._errors import all_finite, error_if, is_concrete
 from ._linalg import NeverFails
 from ._models.base import AbstractSupermarketModel

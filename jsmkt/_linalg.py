@@ -1,6 +1,6 @@
-"""Linear algebra helpers: small dense solves (`jsmkt._dense`), and Lineax solvers for the structured Jacobians of the queueing
-models (block tridiagonal, block banded, bordered by a few dense rows and columns) with the choice of a structure
-from a Jacobian's sparsity pattern."""
+"""Lineax solvers for the structured Jacobians of the queueing models (block tridiagonal, block banded, bordered by
+a few dense rows and columns) with the choice of a structure from a Jacobian's sparsity pattern; their small dense
+blocks are solved by `jsmkt._dense`."""
 
 import functools
 from operator import index as _index

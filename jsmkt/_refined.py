@@ -37,7 +37,6 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from . import _maps
-from ._compile import fast_jit
 from ._choice import (
     _UNROLL_MAX_D,
     AbstractChoice,
@@ -45,6 +44,7 @@ from ._choice import (
     _weighted_divided_differences,
     _weighted_pgf,
 )
+from ._compile import fast_jit
 from ._errors import error_if, is_concrete
 from ._models.base import AbstractDescribedModel, AbstractSupermarketModel
 from ._models.meanfield import check_modulation

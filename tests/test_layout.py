@@ -110,8 +110,9 @@ def test_a_table_in_another_layout_is_read_from_the_whole_file(tmp_path):
     assert _table_statement(two.read_text(), str(two)) is None
     assert read_table(two) == ("Toy", expected)
     four = tmp_path / "four.py"
-    four.write_text('class Toy:\n    """A toy."""\n\n    table = FamilyTable("toy", (\n        Parameter("lam", "rate", '
-                    '"arrival rate", field="lam"),\n    ))\n\n    def f(self):\n        return 1\n')
+    four.write_text('class Toy:\n    """A toy."""\n\n    table = FamilyTable("toy", (\n'
+                    '        Parameter("lam", "rate", "arrival rate", field="lam"),\n    ))\n\n'
+                    '    def f(self):\n        return 1\n')
     assert _table_statement(four.read_text(), str(four))[0] == "Toy"
     assert read_table(four) == ("Toy", expected)
 

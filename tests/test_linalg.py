@@ -11,6 +11,7 @@ from jax.flatten_util import ravel_pytree
 
 import jsmkt
 from jsmkt import _linalg
+from jsmkt._dense import mmatrix_solve, small_solve
 from jsmkt._linalg import (
     BlockBanded,
     BlockTridiagonal,
@@ -19,7 +20,6 @@ from jsmkt._linalg import (
     structure_solver,
     structure_violations,
 )
-from jsmkt._dense import mmatrix_solve, small_solve
 
 
 @settings(max_examples=30, deadline=None)

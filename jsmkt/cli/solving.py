@@ -198,8 +198,9 @@ def _solve_exact(model, grown_by, servers, sampling, percentiles, order=1) -> So
 
 def _exact_outputs(model):
     """What `jsmkt solve` prints of the exact mean field at the model's `K`, as one function of the model (traced
-    whole, to be compiled and kept by `jsmkt._exported`): the fixed point (`solve_fixed_point` with `throw=False`, whose failures show in
-    `successful` and `truncated`), its metrics, and the numbers of the model's description (`described_load`, ...)."""
+    whole, to be compiled and kept by `jsmkt._exported`): the fixed point (`solve_fixed_point` with `throw=False`,
+    whose failures show in `successful` and `truncated`), its metrics, and the numbers of the model's description
+    (`described_load`, ...)."""
     import jsmkt
 
     fp = jsmkt.solve_fixed_point(model, throw=False)
